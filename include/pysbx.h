@@ -1,0 +1,227 @@
+/*
+ * pysbx: run untrusted Python in a forked, embedded CPython and get back an
+ * honest, bounded result.
+ *
+ * The recipe:
+ *
+ *   1. Open a sandbox once. This starts the template process in which CPython
+ *      is initialised (one exec of a small helper, at open, never per run).
+ *
+ *          struct sbx_config cfg;
+ *          sbx_config_init(&cfg);
+ *          struct sbx *sbx;
+ *          int rc = sbx_open(&cfg, &sbx, &err);
+ *
+ *   2. Describe a run: code, input files, limits (defaults filled in).
+ *
+ *          struct sbx_request req;
+ *          sbx_request_init(&req);
+ *          req.code = "print(1)";
+ *          req.code_len = 8;
+ *
+ *   3. Run it, from any thread, as often as you like. Each run gets a fresh,
+ *      single-use worker forked from the template.
+ *
+ *          struct sbx_result *res;
+ *          rc = sbx_run(sbx, &req, &res, &err);
+ *          ... res->status, res->stdout_text, res->artifacts ...
+ *          sbx_result_free(res);
+ *
+ *   4. Close it when no run is in flight.
+ *
+ *          sbx_close(sbx);
+ *
+ * Return codes: functions that can fail return 0 or a negative errno value.
+ * A run that the sandbox carried out always returns 0 with a result, whatever
+ * happened to the code (an exception, a timeout, a crash); the result's status
+ * says which. A negative return means the request itself was refused (bad
+ * limit, bad file name, ...) or the library could not work at all; a struct
+ * sbx_error, when given, then holds a stable code and a readable message.
+ */
+#ifndef PYSBX_H
+#define PYSBX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PYSBX_VERSION "0.1.0"
+
+/* Defaults of struct sbx_limits (see sbx_limits_init). */
+#define SBX_DEFAULT_WALL_SECONDS       10.0
+#define SBX_DEFAULT_CPU_SECONDS        5.0
+#define SBX_DEFAULT_MEMORY_BYTES       (256ULL << 20)
+#define SBX_DEFAULT_MAX_OUTPUT_CHARS   100000ULL
+#define SBX_DEFAULT_MAX_ARTIFACT_BYTES (4ULL << 20)
+#define SBX_DEFAULT_MAX_ARTIFACTS      32ULL
+
+/* Ranges accepted by sbx_run; anything outside is refused with
+ * SBX_ERR_INVALID_LIMIT before anything runs. */
+#define SBX_MAX_SECONDS            86400.0
+#define SBX_MIN_MEMORY_BYTES       (32ULL << 20)
+#define SBX_MAX_MEMORY_BYTES       (1ULL << 40)
+#define SBX_MAX_OUTPUT_CHARS_LIMIT (16ULL << 20)
+#define SBX_MAX_ARTIFACT_BYTES_LIMIT (256ULL << 20)
+#define SBX_MAX_ARTIFACTS_LIMIT    100000ULL
+/* Size limits of a request: the code, and the code plus all input files. */
+#define SBX_MAX_CODE_BYTES    (64ULL << 20)
+#define SBX_MAX_REQUEST_BYTES (256ULL << 20)
+
+/* Opaque handle: one template process and its workers. Thread-safe. */
+struct sbx;
+
+/* How sbx_open starts the sandbox. Strings are copied by sbx_open. */
+struct sbx_config {
+    /* The template helper (pysbx-template). NULL: the PYSBX_TEMPLATE
+     * environment variable if set, else the installed helper. */
+    const char *template_path;
+    /* Directory in which per-run workspaces are made. NULL: $TMPDIR, else
+     * /tmp. */
+    const char *work_root;
+    /* Idle workers kept ready. 0: a default sized to the machine. */
+    unsigned pool_size;
+    /* NULL-terminated list of modules imported in the template before any
+     * fork, so that importing them in user code is free. NULL: the default
+     * set (json, re, math, collections, ...). */
+    const char *const *warm_modules;
+    /* NULL-terminated list of extra read-only directories put on sys.path
+     * after the standard library (a vetted package tree, for example). */
+    const char *const *module_dirs;
+};
+
+/* Per-run ceilings. */
+struct sbx_limits {
+    double wall_seconds;         /* kept by the supervisor's clock, SIGKILL */
+    double cpu_seconds;          /* user + system, all threads */
+    uint64_t memory_bytes;       /* address space (RLIMIT_AS) */
+    uint64_t max_output_chars;   /* per stream, in characters; 0 keeps none */
+    uint64_t max_artifact_bytes; /* per file returned */
+    uint64_t max_artifacts;      /* files returned; the first by name */
+};
+
+/* An input file written into the workspace before the code runs. |name| is
+ * relative, '/'-separated, without "." or ".." components; parents are made. */
+struct sbx_file {
+    const char *name;
+    const void *data;
+    size_t len;
+};
+
+struct sbx_request {
+    const char *code; /* Python source; need not be NUL-terminated */
+    size_t code_len;
+    const struct sbx_file *files;
+    size_t n_files;
+    struct sbx_limits limits;
+};
+
+enum sbx_status {
+    SBX_COMPLETED = 0, /* the code ran to its end; see exit_code */
+    SBX_TIMEOUT,       /* limit is SBX_LIMIT_WALL or SBX_LIMIT_CPU */
+    SBX_MEMORY_LIMIT,  /* an allocation past the memory limit ended the code */
+    SBX_CRASHED,       /* ended by a signal; SIGSYS means the policy stopped it */
+    SBX_CANCELLED,     /* reserved for cancellation by the caller */
+    SBX_SANDBOX_ERROR, /* the sandbox failed; reason says why */
+};
+
+enum sbx_limit_kind {
+    SBX_LIMIT_NONE = 0,
+    SBX_LIMIT_WALL,
+    SBX_LIMIT_CPU,
+    SBX_LIMIT_MEMORY,
+};
+
+struct sbx_artifact {
+    char *name;          /* relative to the workspace, '/'-separated, UTF-8 */
+    uint64_t size;       /* the file's size on disk */
+    bool truncated;      /* size > max_artifact_bytes */
+    unsigned char *data; /* at most max_artifact_bytes of the file */
+    size_t data_len;
+};
+
+/* Mirrors the JSON result object of the design (see sbx_result_to_json).
+ * Text fields are valid UTF-8 and NUL-terminated; invalid bytes the code
+ * wrote are shown as U+FFFD. */
+struct sbx_result {
+    enum sbx_status status;
+    enum sbx_limit_kind limit;
+    int exit_code; /* SBX_COMPLETED only, else -1 */
+    int signal;    /* SBX_CRASHED only, else 0 */
+    char *stdout_text;
+    size_t stdout_len;
+    char *stderr_text;
+    size_t stderr_len;
+    bool stdout_truncated;
+    bool stderr_truncated;
+    bool partial; /* output is what came before the sandbox stopped the run */
+    struct sbx_artifact *artifacts; /* only for SBX_COMPLETED */
+    size_t n_artifacts;
+    uint64_t artifacts_dropped;
+    double wall_ms;
+    double cpu_ms;
+    long max_rss_kb;
+    char *reason; /* one line for any status but SBX_COMPLETED, else NULL */
+};
+
+/* Stable codes for refused requests; sbx_error_code_name() gives the JSON
+ * spelling. */
+enum sbx_error_code {
+    SBX_ERR_NONE = 0,
+    SBX_ERR_INVALID_REQUEST, /* "invalid_request": malformed, no code, ... */
+    SBX_ERR_INVALID_LIMIT,   /* "invalid_limit": zero, negative, absurd */
+    SBX_ERR_INVALID_FILE,    /* "invalid_file": a name that escapes, ... */
+    SBX_ERR_TOO_LARGE,       /* "request_too_large" */
+    SBX_ERR_UNAVAILABLE,     /* "sandbox_unavailable": could not start */
+};
+
+struct sbx_error {
+    enum sbx_error_code code;
+    char message[256];
+};
+
+void sbx_config_init(struct sbx_config *cfg);
+void sbx_limits_init(struct sbx_limits *limits);
+/* Zeroes |req| and sets its limits to the defaults. */
+void sbx_request_init(struct sbx_request *req);
+
+/* Starts the template. On success *out owns it; free with sbx_close.
+ * Returns 0, or a negative errno with |err| (may be NULL) filled in. */
+int sbx_open(const struct sbx_config *cfg, struct sbx **out, struct sbx_error *err);
+
+/* Runs |req| in a fresh worker. Safe to call from many threads at once.
+ * Returns 0 with *out set (free with sbx_result_free), or -EINVAL, -E2BIG,
+ * -ENOMEM with |err| filled in and *out left NULL. Does not keep pointers
+ * into |req| after it returns. */
+int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
+            struct sbx_error *err);
+
+/* Checks |req| the way sbx_run does, without running it. */
+int sbx_request_check(const struct sbx_request *req, struct sbx_error *err);
+
+void sbx_result_free(struct sbx_result *res);
+
+/* Stops the template and its workers and deletes every workspace. Must not
+ * be called while a run is in flight. NULL is accepted. */
+void sbx_close(struct sbx *sbx);
+
+/* The result as the design's JSON object, one line, NUL-terminated;
+ * free() it. NULL only when out of memory. */
+char *sbx_result_to_json(const struct sbx_result *res);
+
+const char *sbx_status_name(enum sbx_status status);     /* "completed", ... */
+const char *sbx_limit_name(enum sbx_limit_kind limit);   /* "wall", ... or NULL */
+const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid_limit", ... */
+
+/* Parses "256M", "1G", "1048576" (K, M, G, T are powers of 1024).
+ * Returns 0 or -EINVAL. */
+int sbx_parse_size(const char *text, uint64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,28 @@
+/*
+ * Collecting the files a run left in its workspace, once no user code can
+ * run any more, and only regular files: links, FIFOs, sockets and devices
+ * are never followed, opened or waited on.
+ */
+#ifndef PYSBX_ARTIFACTS_H
+#define PYSBX_ARTIFACTS_H
+
+#include "pysbx.h"
+
+/* Directories nested deeper than this are not looked into. */
+#define ARTIFACT_MAX_DEPTH 64
+
+struct artifact_spec {
+    uint64_t max_bytes; /* per file returned */
+    uint64_t max_count; /* files returned: the first by name */
+    const struct sbx_file *inputs; /* returned only if changed */
+    size_t n_inputs;
+};
+
+/* Walks the workspace |ws_fd|. Returns 0 with *out (n_out entries, sorted by
+ * name bytewise) and *dropped (regular files past max_count), or -errno. */
+int artifacts_collect(int ws_fd, const struct artifact_spec *spec, struct sbx_artifact **out,
+                      size_t *n_out, uint64_t *dropped);
+
+void artifacts_free(struct sbx_artifact *a, size_t n);
+
+#endif

@@ -1,0 +1,480 @@
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "pyhost.h"
+#include "util.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shim_socket.h" /* generated from shims/_socket.py: shim_socket_source */
+
+#define MAIN_FILENAME "<main>"
+
+const char *const pyhost_default_warm_modules[] = {
+    "json",      "re",         "math",      "collections", "itertools", "functools",
+    "datetime",  "decimal",    "fractions", "statistics",  "random",    "string",
+    "textwrap",  "csv",        "io",        "base64",      "hashlib",   "typing",
+    "dataclasses", "enum",     "traceback", "linecache",   "threading", "socket",
+    NULL,
+};
+
+static char version[32];
+
+/* --- the socket shim ------------------------------------------------------ */
+
+static int shim_exec(PyObject *module)
+{
+    PyObject *dict = PyModule_GetDict(module);
+    PyObject *code = NULL;
+    PyObject *res = NULL;
+
+    if (PyDict_SetItemString(dict, "__builtins__", PyEval_GetBuiltins()) < 0)
+        return -1;
+    code = Py_CompileString(shim_socket_source, "<sandbox _socket>", Py_file_input);
+    if (!code)
+        return -1;
+    res = PyEval_EvalCode(code, dict, dict);
+    Py_DECREF(code);
+    if (!res)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
+static PyModuleDef_Slot shim_slots[] = {
+    {Py_mod_exec, shim_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef shim_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_socket",
+    .m_doc = "The sandbox's _socket: there is no network here.",
+    .m_size = 0,
+    .m_slots = shim_slots,
+};
+
+static PyObject *shim_init(void)
+{
+    return PyModuleDef_Init(&shim_def);
+}
+
+/* Debian's libpython has _socket built in, so a replacement socket.py would
+ * not be enough: code could `import _socket` directly. Point the built-in
+ * table's entry at the shim instead, before the interpreter exists, so the
+ * real module is never initialised in this process (its type would otherwise
+ * stay reachable through object.__subclasses__()). */
+static int install_socket_shim(void)
+{
+    size_t n = 0;
+    bool found = false;
+    struct _inittab *table;
+
+    while (PyImport_Inittab[n].name)
+        n++;
+    table = calloc(n + 2, sizeof(*table)); /* lives as long as the process */
+    if (!table)
+        return -1;
+    memcpy(table, PyImport_Inittab, n * sizeof(*table));
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(table[i].name, "_socket") == 0) {
+            table[i].initfunc = shim_init;
+            found = true;
+        }
+    }
+    if (!found) {
+        /* _socket is an extension module in this build: a built-in entry
+         * of the same name wins over the path finder. */
+        table[n].name = "_socket";
+        table[n].initfunc = shim_init;
+    }
+    PyImport_Inittab = table;
+    return 0;
+}
+
+/* --- start ----------------------------------------------------------------- */
+
+static void status_message(PyStatus st, const char *what, char *err, size_t errlen)
+{
+    fmt(err, errlen, "%s: %s%s%s", what, st.func ? st.func : "", st.func ? ": " : "",
+        st.err_msg ? st.err_msg : "failed");
+}
+
+static void exception_message(const char *what, char *err, size_t errlen)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyObject *text = NULL;
+    const char *s = NULL;
+
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value)
+        text = PyObject_Str(value);
+    if (text)
+        s = PyUnicode_AsUTF8(text);
+    fmt(err, errlen, "%s: %s: %s", what, type ? ((PyTypeObject *)type)->tp_name : "error",
+        s ? s : "?");
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+}
+
+static PyStatus append_path(PyConfig *cfg, const char *dir)
+{
+    wchar_t *w = Py_DecodeLocale(dir, NULL);
+    PyStatus st;
+
+    if (!w)
+        return PyStatus_NoMemory();
+    st = PyWideStringList_Append(&cfg->module_search_paths, w);
+    PyMem_RawFree(w);
+    return st;
+}
+
+int pyhost_start(const struct pyhost_config *c, char *err, size_t errlen)
+{
+    PyPreConfig pre;
+    PyConfig cfg;
+    PyStatus st;
+    char *const argv[] = {"", NULL};
+    const char *const *warm = c->warm_modules ? c->warm_modules : pyhost_default_warm_modules;
+
+    if (install_socket_shim() < 0) {
+        fmt(err, errlen, "out of memory installing the socket shim");
+        return -1;
+    }
+
+    /* UTF-8 whatever the locale, as `python3 -X utf8`: the worker's locale
+     * is C.UTF-8 and its streams must not fall back to ASCII. */
+    PyPreConfig_InitIsolatedConfig(&pre);
+    pre.utf8_mode = 1;
+    st = Py_PreInitialize(&pre);
+    if (PyStatus_Exception(st)) {
+        status_message(st, "Python pre-initialisation", err, errlen);
+        return -1;
+    }
+
+    PyConfig_InitIsolatedConfig(&cfg);
+    cfg.site_import = 0;            /* -S: no site, no site-packages */
+    cfg.user_site_directory = 0;    /* -s */
+    cfg.safe_path = 1;              /* -P: no script directory on the path */
+    cfg.write_bytecode = 0;         /* never write .pyc from a worker */
+    cfg.parse_argv = 0;
+    cfg.pathconfig_warnings = 0;
+    cfg.install_signal_handlers = 1; /* as python3: SIGPIPE and SIGXFSZ ignored */
+    cfg.buffered_stdio = 1;
+    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, "python3");
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(&cfg, &cfg.home, PYSBX_PY_PREFIX);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesArgv(&cfg, 1, argv);
+    /* The path is ours, not computed: the standard library and what the
+     * caller named, nothing from the environment or the disk around us. */
+    cfg.module_search_paths_set = 1;
+    if (!PyStatus_Exception(st))
+        st = append_path(&cfg, PYSBX_PY_STDLIB);
+    if (!PyStatus_Exception(st))
+        st = append_path(&cfg, PYSBX_PY_DYNLOAD);
+    for (const char *const *d = c->module_dirs; d && *d && !PyStatus_Exception(st); d++)
+        st = append_path(&cfg, *d);
+    if (!PyStatus_Exception(st))
+        st = Py_InitializeFromConfig(&cfg);
+    PyConfig_Clear(&cfg);
+    if (PyStatus_Exception(st)) {
+        status_message(st, "Python initialisation", err, errlen);
+        return -1;
+    }
+
+    for (; *warm; warm++) {
+        PyObject *m = PyImport_ImportModule(*warm);
+        if (!m) {
+            char what[128];
+            fmt(what, sizeof(what), "importing warm module %s", *warm);
+            exception_message(what, err, errlen);
+            return -1;
+        }
+        Py_DECREF(m);
+    }
+    /* Every object that exists now is shared with every worker. Keep the
+     * collector from ever walking them: a walk writes to each object's
+     * header, and each write copies a page into the worker. */
+    PyObject *gc = PyImport_ImportModule("gc");
+    PyObject *r = gc ? PyObject_CallMethod(gc, "freeze", NULL) : NULL;
+    Py_XDECREF(gc);
+    if (!r) {
+        exception_message("gc.freeze", err, errlen);
+        return -1;
+    }
+    Py_DECREF(r);
+    /* The running library's version, which may differ from the headers'. */
+    fmt(version, sizeof(version), "%.*s", (int)strcspn(Py_GetVersion(), " "), Py_GetVersion());
+    return 0;
+}
+
+const char *pyhost_version(void)
+{
+    return version;
+}
+
+int pyhost_fork(void)
+{
+    int pid;
+
+    PyOS_BeforeFork();
+    pid = fork();
+    if (pid == 0)
+        PyOS_AfterFork_Child();
+    else
+        PyOS_AfterFork_Parent();
+    return pid;
+}
+
+/* --- the worker ------------------------------------------------------------ */
+
+static const char prepare_source[] =
+    "import os\n"
+    "os.environ.clear()\n"
+    "os.environ.update(HOME=_ws, TMPDIR=_ws, LANG='C.UTF-8')\n"
+    "exec(compile('print(1)\\n', '<warm>', 'exec'), {})\n";
+
+int pyhost_prepare_worker(const char *workspace, int devnull, char *err, size_t errlen)
+{
+    PyObject *ns = NULL;
+    PyObject *ws = NULL;
+    PyObject *res = NULL;
+    PyObject *out = NULL;
+    int saved = -1;
+    int rc = -1;
+
+    ns = PyDict_New();
+    ws = PyUnicode_DecodeFSDefault(workspace);
+    if (!ns || !ws || PyDict_SetItemString(ns, "_ws", ws) < 0 ||
+        PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins()) < 0)
+        goto fail;
+
+    /* The snippet prints through the real sys.stdout, so its buffers and code
+     * paths are warm too; fd 1 points at /dev/null meanwhile. */
+    saved = dup(1);
+    if (saved < 0 || dup2(devnull, 1) < 0) {
+        fmt(err, errlen, "redirecting stdout for the warm-up failed");
+        goto out;
+    }
+    res = PyRun_String(prepare_source, Py_file_input, ns, ns);
+    out = PySys_GetObject("stdout"); /* borrowed */
+    if (res && out) {
+        PyObject *r = PyObject_CallMethod(out, "flush", NULL);
+        if (!r)
+            PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    if (dup2(saved, 1) < 0) {
+        fmt(err, errlen, "restoring stdout after the warm-up failed");
+        goto out;
+    }
+    if (!res)
+        goto fail;
+    rc = 0;
+    goto out;
+fail:
+    exception_message("preparing the worker", err, errlen);
+out:
+    if (saved >= 0)
+        close(saved);
+    Py_XDECREF(res);
+    Py_XDECREF(ws);
+    Py_XDECREF(ns);
+    return rc;
+}
+
+/* linecache has no file to read "<main>" from; give it the source so that
+ * tracebacks and inspect show the lines. Best effort. */
+static void seed_linecache(const char *code, size_t len)
+{
+    PyObject *lc = PyImport_ImportModule("linecache");
+    PyObject *cache = lc ? PyObject_GetAttrString(lc, "cache") : NULL;
+    PyObject *text = PyUnicode_DecodeUTF8(code, (Py_ssize_t)len, "replace");
+    PyObject *lines = text ? PyUnicode_Splitlines(text, 1) : NULL;
+    PyObject *entry = lines ? Py_BuildValue("(nOOs)", (Py_ssize_t)len, Py_None, lines,
+                                            MAIN_FILENAME)
+                            : NULL;
+
+    if (!cache || !entry || !PyDict_Check(cache) ||
+        PyDict_SetItemString(cache, MAIN_FILENAME, entry) < 0)
+        PyErr_Clear();
+    Py_XDECREF(entry);
+    Py_XDECREF(lines);
+    Py_XDECREF(text);
+    Py_XDECREF(cache);
+    Py_XDECREF(lc);
+}
+
+/* As CPython's handle_system_exit: None is 0, an int is itself, anything
+ * else is printed to stderr and is 1. */
+static int system_exit_status(void)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyObject *code = NULL;
+    int status = 1;
+
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value && PyExceptionInstance_Check(value))
+        code = PyObject_GetAttrString(value, "code");
+    else if (value) {
+        code = value;
+        Py_INCREF(code);
+    }
+    if (!code || code == Py_None)
+        status = code ? 0 : 1;
+    else if (PyLong_Check(code)) {
+        long v = PyLong_AsLong(code);
+        status = (v == -1 && PyErr_Occurred()) ? -1 : (int)v;
+    } else {
+        PyObject *err = PySys_GetObject("stderr");
+        if (err && err != Py_None) {
+            PyFile_WriteObject(code, err, Py_PRINT_RAW);
+            PyFile_WriteString("\n", err);
+        }
+        status = 1;
+    }
+    PyErr_Clear();
+    Py_XDECREF(code);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return status;
+}
+
+static void call_quietly(const char *module, const char *method)
+{
+    PyObject *name = PyUnicode_FromString(module);
+    PyObject *m = name ? PyImport_GetModule(name) : NULL;
+    Py_XDECREF(name);
+    if (!m) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *r = PyObject_CallMethod(m, method, NULL);
+    if (!r)
+        PyErr_WriteUnraisable(m);
+    Py_XDECREF(r);
+    Py_DECREF(m);
+}
+
+static int flush_stream(const char *name)
+{
+    PyObject *f = PySys_GetObject(name);
+    PyObject *r;
+
+    if (!f || f == Py_None)
+        return 0;
+    r = PyObject_CallMethod(f, "flush", NULL);
+    if (!r) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* As PyErr_Print, but through the traceback module when sys.excepthook is
+ * the default: the C printer reads source lines from files only, and the
+ * code's lines live in linecache. */
+static void print_exception(void)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyObject *hook = PySys_GetObject("excepthook");       /* borrowed */
+    PyObject *dflt = PySys_GetObject("__excepthook__");  /* borrowed */
+    PyObject *r = NULL;
+
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (!value) {
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        return;
+    }
+    if (tb)
+        PyException_SetTraceback(value, tb);
+    if (hook && hook != dflt) {
+        r = PyObject_CallFunctionObjArgs(hook, type, value, tb ? tb : Py_None, NULL);
+    } else {
+        PyObject *tbm = PyImport_ImportModule("traceback");
+        r = tbm ? PyObject_CallMethod(tbm, "print_exception", "O", value) : NULL;
+        Py_XDECREF(tbm);
+    }
+    if (!r) {
+        /* Out of memory, or a broken hook: the plain C printer. */
+        PyErr_Clear();
+        PyErr_Display(type, value, tb);
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+_Noreturn static void die_of_memory_error(void)
+{
+    int sig = PYHOST_NOMEM_SIGNAL;
+    sigset_t set;
+
+    signal(sig, SIG_DFL);
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+    _exit(1);
+}
+
+_Noreturn void pyhost_run(char *code, size_t len)
+{
+    PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
+    PyObject *globals = main_mod ? PyModule_GetDict(main_mod) : NULL;
+    PyObject *builtins = PyEval_GetBuiltins();
+    PyObject *compile = builtins ? PyDict_GetItemString(builtins, "compile") : NULL;
+    PyObject *src = PyBytes_FromStringAndSize(code, (Py_ssize_t)len);
+    PyObject *co = NULL;
+    PyObject *res = NULL;
+    bool nomem = false;
+    int status = 0;
+
+    seed_linecache(code, len);
+    free(code);
+    /* compile() on bytes, as for a file: PEP 263 decoding, and a clear error
+     * for NUL bytes or invalid UTF-8 instead of a silently cut C string. */
+    if (globals && compile && src)
+        co = PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, "exec", 0, 1);
+    Py_XDECREF(src);
+    if (co)
+        res = PyEval_EvalCode(co, globals, globals);
+    Py_XDECREF(co);
+
+    if (res)
+        Py_DECREF(res);
+    else if (PyErr_ExceptionMatches(PyExc_SystemExit))
+        status = system_exit_status();
+    else {
+        nomem = PyErr_ExceptionMatches(PyExc_MemoryError);
+        print_exception();
+        status = 1;
+    }
+
+    /* What Py_FinalizeEx does that the code can observe, without the rest:
+     * the process is about to vanish. */
+    call_quietly("threading", "_shutdown");
+    call_quietly("atexit", "_run_exitfuncs");
+    if (flush_stream("stdout") < 0 && status == 0)
+        status = 120;
+    flush_stream("stderr");
+    if (nomem)
+        die_of_memory_error();
+    _exit(status & 0xff);
+}

@@ -1,0 +1,324 @@
+/* Opening and closing a sandbox: starting the template, the workspace root,
+ * taking workers from the pool. */
+#define _GNU_SOURCE
+#include "sbx_internal.h"
+#include "sysutil.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef PYSBX_TEMPLATE_DEFAULT
+#error "PYSBX_TEMPLATE_DEFAULT must name the installed pysbx-template"
+#endif
+
+/* The template imports its warm set before it answers; on a cold disk cache
+ * that can take a while. */
+#define TEMPLATE_START_TIMEOUT_MS 60000
+
+void sbx_config_init(struct sbx_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+static unsigned default_pool_size(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+    if (n < 1)
+        n = 1;
+    return n > 16 ? 32 : (unsigned)n * 2;
+}
+
+static const char *template_path(const struct sbx_config *cfg)
+{
+    const char *env;
+
+    if (cfg->template_path)
+        return cfg->template_path;
+    env = getenv("PYSBX_TEMPLATE");
+    return env && *env ? env : PYSBX_TEMPLATE_DEFAULT;
+}
+
+static json_t *string_array(const char *const *list)
+{
+    json_t *arr = json_array();
+
+    for (; arr && list && *list; list++)
+        if (json_array_append_new(arr, json_string(*list)) < 0) {
+            json_decref(arr);
+            return NULL;
+        }
+    return arr;
+}
+
+/* The template's configuration, sent as JSON after the message header. */
+static int send_config(struct sbx *sbx, const struct sbx_config *cfg, struct sbx_error *err)
+{
+    json_t *o = json_object();
+    char *text = NULL;
+    char *msg = NULL;
+    int rc = -ENOMEM;
+
+    if (!o || json_object_set_new(o, "work_dir", json_string(sbx->work_dir)) < 0 ||
+        json_object_set_new(o, "pool_size",
+                            json_integer(cfg->pool_size ? cfg->pool_size : default_pool_size())) < 0 ||
+        json_object_set_new(o, "warm_modules",
+                            cfg->warm_modules ? string_array(cfg->warm_modules) : json_null()) < 0 ||
+        json_object_set_new(o, "module_dirs", string_array(cfg->module_dirs)) < 0)
+        goto out;
+    text = json_dumps(o, JSON_COMPACT);
+    if (!text)
+        goto out;
+    size_t tlen = strlen(text);
+    if (tlen > 60000) {
+        rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -E2BIG, "configuration too large");
+        goto out;
+    }
+    msg = malloc(sizeof(struct wire_hdr) + tlen);
+    if (!msg)
+        goto out;
+    struct wire_hdr h = {WIRE_CONFIG, WIRE_VERSION};
+    memcpy(msg, &h, sizeof(h));
+    memcpy(msg + sizeof(h), text, tlen);
+    rc = wire_send(sbx->ctl, msg, sizeof(h) + tlen, &sbx->work_fd, 1);
+    if (rc < 0)
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "sending the configuration: %s",
+                      strerror(-rc));
+out:
+    if (rc == -ENOMEM)
+        sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "out of memory");
+    free(msg);
+    free(text);
+    json_decref(o);
+    return rc;
+}
+
+static int spawn_template(struct sbx *sbx, const char *path, int child_end, struct sbx_error *err)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    sigset_t none, all;
+    char *const argv[] = {"pysbx-template", NULL};
+    char *const envp[] = {NULL};
+    int rc;
+
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&attr);
+    /* Only the control socket crosses over, as descriptor 3; the host's
+     * environment, signal handlers and masks stay behind. */
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, child_end, 3);
+    posix_spawn_file_actions_addclosefrom_np(&fa, 4);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    /* Its own session: a terminal's ^C for the host does not reach it. */
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                        POSIX_SPAWN_SETSID);
+    rc = posix_spawn(&sbx->template_pid, path, &fa, &attr, argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+        sbx->template_pid = -1;
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -rc, "starting the template %s: %s", path,
+                        strerror(rc));
+    }
+    return 0;
+}
+
+static int await_hello(struct sbx *sbx, struct sbx_error *err)
+{
+    union {
+        struct wire_hello hello;
+        struct wire_fail fail;
+    } m;
+    struct pollfd p = {.fd = sbx->ctl, .events = POLLIN};
+    int fds[WFD_COUNT];
+    int nfds = 0;
+    int r = poll(&p, 1, TEMPLATE_START_TIMEOUT_MS);
+    ssize_t n;
+
+    if (r == 0)
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ETIMEDOUT,
+                        "the template did not start within %d s", TEMPLATE_START_TIMEOUT_MS / 1000);
+    if (r < 0)
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "poll: %s", strerror(errno));
+    memset(&m, 0, sizeof(m));
+    n = wire_recv(sbx->ctl, &m, sizeof(m), fds, WFD_COUNT, &nfds);
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (n >= (ssize_t)sizeof(struct wire_hdr) && m.hello.hdr.type == WIRE_FAIL) {
+        m.fail.text[sizeof(m.fail.text) - 1] = '\0';
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EIO, "%s", m.fail.text);
+    }
+    if (n != (ssize_t)sizeof(m.hello) || m.hello.hdr.type != WIRE_HELLO ||
+        m.hello.hdr.version != WIRE_VERSION)
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EIO,
+                        "the template ended before it was ready (is it the same version?)");
+    m.hello.python_version[sizeof(m.hello.python_version) - 1] = '\0';
+    fmt(sbx->python_version, sizeof(sbx->python_version), "%s", m.hello.python_version);
+    return 0;
+}
+
+static int make_work_dir(struct sbx *sbx, const struct sbx_config *cfg, struct sbx_error *err)
+{
+    const char *root = cfg->work_root;
+    char path[PATH_MAX];
+
+    if (!root)
+        root = getenv("TMPDIR");
+    if (!root || !*root)
+        root = "/tmp";
+    sbx->root_fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (sbx->root_fd < 0)
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "work root %s: %s", root,
+                        strerror(errno));
+    if ((size_t)snprintf(path, sizeof(path), "%s/pysbx-XXXXXX", root) >= sizeof(path))
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENAMETOOLONG, "work root path too long");
+    if (!mkdtemp(path))
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "making a directory in %s: %s", root,
+                        strerror(errno));
+    sbx->work_dir = strdup(path);
+    sbx->work_fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (!sbx->work_dir || sbx->work_fd < 0) {
+        int e = sbx->work_dir ? errno : ENOMEM;
+        rmdir(path);
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -e, "opening %s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+int sbx_open(const struct sbx_config *cfg, struct sbx **out, struct sbx_error *err)
+{
+    struct sbx_config defaults;
+    struct sbx *sbx;
+    int sv[2] = {-1, -1};
+    int child_end = -1;
+    int rc;
+
+    *out = NULL;
+    if (!cfg) {
+        sbx_config_init(&defaults);
+        cfg = &defaults;
+    }
+    if (cfg->pool_size > 1024)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "pool_size must be at most 1024");
+    sbx = calloc(1, sizeof(*sbx));
+    if (!sbx)
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    sbx->ctl = sbx->root_fd = sbx->work_fd = -1;
+    sbx->template_pid = -1;
+    pthread_mutex_init(&sbx->lock, NULL);
+
+    rc = make_work_dir(sbx, cfg, err);
+    if (rc < 0)
+        goto fail;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "socketpair: %s", strerror(errno));
+        goto fail;
+    }
+    sbx->ctl = sv[0];
+    /* Keep the child's end off descriptor 3, where dup2 would be a no-op
+     * that leaves close-on-exec set. */
+    child_end = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
+    close(sv[1]);
+    if (child_end < 0) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "fcntl: %s", strerror(errno));
+        goto fail;
+    }
+    rc = spawn_template(sbx, template_path(cfg), child_end, err);
+    close(child_end);
+    if (rc < 0)
+        goto fail;
+    rc = send_config(sbx, cfg, err);
+    if (rc < 0)
+        goto fail;
+    rc = await_hello(sbx, err);
+    if (rc < 0)
+        goto fail;
+    *out = sbx;
+    return 0;
+fail:
+    sbx_close(sbx);
+    return rc;
+}
+
+void sbx_close(struct sbx *sbx)
+{
+    if (!sbx)
+        return;
+    /* End of stream tells the template to kill its workers and exit. */
+    close_fd(&sbx->ctl);
+    if (sbx->template_pid > 0) {
+        while (waitpid(sbx->template_pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    if (sbx->work_dir && sbx->root_fd >= 0) {
+        const char *base = strrchr(sbx->work_dir, '/');
+        (void)remove_tree_at(sbx->root_fd, base ? base + 1 : sbx->work_dir);
+    }
+    close_fd(&sbx->work_fd);
+    close_fd(&sbx->root_fd);
+    free(sbx->work_dir);
+    pthread_mutex_destroy(&sbx->lock);
+    free(sbx);
+}
+
+int sbx_take_worker(struct sbx *sbx, struct taken_worker *w, char *why, size_t whylen)
+{
+    union {
+        struct wire_hdr hdr;
+        struct wire_worker worker;
+        struct wire_fail fail;
+    } m;
+    int nfds = 0;
+    ssize_t n;
+    int rc = -1;
+
+    memset(&m, 0, sizeof(m));
+    for (int i = 0; i < WFD_COUNT; i++)
+        w->fds[i] = -1;
+    pthread_mutex_lock(&sbx->lock);
+    n = sbx->ctl < 0 ? -EBADF : wire_recv(sbx->ctl, &m, sizeof(m), w->fds, WFD_COUNT, &nfds);
+    if (n > 0) {
+        /* Whatever it was, one of the template's pool is spoken for. */
+        struct wire_hdr take = {WIRE_TAKE, WIRE_VERSION};
+        (void)wire_send(sbx->ctl, &take, sizeof(take), NULL, 0);
+    }
+    pthread_mutex_unlock(&sbx->lock);
+
+    if (n <= 0)
+        fmt(why, whylen, "the template process is gone%s%s", n < 0 ? ": " : "",
+            n < 0 ? strerror((int)-n) : "");
+    else if (m.hdr.type == WIRE_FAIL && n == (ssize_t)sizeof(m.fail)) {
+        m.fail.text[sizeof(m.fail.text) - 1] = '\0';
+        fmt(why, whylen, "%s", m.fail.text);
+    } else if (m.hdr.type != WIRE_WORKER || n != (ssize_t)sizeof(m.worker) || nfds != WFD_COUNT)
+        fmt(why, whylen, "malformed message from the template");
+    else {
+        m.worker.workspace[sizeof(m.worker.workspace) - 1] = '\0';
+        w->pid = m.worker.pid;
+        fmt(w->workspace, sizeof(w->workspace), "%s", m.worker.workspace);
+        rc = 0;
+    }
+    if (rc < 0)
+        for (int i = 0; i < nfds; i++)
+            close_fd(&w->fds[i]);
+    return rc;
+}

@@ -1,0 +1,33 @@
+/* Helpers that touch the operating system but know nothing of the sandbox. */
+#ifndef PYSBX_SYSUTIL_H
+#define PYSBX_SYSUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Reads until |len| bytes or end of file; returns the count or -errno. */
+ssize_t read_full(int fd, void *buf, size_t len);
+/* Writes all of |buf|, retrying on EINTR; returns 0 or -errno. */
+int write_full(int fd, const void *buf, size_t len);
+
+/* Closes *fd if it is open and sets it to -1. */
+void close_fd(int *fd);
+
+/* Monotonic clock, nanoseconds. */
+uint64_t now_ns(void);
+
+/* Opens |relpath| beneath |dirfd| without following any symbolic link in
+ * any component (each directory is opened O_NOFOLLOW in turn). With
+ * |make_parents|, missing parent directories are made with mode 0755.
+ * |flags| apply to the last component; O_NOFOLLOW and O_CLOEXEC are added.
+ * |relpath| must have passed name_problem(). Returns an fd or -errno. */
+int open_beneath(int dirfd, const char *relpath, int flags, mode_t mode, bool make_parents);
+
+/* Removes |name| (a directory) beneath |parent_fd| and everything in it,
+ * never following a link, at any depth, with a bounded number of open
+ * descriptors. Returns 0 or -errno (the first failure). */
+int remove_tree_at(int parent_fd, const char *name);
+
+#endif

@@ -1,0 +1,451 @@
+/*
+ * pysbx-template: the process in which CPython is initialised, once, and from
+ * which every worker is forked. It never runs user code and holds nothing of
+ * the host: the supervisor starts it by exec with an empty environment and
+ * only the control socket open (as descriptor 3).
+ *
+ * It is single-threaded, and its loop is short: keep |pool_size| workers
+ * idle and announced, fork a replacement each time one is taken, and reap
+ * each worker, sending its exit status and resource use to the supervisor.
+ */
+#define _GNU_SOURCE
+#include "pyhost.h"
+#include "sysutil.h"
+#include "util.h"
+#include "wire.h"
+#include "worker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CTL_FD 3
+#define MAX_POLL 256
+
+struct worker_rec {
+    struct worker_rec *next;
+    pid_t pid;
+    uint32_t id;
+    int ready_fd;           /* read end of the worker's ready pipe */
+    int status_fd;          /* write end of the supervisor's status pipe */
+    int sup_fds[WFD_COUNT]; /* the supervisor's ends, held until announced */
+    bool announced;         /* a WORKER or FAIL message was sent for it */
+    bool started;
+    char name[WIRE_NAME_MAX];
+};
+
+struct tmpl {
+    int ctl;
+    int sigfd;
+    int base_fd;
+    int devnull;
+    pid_t pid;
+    char *base_path;
+    unsigned pool_size;
+    unsigned outstanding; /* messages not yet taken + workers getting ready */
+    uint32_t next_id;
+    struct worker_rec *workers;
+    char **warm;
+    char **module_dirs;
+};
+
+static void send_fail(struct tmpl *t, const char *text)
+{
+    struct wire_fail m = {.hdr = {WIRE_FAIL, WIRE_VERSION}};
+
+    fmt(m.text, sizeof(m.text), "%s", text);
+    (void)wire_send(t->ctl, &m, sizeof(m), NULL, 0);
+}
+
+static void close_sup_fds(struct worker_rec *w)
+{
+    for (int i = 0; i < WFD_COUNT; i++)
+        close_fd(&w->sup_fds[i]);
+}
+
+static void spawn_worker(struct tmpl *t)
+{
+    struct worker_rec *w = calloc(1, sizeof(*w));
+    int req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+    int status[2] = {-1, -1}, ready[2] = {-1, -1};
+    int ws = -1;
+    char path[4096];
+    char why[256];
+    pid_t pid;
+
+    t->outstanding++;
+    if (!w) {
+        send_fail(t, "template: out of memory");
+        return;
+    }
+    for (int i = 0; i < WFD_COUNT; i++)
+        w->sup_fds[i] = -1;
+    w->ready_fd = w->status_fd = -1;
+    w->id = t->next_id++;
+    fmt(w->name, sizeof(w->name), "w%u", w->id);
+    fmt(path, sizeof(path), "%s/%s", t->base_path, w->name);
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 ||
+        pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
+        pipe2(status, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0) {
+        fmt(why, sizeof(why), "template: making a worker's pipes: %s", strerror(errno));
+        goto fail;
+    }
+    if (mkdirat(t->base_fd, w->name, 0700) < 0 ||
+        (ws = openat(t->base_fd, w->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+        fmt(why, sizeof(why), "template: making workspace %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    pid = pyhost_fork();
+    if (pid < 0) {
+        fmt(why, sizeof(why), "template: fork: %s", strerror(errno));
+        goto fail;
+    }
+    if (pid == 0) {
+        struct worker_args a = {
+            .template_pid = t->pid,
+            .req_fd = req[1],
+            .out_fd = out[1],
+            .err_fd = err[1],
+            .ready_fd = ready[1],
+            .ws_fd = ws,
+            .devnull_fd = t->devnull,
+            .ws_path = path,
+        };
+        worker_main(&a);
+    }
+    w->pid = pid;
+    close(req[1]);
+    close(out[1]);
+    close(err[1]);
+    close(ready[1]);
+    w->sup_fds[WFD_REQUEST] = req[0];
+    w->sup_fds[WFD_STDOUT] = out[0];
+    w->sup_fds[WFD_STDERR] = err[0];
+    w->sup_fds[WFD_STATUS] = status[0];
+    w->sup_fds[WFD_WORKSPACE] = ws;
+    w->status_fd = status[1];
+    w->ready_fd = ready[0];
+    w->sup_fds[WFD_PIDFD] = pidfd_open(pid, 0);
+    if (w->sup_fds[WFD_PIDFD] < 0) {
+        /* The supervisor could not kill it safely: do not hand it out. */
+        fmt(why, sizeof(why), "template: pidfd_open: %s", strerror(errno));
+        kill(pid, SIGKILL);
+        send_fail(t, why);
+        w->announced = true;
+        close_sup_fds(w);
+    }
+    w->next = t->workers;
+    t->workers = w;
+    return;
+
+fail:
+    for (int i = 0; i < 2; i++) {
+        close_fd(&req[i]);
+        close_fd(&out[i]);
+        close_fd(&err[i]);
+        close_fd(&status[i]);
+        close_fd(&ready[i]);
+    }
+    close_fd(&ws);
+    (void)unlinkat(t->base_fd, w->name, AT_REMOVEDIR);
+    free(w);
+    send_fail(t, why);
+}
+
+static void refill(struct tmpl *t)
+{
+    while (t->outstanding < t->pool_size)
+        spawn_worker(t);
+}
+
+static void announce(struct tmpl *t, struct worker_rec *w)
+{
+    struct wire_worker m = {.hdr = {WIRE_WORKER, WIRE_VERSION}, .id = w->id, .pid = w->pid};
+
+    fmt(m.workspace, sizeof(m.workspace), "%s", w->name);
+    if (wire_send(t->ctl, &m, sizeof(m), w->sup_fds, WFD_COUNT) < 0)
+        kill(w->pid, SIGKILL); /* nobody to hand it to */
+    w->announced = true;
+    close_sup_fds(w);
+}
+
+/* A worker that could not get ready: pass on what it said, if anything. */
+static void report_setup_failure(struct tmpl *t, struct worker_rec *w, const char *said)
+{
+    char why[WIRE_TEXT_MAX];
+
+    if (said && *said)
+        fmt(why, sizeof(why), "worker setup failed: %s", said);
+    else
+        fmt(why, sizeof(why), "worker %d ended while getting ready", (int)w->pid);
+    send_fail(t, why);
+    w->announced = true;
+    close_sup_fds(w);
+}
+
+/* Reads what the worker wrote on its ready pipe. */
+static void on_ready(struct tmpl *t, struct worker_rec *w)
+{
+    char buf[WIRE_TEXT_MAX];
+    ssize_t n = read(w->ready_fd, buf, sizeof(buf) - 1);
+
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n <= 0) {
+        close_fd(&w->ready_fd);
+        if (!w->announced)
+            report_setup_failure(t, w, NULL);
+        return;
+    }
+    buf[n] = '\0';
+    for (ssize_t i = 0; i < n; i++) {
+        if (buf[i] == WORKER_READY && !w->announced)
+            announce(t, w);
+        else if (buf[i] == WORKER_STARTED)
+            w->started = true;
+        else if (buf[i] == WORKER_FAILED) {
+            if (!w->announced)
+                report_setup_failure(t, w, buf + i + 1);
+            close_fd(&w->ready_fd);
+            return;
+        }
+    }
+}
+
+static void reap(struct tmpl *t)
+{
+    struct signalfd_siginfo si;
+
+    while (read(t->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+        ;
+    for (;;) {
+        struct rusage ru;
+        int st;
+        pid_t pid = wait4(-1, &st, WNOHANG, &ru);
+        if (pid <= 0)
+            break;
+        struct worker_rec **pp = &t->workers;
+        while (*pp && (*pp)->pid != pid)
+            pp = &(*pp)->next;
+        struct worker_rec *w = *pp;
+        if (!w)
+            continue;
+        /* What it wrote before it ended is still in the pipe. */
+        if (w->ready_fd >= 0) {
+            fcntl(w->ready_fd, F_SETFL, O_NONBLOCK);
+            while (w->ready_fd >= 0)
+                on_ready(t, w);
+        }
+        if (!w->announced)
+            report_setup_failure(t, w, NULL);
+        struct wire_status s = {
+            .magic = WIRE_STATUS_MAGIC,
+            .wait_status = st,
+            .started = w->started,
+            .utime_us = (int64_t)ru.ru_utime.tv_sec * 1000000 + ru.ru_utime.tv_usec,
+            .stime_us = (int64_t)ru.ru_stime.tv_sec * 1000000 + ru.ru_stime.tv_usec,
+            .maxrss_kb = ru.ru_maxrss,
+        };
+        (void)write_full(w->status_fd, &s, sizeof(s));
+        close_fd(&w->status_fd);
+        close_sup_fds(w);
+        *pp = w->next;
+        free(w);
+    }
+}
+
+static void on_control(struct tmpl *t, bool *stop)
+{
+    struct wire_hdr h;
+    int fds[1];
+    int nfds = 0;
+    ssize_t n = wire_recv(t->ctl, &h, sizeof(h), fds, 1, &nfds);
+
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (n == -EINTR || n == -EAGAIN)
+        return;
+    if (n <= 0) {
+        *stop = true; /* the supervisor is gone or closed us */
+        return;
+    }
+    if (n == (ssize_t)sizeof(h) && h.type == WIRE_TAKE && t->outstanding > 0)
+        t->outstanding--;
+    refill(t);
+}
+
+static void shutdown_workers(struct tmpl *t)
+{
+    for (struct worker_rec *w = t->workers; w; w = w->next)
+        kill(w->pid, SIGKILL);
+    while (t->workers) {
+        struct worker_rec *w = t->workers;
+        waitpid(w->pid, NULL, 0);
+        t->workers = w->next;
+        close_fd(&w->ready_fd);
+        close_fd(&w->status_fd);
+        close_sup_fds(w);
+        free(w);
+    }
+}
+
+static void run_loop(struct tmpl *t)
+{
+    bool stop = false;
+
+    while (!stop) {
+        struct pollfd pfd[MAX_POLL];
+        struct worker_rec *who[MAX_POLL];
+        nfds_t n = 0;
+
+        pfd[n++] = (struct pollfd){.fd = t->ctl, .events = POLLIN};
+        pfd[n++] = (struct pollfd){.fd = t->sigfd, .events = POLLIN};
+        for (struct worker_rec *w = t->workers; w && n < MAX_POLL; w = w->next) {
+            if (w->ready_fd < 0)
+                continue;
+            who[n] = w;
+            pfd[n++] = (struct pollfd){.fd = w->ready_fd, .events = POLLIN};
+        }
+        if (poll(pfd, n, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        /* Reaping first: it is what a waiting supervisor is blocked on. */
+        if (pfd[1].revents)
+            reap(t);
+        for (nfds_t i = 2; i < n; i++) {
+            if (!pfd[i].revents)
+                continue;
+            /* reap() may have freed it; look it up again. */
+            for (struct worker_rec *w = t->workers; w; w = w->next)
+                if (w == who[i] && w->ready_fd == pfd[i].fd)
+                    on_ready(t, w);
+        }
+        if (pfd[0].revents)
+            on_control(t, &stop);
+    }
+    shutdown_workers(t);
+}
+
+static char **string_list(json_t *arr)
+{
+    size_t n = json_array_size(arr);
+    char **list = calloc(n + 1, sizeof(char *));
+
+    for (size_t i = 0; list && i < n; i++) {
+        const char *s = json_string_value(json_array_get(arr, i));
+        list[i] = strdup(s ? s : "");
+        if (!list[i])
+            return NULL;
+    }
+    return list;
+}
+
+/* Reads CONFIG from the supervisor. Returns 0 or -1 with a message. */
+static int read_config(struct tmpl *t, char *err, size_t errlen)
+{
+    static char buf[65536];
+    int fds[1];
+    int nfds = 0;
+    ssize_t n = wire_recv(t->ctl, buf, sizeof(buf) - 1, fds, 1, &nfds);
+    json_error_t jerr;
+    json_t *cfg = NULL;
+    const struct wire_hdr *h = (const struct wire_hdr *)buf;
+    int rc = -1;
+
+    if (n < (ssize_t)sizeof(*h) || h->type != WIRE_CONFIG || h->version != WIRE_VERSION ||
+        nfds != 1) {
+        fmt(err, errlen, "template: no valid configuration from the supervisor");
+        goto out;
+    }
+    t->base_fd = fds[0];
+    nfds = 0;
+    buf[n] = '\0';
+    cfg = json_loads(buf + sizeof(*h), 0, &jerr);
+    const char *base = cfg ? json_string_value(json_object_get(cfg, "work_dir")) : NULL;
+    json_int_t pool = cfg ? json_integer_value(json_object_get(cfg, "pool_size")) : 0;
+    if (!base || pool < 1 || pool > 1024) {
+        fmt(err, errlen, "template: bad configuration");
+        goto out;
+    }
+    t->base_path = strdup(base);
+    t->pool_size = (unsigned)pool;
+    json_t *warm = json_object_get(cfg, "warm_modules");
+    if (json_is_array(warm))
+        t->warm = string_list(warm);
+    t->module_dirs = string_list(json_object_get(cfg, "module_dirs"));
+    if (!t->base_path || (json_is_array(warm) && !t->warm) || !t->module_dirs) {
+        fmt(err, errlen, "template: out of memory");
+        goto out;
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    json_decref(cfg);
+    return rc;
+}
+
+int main(void)
+{
+    struct tmpl t = {.ctl = CTL_FD, .sigfd = -1, .base_fd = -1, .devnull = -1};
+    char err[WIRE_TEXT_MAX];
+    sigset_t chld;
+    struct rlimit no_core = {0, 0};
+
+    t.pid = getpid();
+    prctl(PR_SET_NAME, "pysbx-template");
+    setrlimit(RLIMIT_CORE, &no_core);
+    if (chdir("/") < 0 || fcntl(CTL_FD, F_SETFD, FD_CLOEXEC) < 0)
+        return 1;
+
+    if (read_config(&t, err, sizeof(err)) < 0)
+        goto fail;
+    t.devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (t.devnull < 0) {
+        fmt(err, sizeof(err), "template: /dev/null: %s", strerror(errno));
+        goto fail;
+    }
+    struct pyhost_config py = {
+        .warm_modules = (const char *const *)t.warm,
+        .module_dirs = (const char *const *)t.module_dirs,
+    };
+    if (pyhost_start(&py, err, sizeof(err)) < 0)
+        goto fail;
+
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (sigprocmask(SIG_BLOCK, &chld, NULL) < 0 ||
+        (t.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
+        fmt(err, sizeof(err), "template: signalfd: %s", strerror(errno));
+        goto fail;
+    }
+
+    struct wire_hello hello = {.hdr = {WIRE_HELLO, WIRE_VERSION}, .template_pid = t.pid};
+    fmt(hello.python_version, sizeof(hello.python_version), "%s", pyhost_version());
+    if (wire_send(t.ctl, &hello, sizeof(hello), NULL, 0) < 0)
+        return 1;
+    refill(&t);
+    run_loop(&t);
+    return 0;
+
+fail:
+    send_fail(&t, err);
+    return 1;
+}

@@ -1,0 +1,91 @@
+#define _GNU_SOURCE
+#include "wire.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define WIRE_MAX_FDS 8
+
+int wire_send(int sock, const void *msg, size_t len, const int *fds, int nfds)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * WIRE_MAX_FDS)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+    if (nfds < 0 || nfds > WIRE_MAX_FDS)
+        return -EINVAL;
+    if (nfds > 0) {
+        memset(&ctl, 0, sizeof(ctl));
+        mh.msg_control = ctl.buf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    }
+    for (;;) {
+        ssize_t n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+        if (n >= 0)
+            return (size_t)n == len ? 0 : -EMSGSIZE;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+ssize_t wire_recv(int sock, void *buf, size_t cap, int *fds, int maxfds, int *nfds)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * WIRE_MAX_FDS)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = buf, .iov_len = cap};
+    struct msghdr mh = {
+        .msg_iov = &iov,
+        .msg_iovlen = 1,
+        .msg_control = ctl.buf,
+        .msg_controllen = sizeof(ctl.buf),
+    };
+    ssize_t n;
+    int got = 0;
+    int rc;
+
+    *nfds = 0;
+    do {
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+
+    rc = (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ? -EMSGSIZE : 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const unsigned char *p = CMSG_DATA(c);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, p + i * sizeof(int), sizeof(int));
+            if (got < maxfds)
+                fds[got++] = fd;
+            else {
+                /* More than the message may carry: never leak them. */
+                close(fd);
+                rc = -EMSGSIZE;
+            }
+        }
+    }
+    *nfds = got;
+    if (rc < 0) {
+        for (int i = 0; i < got; i++)
+            close(fds[i]);
+        *nfds = 0;
+        return rc;
+    }
+    return n;
+}
