@@ -283,7 +283,8 @@ int artifacts_collect(int ws_fd, const struct artifact_spec *s, struct sbx_artif
     rc = walk(ws_fd, s, &h, &total);
     if (rc < 0)
         goto out;
-    qsort(h.v, h.n, sizeof(*h.v), cmp_entries);
+    if (h.n > 1)
+        qsort(h.v, h.n, sizeof(*h.v), cmp_entries);
     arts = calloc(h.n ? h.n : 1, sizeof(*arts));
     if (!arts) {
         rc = -ENOMEM;

@@ -1,0 +1,120 @@
+#define _GNU_SOURCE
+#include "helpers.h"
+
+#include "sysutil.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void make_temp_dir(char *buf, size_t cap)
+{
+    const char *t = getenv("TMPDIR");
+    snprintf(buf, cap, "%s/pysbx-test-XXXXXX", t && *t ? t : "/tmp");
+    assert_non_null(mkdtemp(buf));
+}
+
+void remove_dir(const char *path)
+{
+    char copy[4096];
+    snprintf(copy, sizeof(copy), "%s", path);
+    char *base = basename(copy);
+    char parent[4096];
+    snprintf(parent, sizeof(parent), "%s", path);
+    int pfd = open(dirname(parent), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(pfd >= 0);
+    remove_tree_at(pfd, base);
+    close(pfd);
+}
+
+int fixture_open(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    struct sbx_config cfg;
+    struct sbx_error err = {0};
+
+    if (!f)
+        return -1;
+    make_temp_dir(f->root, sizeof(f->root));
+    sbx_config_init(&cfg);
+    cfg.template_path = PYSBX_TEST_TEMPLATE;
+    cfg.work_root = f->root;
+    if (sbx_open(&cfg, &f->sbx, &err) < 0) {
+        fprintf(stderr, "sbx_open: %s\n", err.message);
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+int fixture_close(void **state)
+{
+    struct fixture *f = *state;
+
+    sbx_close(f->sbx);
+    /* Closing must leave nothing behind in the work root. */
+    int left = count_entries(f->root);
+    rmdir(f->root);
+    free(f);
+    return left == 0 ? 0 : -1;
+}
+
+struct sbx_result *run_with(struct sbx *sbx, const char *code, const struct sbx_limits *limits,
+                            const struct sbx_file *files, size_t n_files)
+{
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+    struct sbx_error err = {0};
+
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    req.files = files;
+    req.n_files = n_files;
+    if (limits)
+        req.limits = *limits;
+    if (sbx_run(sbx, &req, &res, &err) < 0)
+        fail_msg("sbx_run refused: %s: %s", sbx_error_code_name(err.code), err.message);
+    assert_non_null(res);
+    assert_non_null(res->stdout_text);
+    assert_non_null(res->stderr_text);
+    return res;
+}
+
+struct sbx_result *run_code(struct sbx *sbx, const char *code)
+{
+    return run_with(sbx, code, NULL, NULL, 0);
+}
+
+void expect_completed(const struct sbx_result *res, int code)
+{
+    if (res->status != SBX_COMPLETED || res->exit_code != code)
+        fail_msg("expected completed/%d, got %s/%d (%s)\nstdout: %s\nstderr: %s", code,
+                 sbx_status_name(res->status), res->exit_code, res->reason ? res->reason : "",
+                 res->stdout_text, res->stderr_text);
+}
+
+int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+
+    if (!d)
+        return -1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
+int count_fds(void)
+{
+    return count_entries("/proc/self/fd") - 1; /* the directory's own */
+}

@@ -1,0 +1,254 @@
+/* Collecting a workspace's files: order, caps, and everything that is not a
+ * plain file left alone. */
+#define _GNU_SOURCE
+#include "helpers.h"
+
+#include "artifacts.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct ws {
+    char path[256];
+    int fd;
+};
+
+static int ws_setup(void **state)
+{
+    struct ws *w = calloc(1, sizeof(*w));
+    make_temp_dir(w->path, sizeof(w->path));
+    w->fd = open(w->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    *state = w;
+    return w->fd >= 0 ? 0 : -1;
+}
+
+static int ws_teardown(void **state)
+{
+    struct ws *w = *state;
+    close(w->fd);
+    remove_dir(w->path);
+    free(w);
+    return 0;
+}
+
+static void put(struct ws *w, const char *name, const char *data)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", w->path, name);
+    char *slash = strrchr(path, '/');
+    *slash = '\0';
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", path);
+    assert_int_equal(system(cmd), 0);
+    *slash = '/';
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(data, f);
+    fclose(f);
+}
+
+static void collect(struct ws *w, uint64_t max_bytes, uint64_t max_count,
+                    const struct sbx_file *inputs, size_t n_inputs, struct sbx_artifact **a,
+                    size_t *n, uint64_t *dropped)
+{
+    struct artifact_spec s = {max_bytes, max_count, inputs, n_inputs};
+    assert_int_equal(artifacts_collect(w->fd, &s, a, n, dropped), 0);
+}
+
+static void files_come_back_sorted_by_name_bytewise(void **state)
+{
+    struct ws *w = *state;
+    put(w, "b.txt", "b");
+    put(w, "a/b", "ab");
+    put(w, "a.txt", "a");
+    put(w, "plots/a.png", "png");
+    put(w, "A", "upper");
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    collect(w, 1024, 10, NULL, 0, &a, &n, &dropped);
+    const char *want[] = {"A", "a.txt", "a/b", "b.txt", "plots/a.png"};
+    assert_int_equal(n, 5);
+    for (size_t i = 0; i < n; i++)
+        assert_string_equal(a[i].name, want[i]);
+    assert_int_equal(a[4].size, 3);
+    assert_memory_equal(a[4].data, "png", 3);
+    assert_int_equal(dropped, 0);
+    artifacts_free(a, n);
+}
+
+static void count_cap_keeps_the_first_by_name(void **state)
+{
+    struct ws *w = *state;
+    const char *names[] = {"e", "d", "c", "b", "a"};
+    for (size_t i = 0; i < 5; i++)
+        put(w, names[i], "x");
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    collect(w, 1024, 3, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 3);
+    assert_string_equal(a[0].name, "a");
+    assert_string_equal(a[2].name, "c");
+    assert_int_equal(dropped, 2);
+    artifacts_free(a, n);
+    collect(w, 1024, 0, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 0);
+    assert_int_equal(dropped, 5);
+    artifacts_free(a, n);
+}
+
+static void byte_cap_cuts_and_reports_the_real_size(void **state)
+{
+    struct ws *w = *state;
+    char big[1001];
+    memset(big, 'z', 1000);
+    big[1000] = '\0';
+    put(w, "big", big);
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    collect(w, 100, 10, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 1);
+    assert_int_equal(a[0].size, 1000);
+    assert_int_equal(a[0].data_len, 100);
+    assert_true(a[0].truncated);
+    artifacts_free(a, n);
+}
+
+static void huge_sparse_file_costs_only_the_cap(void **state)
+{
+    struct ws *w = *state;
+    int fd = openat(w->fd, "sparse", O_WRONLY | O_CREAT, 0644);
+    assert_int_equal(ftruncate(fd, 64LL << 30), 0); /* 64 GiB of hole */
+    close(fd);
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    collect(w, 4096, 10, NULL, 0, &a, &n, &dropped);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_int_equal(n, 1);
+    assert_int_equal(a[0].size, 64ULL << 30);
+    assert_int_equal(a[0].data_len, 4096);
+    assert_true(a[0].truncated);
+    artifacts_free(a, n);
+}
+
+static void ten_thousand_files_keep_only_the_cap(void **state)
+{
+    struct ws *w = *state;
+    for (int i = 0; i < 10000; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "f%05d", i);
+        int fd = openat(w->fd, name, O_WRONLY | O_CREAT, 0644);
+        assert_true(fd >= 0);
+        close(fd);
+    }
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    collect(w, 1024, 5, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 5);
+    assert_string_equal(a[0].name, "f00000");
+    assert_string_equal(a[4].name, "f00004");
+    assert_int_equal(dropped, 9995);
+    artifacts_free(a, n);
+}
+
+static void links_fifos_and_hardlinks_are_never_read(void **state)
+{
+    struct ws *w = *state;
+    char path[512];
+    put(w, "real.txt", "real");
+    snprintf(path, sizeof(path), "%s/passwd", w->path);
+    assert_int_equal(symlink("/etc/passwd", path), 0);
+    snprintf(path, sizeof(path), "%s/etc", w->path);
+    assert_int_equal(symlink("/etc", path), 0); /* a directory link: not walked */
+    snprintf(path, sizeof(path), "%s/pipe", w->path);
+    assert_int_equal(mkfifo(path, 0644), 0); /* no writer: opening it would hang */
+    char outside[256], target[512];
+    make_temp_dir(outside, sizeof(outside));
+    snprintf(target, sizeof(target), "%s/host-file", outside);
+    FILE *f = fopen(target, "w");
+    fputs("host secret", f);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/hard", w->path);
+    assert_int_equal(link(target, path), 0);
+
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    collect(w, 1024, 10, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 1);
+    assert_string_equal(a[0].name, "real.txt");
+    assert_int_equal(dropped, 0);
+    artifacts_free(a, n);
+    remove_dir(outside);
+}
+
+static void unchanged_inputs_are_not_returned(void **state)
+{
+    struct ws *w = *state;
+    put(w, "in/same.csv", "a,b\n");
+    put(w, "in/changed.csv", "a,c\n");   /* same size, other bytes */
+    put(w, "in/grown.csv", "a,b\nc,d\n");
+    put(w, "new.txt", "n");
+    const struct sbx_file inputs[] = {
+        {"in/same.csv", "a,b\n", 4},
+        {"in/changed.csv", "a,b\n", 4},
+        {"in/grown.csv", "a,b\n", 4},
+        {"in/deleted.csv", "x", 1},
+    };
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    collect(w, 1024, 10, inputs, 4, &a, &n, &dropped);
+    assert_int_equal(n, 3);
+    assert_string_equal(a[0].name, "in/changed.csv");
+    assert_string_equal(a[1].name, "in/grown.csv");
+    assert_string_equal(a[2].name, "new.txt");
+    artifacts_free(a, n);
+}
+
+static void too_deep_and_odd_names(void **state)
+{
+    struct ws *w = *state;
+    char path[4096] = "";
+    for (int i = 0; i < ARTIFACT_MAX_DEPTH + 2; i++)
+        strcat(path, "d/");
+    strcat(path, "deep.txt");
+    put(w, path, "deep");
+    put(w, "bad\xff.txt", "odd");
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    collect(w, 1024, 10, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 1);
+    assert_string_equal(a[0].name, "bad\xef\xbf\xbd.txt"); /* shown as U+FFFD */
+    assert_memory_equal(a[0].data, "odd", 3);
+    artifacts_free(a, n);
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, ws_setup, ws_teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(files_come_back_sorted_by_name_bytewise),
+        T(count_cap_keeps_the_first_by_name),
+        T(byte_cap_cuts_and_reports_the_real_size),
+        T(huge_sparse_file_costs_only_the_cap),
+        T(ten_thousand_files_keep_only_the_cap),
+        T(links_fifos_and_hardlinks_are_never_read),
+        T(unchanged_inputs_are_not_returned),
+        T(too_deep_and_odd_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The command as a user types it: options, exit statuses, --json, artifacts.
+# usage: test_cli.sh PATH/TO/pysbx SOURCE_DIR
+set -u
+PYSBX=$1
+SRC=$2
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0
+
+check() { # check NAME EXPECTED_STATUS ACTUAL_STATUS
+    if [ "$2" != "$3" ]; then
+        echo "FAIL $1: exit status $3, expected $2"; fails=$((fails + 1))
+    else
+        echo "ok   $1"
+    fi
+}
+expect_in() { # expect_in NAME NEEDLE FILE
+    if grep -qF -- "$2" "$3"; then echo "ok   $1"; else
+        echo "FAIL $1: '$2' not in:"; cat "$3"; fails=$((fails + 1)); fi
+}
+# Debian's interpreter, which has python3-jsonschema (scripts/setup installs it).
+PY=/usr/bin/python3
+json_field() { # json_field FILE EXPR
+    $PY -c "import json,sys; r=json.load(open(sys.argv[1])); print(($2))" "$1"
+}
+
+# --- usage ---
+"$PYSBX" run --help >"$T/help" 2>&1; check "help" 0 $?
+for opt in --json --wall --cpu --memory --max-output --max-artifact-bytes --max-artifacts \
+           --file --artifacts-dir; do
+    expect_in "help documents $opt" "$opt" "$T/help"
+done
+"$PYSBX" >/dev/null 2>&1; check "no command" 2 $?
+"$PYSBX" frobnicate >/dev/null 2>&1; check "unknown command" 2 $?
+echo 'print(1)' >"$T/one.py"
+"$PYSBX" run --bogus "$T/one.py" >/dev/null 2>"$T/err"; check "unknown option" 2 $?
+expect_in "unknown option message" "unknown option" "$T/err"
+"$PYSBX" run >/dev/null 2>&1; check "no script" 2 $?
+"$PYSBX" run "$T/missing.py" >/dev/null 2>&1; check "missing script" 2 $?
+for bad in "--wall 0" "--wall -1" "--wall abc" "--cpu nan" "--memory 12Q" "--memory 0" \
+           "--memory 1K" "--max-output -5" "--max-artifacts x" "--wall 1e9"; do
+    # shellcheck disable=SC2086
+    "$PYSBX" run $bad "$T/one.py" >/dev/null 2>"$T/err"; check "refuses $bad" 2 $?
+    [ -s "$T/err" ] || { echo "FAIL $bad: no message"; fails=$((fails + 1)); }
+done
+for bad in "../x=$T/one.py" "/abs=$T/one.py" "a/../b=$T/one.py" "noequals" "x=$T/nope"; do
+    "$PYSBX" run --file "$bad" "$T/one.py" >/dev/null 2>&1; check "refuses --file $bad" 2 $?
+done
+
+# --- running ---
+out=$("$PYSBX" run "$T/one.py"); check "run" 0 $?
+[ "$out" = "1" ] || { echo "FAIL run output: $out"; fails=$((fails + 1)); }
+echo 'import sys; print("hi"); print("oops", file=sys.stderr); sys.exit(7)' | "$PYSBX" run - \
+    >"$T/out" 2>"$T/err"; check "exit status passes through" 7 $?
+expect_in "stdout kept" "hi" "$T/out"
+expect_in "stderr kept" "oops" "$T/err"
+echo 'raise ValueError("bad")' | "$PYSBX" run - >/dev/null 2>"$T/err"; check "exception" 1 $?
+expect_in "traceback" "ValueError: bad" "$T/err"
+echo 'while True: pass' | "$PYSBX" run --cpu 0.2 - >/dev/null 2>"$T/err"; check "cpu timeout" 124 $?
+expect_in "cpu timeout says which" "CPU time limit" "$T/err"
+echo 'import time; time.sleep(5)' | "$PYSBX" run --wall 0.3 - >/dev/null 2>"$T/err"
+check "wall timeout" 124 $?
+expect_in "wall timeout says which" "wall time limit" "$T/err"
+echo 'x = bytearray(1 << 30)' | "$PYSBX" run --memory 64M - >/dev/null 2>"$T/err"
+check "memory limit" 125 $?
+expect_in "memory limit says which" "memory limit" "$T/err"
+echo 'import os, signal; os.kill(os.getpid(), signal.SIGSEGV)' | "$PYSBX" run - >/dev/null 2>&1
+check "crash" $((128 + 11)) $?
+
+# --- JSON ---
+echo 'print("x" * 50); open("o.txt", "w").write("data")' |
+    "$PYSBX" run --json --max-output 10 - >"$T/r.json"; check "json" 0 $?
+[ "$(json_field "$T/r.json" 'sorted(r)')" = "['artifacts', 'artifacts_dropped', 'exit_code', 'limit', 'partial', 'reason', 'signal', 'stats', 'status', 'stderr', 'stderr_truncated', 'stdout', 'stdout_truncated']" ] ||
+    { echo "FAIL json fields: $(json_field "$T/r.json" 'sorted(r)')"; fails=$((fails + 1)); }
+[ "$(json_field "$T/r.json" 'r["status"], r["exit_code"], r["stdout_truncated"], r["artifacts"][0]["name"], r["artifacts"][0]["content_base64"]')" = "('completed', 0, True, 'o.txt', 'ZGF0YQ==')" ] ||
+    { echo "FAIL json values"; cat "$T/r.json"; fails=$((fails + 1)); }
+echo 'while True: pass' | "$PYSBX" run --json --cpu 0.2 - >"$T/t.json"; check "json timeout" 0 $?
+[ "$(json_field "$T/t.json" 'r["status"], r["limit"], r["exit_code"], r["partial"]')" = "('timeout', 'cpu', None, True)" ] ||
+    { echo "FAIL json timeout"; cat "$T/t.json"; fails=$((fails + 1)); }
+
+# Every JSON answer obeys the published schema.
+for f in "$T/r.json" "$T/t.json"; do
+    $PY - "$SRC/docs/result.schema.json" "$f" <<'PYEOF' && echo "ok   schema $(basename "$f")" ||
+import json, sys, jsonschema
+jsonschema.validate(json.load(open(sys.argv[2])), json.load(open(sys.argv[1])))
+PYEOF
+    { echo "FAIL $f does not match the schema"; fails=$((fails + 1)); }
+done
+
+# --- the shipped example, files in and out ---
+"$PYSBX" run --file sales.csv="$SRC/examples/sales.csv" --artifacts-dir "$T/arts" \
+    "$SRC/examples/report.py" >"$T/ex"; check "example" 0 $?
+expect_in "example output" "best region: east" "$T/ex"
+expect_in "example artifact" "east,31,131.75" "$T/arts/summary.csv"
+[ -e "$T/arts/sales.csv" ] && { echo "FAIL unchanged input came back"; fails=$((fails + 1)); }
+echo 'import os; os.makedirs("sub/dir"); open("sub/dir/x.txt", "w").write("x")' |
+    "$PYSBX" run --artifacts-dir "$T/nested" - ; check "nested artifact" 0 $?
+[ "$(cat "$T/nested/sub/dir/x.txt")" = "x" ] || { echo "FAIL nested artifact"; fails=$((fails + 1)); }
+
+# An artifact name that meets a symbolic link already in DIR does not follow it.
+mkdir -p "$T/dir" "$T/outside"
+ln -s "$T/outside" "$T/dir/link"
+echo 'import os; os.mkdir("link"); open("link/planted", "w").write("x")' |
+    "$PYSBX" run --artifacts-dir "$T/dir" - >/dev/null 2>&1
+[ -e "$T/outside/planted" ] && { echo "FAIL artifact followed a link"; fails=$((fails + 1)); } ||
+    echo "ok   artifacts-dir does not follow links"
+
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,741 @@
+/* Behaviour of one run, through the public API, as a caller sees it. */
+#define _GNU_SOURCE
+#include "helpers.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SBX(state) (((struct fixture *)*(state))->sbx)
+#define ROOT(state) (((struct fixture *)*(state))->root)
+
+static struct sbx_limits limits(double wall, double cpu)
+{
+    struct sbx_limits l;
+    sbx_limits_init(&l);
+    l.wall_seconds = wall;
+    l.cpu_seconds = cpu;
+    return l;
+}
+
+/* The workspace a run used, as the code printed it on its first line. */
+static void first_line(const char *text, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%.*s", (int)strcspn(text, "\n"), text);
+}
+
+static void assert_gone(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0)
+        fail_msg("%s is still there", path);
+    assert_int_equal(errno, ENOENT);
+}
+
+/* --- exit status and output ------------------------------------------------ */
+
+static void print_completes_with_output(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "print(1)\n");
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "1\n");
+    assert_string_equal(r->stderr_text, "");
+    assert_false(r->partial);
+    assert_null(r->reason);
+    assert_true(r->wall_ms > 0);
+    assert_true(r->max_rss_kb > 0);
+    sbx_result_free(r);
+}
+
+static void uncaught_exception_is_exit_1_with_traceback(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "def f():\n    raise ValueError('boom')\nf()\n");
+    expect_completed(r, 1);
+    assert_non_null(strstr(r->stderr_text, "Traceback (most recent call last)"));
+    assert_non_null(strstr(r->stderr_text, "raise ValueError('boom')")); /* the source line */
+    assert_non_null(strstr(r->stderr_text, "ValueError: boom"));
+    sbx_result_free(r);
+}
+
+static void sys_exit_code_is_the_exit_code(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "import sys\nprint('x')\nsys.exit(42)\n");
+    expect_completed(r, 42);
+    assert_string_equal(r->stdout_text, "x\n");
+    sbx_result_free(r);
+    r = run_code(SBX(state), "import sys\nsys.exit('bye')\n");
+    expect_completed(r, 1);
+    assert_string_equal(r->stderr_text, "bye\n");
+    sbx_result_free(r);
+    r = run_code(SBX(state), "raise SystemExit\n");
+    expect_completed(r, 0);
+    sbx_result_free(r);
+}
+
+static void threads_are_joined_and_atexit_runs(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state),
+                                    "import threading, time, atexit\n"
+                                    "atexit.register(lambda: print('atexit'))\n"
+                                    "def work():\n"
+                                    "    time.sleep(0.05)\n"
+                                    "    print('thread done')\n"
+                                    "threading.Thread(target=work).start()\n"
+                                    "print('main done')\n");
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "main done\nthread done\natexit\n");
+    sbx_result_free(r);
+}
+
+static void output_over_limit_is_cut_and_flagged(void **state)
+{
+    struct sbx_limits l = limits(10, 5);
+    l.max_output_chars = 100;
+    /* 200 two-byte characters: the cut is in characters. */
+    struct sbx_result *r = run_with(SBX(state), "print('\\u00e9' * 200)\nimport sys\n"
+                                                "print('e' * 5, file=sys.stderr)\n",
+                                    &l, NULL, 0);
+    expect_completed(r, 0);
+    assert_true(r->stdout_truncated);
+    assert_false(r->stderr_truncated);
+    assert_int_equal(strncmp(r->stdout_text, "\xc3\xa9", 2), 0);
+    assert_non_null(strstr(r->stdout_text, "[pysbx: output cut, 101 more characters]"));
+    assert_int_equal(strstr(r->stdout_text, "\n[pysbx") - r->stdout_text, 200); /* 100 chars */
+    assert_string_equal(r->stderr_text, "eeeee\n");
+    sbx_result_free(r);
+}
+
+static void flood_without_end_is_stopped_at_the_deadline(void **state)
+{
+    struct sbx_limits l = limits(1, 10);
+    l.max_output_chars = 1000;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct sbx_result *r = run_with(SBX(state),
+                                    "import sys\n"
+                                    "while True:\n"
+                                    "    sys.stdout.write('x' * 65536)\n"
+                                    "    sys.stderr.write('y' * 65536)\n",
+                                    &l, NULL, 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    assert_int_equal(r->limit, SBX_LIMIT_WALL);
+    assert_true(r->partial);
+    assert_true(r->stdout_truncated);
+    assert_true(r->stderr_truncated);
+    assert_true(r->stdout_len < 1200);
+    assert_true(t1.tv_sec - t0.tv_sec < 8); /* no hang: killed and drained */
+    sbx_result_free(r);
+}
+
+static void flood_that_ends_completes_with_a_bounded_result(void **state)
+{
+    struct sbx_limits l = limits(20, 20);
+    l.max_output_chars = 10;
+    struct sbx_result *r = run_with(SBX(state),
+                                    "import os\n"
+                                    "for _ in range(1600):\n" /* 100 MiB */
+                                    "    os.write(1, b'z' * 65536)\n",
+                                    &l, NULL, 0);
+    expect_completed(r, 0);
+    assert_true(r->stdout_truncated);
+    assert_non_null(strstr(r->stdout_text, "104857590 more characters"));
+    sbx_result_free(r);
+}
+
+static void invalid_utf8_output_is_replaced(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "import sys\nsys.stdout.buffer.write(b'a\\xffb')\n");
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "a\xef\xbf\xbd" "b");
+    sbx_result_free(r);
+}
+
+/* --- ceilings ------------------------------------------------------------- */
+
+static void wall_limit_fires_with_partial_output(void **state)
+{
+    struct sbx_limits l = limits(0.5, 10);
+    struct sbx_result *r = run_with(SBX(state),
+                                    "import time\nprint('before', flush=True)\ntime.sleep(30)\n",
+                                    &l, NULL, 0);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    assert_int_equal(r->limit, SBX_LIMIT_WALL);
+    assert_int_equal(r->exit_code, -1);
+    assert_true(r->partial);
+    assert_string_equal(r->stdout_text, "before\n");
+    assert_non_null(strstr(r->reason, "wall"));
+    assert_true(r->wall_ms >= 500 && r->wall_ms < 5000);
+    sbx_result_free(r);
+}
+
+static void cpu_limit_fires(void **state)
+{
+    struct sbx_limits l = limits(10, 0.3);
+    struct sbx_result *r = run_with(SBX(state), "while True:\n    pass\n", &l, NULL, 0);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    assert_int_equal(r->limit, SBX_LIMIT_CPU);
+    assert_true(r->cpu_ms >= 299);
+    assert_true(r->wall_ms < 5000);
+    sbx_result_free(r);
+}
+
+static void cpu_limit_counts_every_thread(void **state)
+{
+    struct sbx_limits l = limits(10, 0.4);
+    struct sbx_result *r = run_with(SBX(state),
+                                    "import threading\n"
+                                    "def spin():\n"
+                                    "    while True: pass\n"
+                                    "for _ in range(2):\n"
+                                    "    threading.Thread(target=spin, daemon=True).start()\n"
+                                    "spin()\n",
+                                    &l, NULL, 0);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    assert_int_equal(r->limit, SBX_LIMIT_CPU);
+    sbx_result_free(r);
+}
+
+static void ignoring_sigxcpu_does_not_help(void **state)
+{
+    struct sbx_limits l = limits(10, 0.5);
+    struct sbx_result *r = run_with(SBX(state),
+                                    "import signal\n"
+                                    "signal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+                                    "while True:\n    pass\n",
+                                    &l, NULL, 0);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    assert_int_equal(r->limit, SBX_LIMIT_CPU);
+    assert_true(r->cpu_ms < 3500); /* the hard limit, one second past the soft */
+    sbx_result_free(r);
+}
+
+static void memory_limit_fires_for_one_big_allocation(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "print('start', flush=True)\n"
+                                                "b = bytearray(512 * 1024 * 1024)\n");
+    assert_int_equal(r->status, SBX_MEMORY_LIMIT);
+    assert_int_equal(r->limit, SBX_LIMIT_MEMORY);
+    assert_true(r->partial);
+    assert_string_equal(r->stdout_text, "start\n");
+    assert_non_null(strstr(r->stderr_text, "MemoryError"));
+    sbx_result_free(r);
+}
+
+static void memory_limit_fires_for_growth(void **state)
+{
+    struct sbx_limits l = limits(20, 20);
+    l.memory_bytes = 128 << 20;
+    struct sbx_result *r = run_with(SBX(state), "x = []\nwhile True:\n    x.append(' ' * 100000)\n",
+                                    &l, NULL, 0);
+    assert_int_equal(r->status, SBX_MEMORY_LIMIT);
+    sbx_result_free(r);
+}
+
+static void caught_memory_error_is_just_a_result(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "try:\n    bytearray(2**40)\n"
+                                                "except MemoryError:\n    print('caught')\n");
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "caught\n");
+    sbx_result_free(r);
+}
+
+static void crash_reports_the_signal(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "import ctypes\nctypes.string_at(0)\n");
+    assert_int_equal(r->status, SBX_CRASHED);
+    assert_int_equal(r->signal, SIGSEGV);
+    assert_int_equal(r->exit_code, -1);
+    assert_true(r->partial);
+    sbx_result_free(r);
+}
+
+/* --- the workspace and artifacts ----------------------------------------- */
+
+static void artifacts_come_back_sorted_and_capped(void **state)
+{
+    struct sbx_limits l = limits(10, 5);
+    l.max_artifacts = 3;
+    l.max_artifact_bytes = 10;
+    struct sbx_result *r = run_with(SBX(state),
+                                    "import os\n"
+                                    "os.makedirs('plots')\n"
+                                    "for n in ['b.txt', 'plots/a.png', 'a.txt', 'c', 'd']:\n"
+                                    "    open(n, 'w').write(n * 5)\n",
+                                    &l, NULL, 0);
+    expect_completed(r, 0);
+    assert_int_equal(r->n_artifacts, 3);
+    assert_string_equal(r->artifacts[0].name, "a.txt");
+    assert_string_equal(r->artifacts[1].name, "b.txt");
+    assert_string_equal(r->artifacts[2].name, "c");
+    assert_int_equal(r->artifacts_dropped, 2);
+    assert_int_equal(r->artifacts[0].size, 25);
+    assert_int_equal(r->artifacts[0].data_len, 10);
+    assert_true(r->artifacts[0].truncated);
+    assert_memory_equal(r->artifacts[0].data, "a.txta.txt", 10);
+    assert_false(r->artifacts[2].truncated);
+    sbx_result_free(r);
+}
+
+static void inputs_are_readable_and_come_back_only_if_changed(void **state)
+{
+    const struct sbx_file files[] = {
+        {"data/in.csv", "a,b\n1,2\n", 8},
+        {"keep.txt", "same", 4},
+        {"edit.txt", "old", 3},
+    };
+    struct sbx_result *r = run_with(SBX(state),
+                                    "import csv\n"
+                                    "rows = list(csv.reader(open('data/in.csv')))\n"
+                                    "print(rows)\n"
+                                    "open('edit.txt', 'w').write('new')\n"
+                                    "open('out.txt', 'w').write(str(len(rows)))\n",
+                                    NULL, files, 3);
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "[['a', 'b'], ['1', '2']]\n");
+    assert_int_equal(r->n_artifacts, 2);
+    assert_string_equal(r->artifacts[0].name, "edit.txt");
+    assert_memory_equal(r->artifacts[0].data, "new", 3);
+    assert_string_equal(r->artifacts[1].name, "out.txt");
+    sbx_result_free(r);
+}
+
+static void links_and_fifos_are_skipped(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state),
+                                    "import os\n"
+                                    "os.symlink('/etc/passwd', 'passwd')\n"
+                                    "os.symlink('/etc', 'etc')\n"
+                                    "os.mkfifo('fifo')\n"
+                                    "open('real', 'w').write('ok')\n"
+                                    "os.link('real', 'real2')\n"
+                                    "open('plain', 'w').write('p')\n");
+    expect_completed(r, 0);
+    /* Two names for one file could be a host file linked in: neither is
+     * read. The FIFO has no writer: opening it would have hung. */
+    assert_int_equal(r->n_artifacts, 1);
+    assert_string_equal(r->artifacts[0].name, "plain");
+    sbx_result_free(r);
+}
+
+static void artifacts_are_not_returned_from_a_stopped_run(void **state)
+{
+    struct sbx_limits l = limits(0.5, 5);
+    struct sbx_result *r = run_with(SBX(state),
+                                    "open('x', 'w').write('x')\nimport time\ntime.sleep(10)\n", &l,
+                                    NULL, 0);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    assert_int_equal(r->n_artifacts, 0);
+    sbx_result_free(r);
+}
+
+static void workspace_is_deleted_on_every_outcome(void **state)
+{
+    static const char *endings[] = {
+        "pass\n",
+        "raise RuntimeError\n",
+        "import time\ntime.sleep(10)\n",                 /* wall */
+        "while True: pass\n",                             /* cpu */
+        "bytearray(2**40)\n",                             /* memory */
+        "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", /* crash */
+        "os.chmod('.', 0)\n",                              /* hostile permissions */
+    };
+    struct sbx_limits l = limits(0.5, 0.3);
+    for (size_t i = 0; i < sizeof(endings) / sizeof(endings[0]); i++) {
+        char code[512], ws[1024];
+        snprintf(code, sizeof(code),
+                 "import os\nprint(os.getcwd(), flush=True)\n"
+                 "os.makedirs('a/b/c')\nopen('a/b/c/f', 'w').write('x')\n"
+                 "os.symlink('/etc', 'a/link')\n"
+                 "os.chmod('a/b', 0)\n%s",
+                 endings[i]);
+        struct sbx_result *r = run_with(SBX(state), code, &l, NULL, 0);
+        first_line(r->stdout_text, ws, sizeof(ws));
+        assert_true(strncmp(ws, ROOT(state), strlen(ROOT(state))) == 0);
+        assert_gone(ws);
+        sbx_result_free(r);
+    }
+    /* /etc was linked into a workspace and deleted with it: still here. */
+    assert_int_equal(access("/etc/passwd", F_OK), 0);
+}
+
+static void each_run_starts_in_a_fresh_empty_workspace(void **state)
+{
+    struct sbx_result *a = run_code(SBX(state), "import os\nprint(os.listdir('.'))\n"
+                                                "open('left-behind', 'w').write('x')\n");
+    struct sbx_result *b = run_code(SBX(state), "import os\nprint(os.listdir('.'))\n");
+    assert_string_equal(a->stdout_text, "[]\n");
+    assert_string_equal(b->stdout_text, "[]\n");
+    sbx_result_free(a);
+    sbx_result_free(b);
+}
+
+/* --- what the code can see of the host ------------------------------------ */
+
+static void environment_holds_no_host_variables(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state),
+                                    "import os\n"
+                                    "print(sorted(os.environ))\n"
+                                    "e = open('/proc/self/environ', 'rb').read()\n"
+                                    "c = open('/proc/self/cmdline', 'rb').read()\n"
+                                    "print(b'PYSBX_TEST_SECRET' in e, b'PYSBX_TEST_SECRET' in c)\n"
+                                    "print(b'hunter2' in e + c)\n");
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "['HOME', 'LANG', 'TMPDIR']\nFalse False\nFalse\n");
+    sbx_result_free(r);
+}
+
+static void only_its_own_descriptors_are_open(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "import os\nprint(sorted(os.listdir('/proc/self/fd')))\n");
+    expect_completed(r, 0);
+    /* 0-2, and the descriptor listdir itself uses. */
+    assert_string_equal(r->stdout_text, "['0', '1', '2', '3']\n");
+    sbx_result_free(r);
+    r = run_code(SBX(state), "import sys\nprint(repr(sys.stdin.read()))\n");
+    assert_string_equal(r->stdout_text, "''\n");
+    sbx_result_free(r);
+}
+
+static void host_packages_are_not_importable(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state),
+                                    "import sys\n"
+                                    "print(sys.flags.no_site, sys.flags.no_user_site,"
+                                    " sys.flags.isolated, 'site' in sys.modules)\n"
+                                    "print([p for p in sys.path if 'packages' in p or p in ('', '.')])\n"
+                                    "try:\n    import pysbx_test_planted\n"
+                                    "except ImportError:\n    print('not importable')\n");
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "1 1 1 False\n[]\nnot importable\n");
+    sbx_result_free(r);
+}
+
+static void connect_raises_oserror(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state),
+                                    "import socket, _socket\n"
+                                    "for make in (lambda: socket.socket(),\n"
+                                    "             lambda: socket.create_connection(('127.0.0.1', 80)),\n"
+                                    "             lambda: _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM),\n"
+                                    "             lambda: _socket.socket(_socket.AF_UNIX),\n"
+                                    "             lambda: socket.getaddrinfo('example.com', 80)):\n"
+                                    "    try:\n"
+                                    "        make()\n"
+                                    "        print('CONNECTED')\n"
+                                    "    except OSError as e:\n"
+                                    "        print(type(e).__name__)\n");
+    expect_completed(r, 0);
+    assert_null(strstr(r->stdout_text, "CONNECTED"));
+    /* create_connection resolves the name first: that fails already. */
+    assert_string_equal(r->stdout_text, "PermissionError\ngaierror\nPermissionError\n"
+                                        "PermissionError\ngaierror\n");
+    sbx_result_free(r);
+}
+
+static void asyncio_still_runs_without_a_network(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state),
+                                    "import asyncio\n"
+                                    "async def main():\n"
+                                    "    await asyncio.sleep(0.01)\n"
+                                    "    return sum(await asyncio.gather(*(asyncio.sleep(0, i) for i in range(4))))\n"
+                                    "print(asyncio.run(main()))\n");
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "6\n");
+    sbx_result_free(r);
+}
+
+static void random_state_differs_between_runs(void **state)
+{
+    const char *code = "import random, os\nprint(random.getrandbits(64), os.urandom(8).hex())\n";
+    struct sbx_result *a = run_code(SBX(state), code);
+    struct sbx_result *b = run_code(SBX(state), code);
+    expect_completed(a, 0);
+    expect_completed(b, 0);
+    assert_string_not_equal(a->stdout_text, b->stdout_text);
+    sbx_result_free(a);
+    sbx_result_free(b);
+}
+
+/* --- bad input ----------------------------------------------------------- */
+
+static void odd_code_gets_a_clear_answer(void **state)
+{
+    struct sbx_request req;
+    struct sbx_result *r;
+    struct sbx_error err;
+
+    sbx_request_init(&req);
+    req.code = "print(1)\0print(2)";
+    req.code_len = 17;
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    expect_completed(r, 1);
+    assert_non_null(strstr(r->stderr_text, "null bytes"));
+    sbx_result_free(r);
+
+    req.code = "print('\xff')";
+    req.code_len = strlen(req.code);
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    expect_completed(r, 1);
+    assert_non_null(strstr(r->stderr_text, "SyntaxError"));
+    sbx_result_free(r);
+
+    req.code = "";
+    req.code_len = 0;
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    expect_completed(r, 0);
+    sbx_result_free(r);
+
+    req.code = "def f(:\n";
+    req.code_len = strlen(req.code);
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    expect_completed(r, 1);
+    assert_non_null(strstr(r->stderr_text, "SyntaxError"));
+    sbx_result_free(r);
+}
+
+static void ten_mib_program_gets_a_clear_answer(void **state)
+{
+    size_t n = 10 << 20;
+    char *code = malloc(n + 1);
+    const char *line = "x = 1\n";
+    size_t i = 0;
+    for (; i + 6 <= n; i += 6)
+        memcpy(code + i, line, 6);
+    memset(code + i, '\n', n - i);
+    code[n] = '\0';
+    struct sbx_limits l = limits(60, 60);
+    struct sbx_result *r = run_with(SBX(state), code, &l, NULL, 0);
+    /* Compiling 1.7 million statements may fit in 256 MiB or not; either is a
+     * clear answer. */
+    if (r->status != SBX_MEMORY_LIMIT)
+        expect_completed(r, 0);
+    sbx_result_free(r);
+    free(code);
+}
+
+static void bad_limits_are_refused_before_running(void **state)
+{
+    struct {
+        const char *what;
+        double wall, cpu;
+        uint64_t memory, max_output, max_bytes, max_count;
+    } cases[] = {
+        {"zero wall", 0, 1, 256 << 20, 10, 10, 10},
+        {"negative cpu", 1, -1, 256 << 20, 10, 10, 10},
+        {"NaN wall", NAN, 1, 256 << 20, 10, 10, 10},
+        {"infinite cpu", 1, INFINITY, 256 << 20, 10, 10, 10},
+        {"absurd wall", 1e30, 1, 256 << 20, 10, 10, 10},
+        {"zero memory", 1, 1, 0, 10, 10, 10},
+        {"tiny memory", 1, 1, 4096, 10, 10, 10},
+        {"absurd memory", 1, 1, UINT64_MAX, 10, 10, 10},
+        {"absurd output", 1, 1, 256 << 20, UINT64_MAX, 10, 10},
+        {"absurd artifact bytes", 1, 1, 256 << 20, 10, UINT64_MAX, 10},
+        {"absurd artifacts", 1, 1, 256 << 20, 10, 10, UINT64_MAX},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct sbx_request req;
+        struct sbx_result *r = (struct sbx_result *)1;
+        struct sbx_error err = {0};
+        sbx_request_init(&req);
+        req.code = "print(1)";
+        req.code_len = 8;
+        req.limits.wall_seconds = cases[i].wall;
+        req.limits.cpu_seconds = cases[i].cpu;
+        req.limits.memory_bytes = cases[i].memory;
+        req.limits.max_output_chars = cases[i].max_output;
+        req.limits.max_artifact_bytes = cases[i].max_bytes;
+        req.limits.max_artifacts = cases[i].max_count;
+        int rc = sbx_run(SBX(state), &req, &r, &err);
+        if (rc != -EINVAL || err.code != SBX_ERR_INVALID_LIMIT || !err.message[0])
+            fail_msg("%s: rc %d, code %s", cases[i].what, rc, sbx_error_code_name(err.code));
+        assert_null(r);
+    }
+}
+
+static void escaping_file_names_are_refused(void **state)
+{
+    const char *names[] = {"../x", "/etc/passwd", "a/../../b", "", "a//b", "./a", ".."};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        struct sbx_file f = {names[i], "x", 1};
+        struct sbx_request req;
+        struct sbx_result *r = NULL;
+        struct sbx_error err = {0};
+        sbx_request_init(&req);
+        req.code = "pass";
+        req.code_len = 4;
+        req.files = &f;
+        req.n_files = 1;
+        assert_int_equal(sbx_run(SBX(state), &req, &r, &err), -EINVAL);
+        assert_int_equal(err.code, SBX_ERR_INVALID_FILE);
+        assert_null(r);
+    }
+    /* Twice the same name, or a name used as another's directory. */
+    struct sbx_file twice[] = {{"a", "1", 1}, {"a", "2", 1}};
+    struct sbx_file dir[] = {{"a", "1", 1}, {"a-b", "1", 1}, {"a/b", "2", 1}};
+    struct sbx_request req;
+    struct sbx_result *r = NULL;
+    struct sbx_error err = {0};
+    sbx_request_init(&req);
+    req.code = "pass";
+    req.code_len = 4;
+    req.files = twice;
+    req.n_files = 2;
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), -EINVAL);
+    req.files = dir;
+    req.n_files = 3;
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), -EINVAL);
+    assert_int_equal(err.code, SBX_ERR_INVALID_FILE);
+    req.code = NULL;
+    req.n_files = 0;
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), -EINVAL);
+    assert_int_equal(err.code, SBX_ERR_INVALID_REQUEST);
+    /* Nothing ran, so nothing may be left: only idle workspaces exist. */
+}
+
+/* --- many runs ------------------------------------------------------------ */
+
+static int count_template_children(pid_t *zombies)
+{
+    /* Our only child is the template; its children are the workers. */
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t self = getpid(), tmpl = 0;
+    int n = 0;
+    char path[300], buf[512];
+
+    *zombies = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        rewinddir(d);
+        while ((e = readdir(d))) {
+            if (e->d_name[0] < '0' || e->d_name[0] > '9')
+                continue;
+            snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+            FILE *f = fopen(path, "r");
+            if (!f)
+                continue;
+            size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[len] = '\0';
+            char *p = strrchr(buf, ')');
+            char st;
+            int ppid;
+            if (!p || sscanf(p + 2, "%c %d", &st, &ppid) != 2)
+                continue;
+            if (pass == 0 && ppid == self)
+                tmpl = atoi(e->d_name);
+            if (pass == 1 && tmpl && ppid == tmpl) {
+                n++;
+                if (st == 'Z')
+                    (*zombies)++;
+            }
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+static void a_thousand_runs_leave_nothing_behind(void **state)
+{
+    char work[1024];
+    /* The sandbox's own directory is the one entry of the root. */
+    DIR *d = opendir(ROOT(state));
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.')
+            snprintf(work, sizeof(work), "%s/%s", ROOT(state), e->d_name);
+    closedir(d);
+
+    for (int i = 0; i < 20; i++) /* warm up the allocator's arenas */
+        sbx_result_free(run_code(SBX(state), "open('f', 'w').write('x')\nprint(1)\n"));
+    int fds = count_fds();
+    struct mallinfo2 before = mallinfo2();
+    for (int i = 0; i < 1000; i++) {
+        struct sbx_result *r =
+            run_code(SBX(state), "import os\nos.makedirs('d')\nopen('d/f', 'w').write('x')\nprint(1)\n");
+        expect_completed(r, 0);
+        assert_int_equal(r->n_artifacts, 1);
+        sbx_result_free(r);
+    }
+    struct mallinfo2 after = mallinfo2();
+    assert_int_equal(count_fds(), fds);
+    pid_t zombies;
+    int workers = count_template_children(&zombies);
+    assert_int_equal(zombies, 0);
+    /* Idle workers (and any being made) only. */
+    assert_true(workers <= 64);
+    assert_true(count_entries(work) <= workers);
+#if !defined(__SANITIZE_ADDRESS__)
+    /* Without ASan's allocator, heap in use must not grow with the count of
+     * runs (under ASan, LeakSanitizer checks at exit instead). */
+    assert_true(after.uordblks < before.uordblks + 64 * 1024);
+#else
+    (void)before;
+    (void)after;
+#endif
+}
+
+int main(void)
+{
+    /* What the host holds must not reach the code: a variable set before the
+     * sandbox is opened, and a module on a PYTHONPATH. */
+    char planted[256], path[512];
+    make_temp_dir(planted, sizeof(planted));
+    snprintf(path, sizeof(path), "%s/pysbx_test_planted.py", planted);
+    FILE *f = fopen(path, "w");
+    fputs("print('planted')\n", f);
+    fclose(f);
+    setenv("PYTHONPATH", planted, 1);
+    setenv("PYSBX_TEST_SECRET", "hunter2", 1);
+
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(print_completes_with_output),
+        cmocka_unit_test(uncaught_exception_is_exit_1_with_traceback),
+        cmocka_unit_test(sys_exit_code_is_the_exit_code),
+        cmocka_unit_test(threads_are_joined_and_atexit_runs),
+        cmocka_unit_test(output_over_limit_is_cut_and_flagged),
+        cmocka_unit_test(flood_without_end_is_stopped_at_the_deadline),
+        cmocka_unit_test(flood_that_ends_completes_with_a_bounded_result),
+        cmocka_unit_test(invalid_utf8_output_is_replaced),
+        cmocka_unit_test(wall_limit_fires_with_partial_output),
+        cmocka_unit_test(cpu_limit_fires),
+        cmocka_unit_test(cpu_limit_counts_every_thread),
+        cmocka_unit_test(ignoring_sigxcpu_does_not_help),
+        cmocka_unit_test(memory_limit_fires_for_one_big_allocation),
+        cmocka_unit_test(memory_limit_fires_for_growth),
+        cmocka_unit_test(caught_memory_error_is_just_a_result),
+        cmocka_unit_test(crash_reports_the_signal),
+        cmocka_unit_test(artifacts_come_back_sorted_and_capped),
+        cmocka_unit_test(inputs_are_readable_and_come_back_only_if_changed),
+        cmocka_unit_test(links_and_fifos_are_skipped),
+        cmocka_unit_test(artifacts_are_not_returned_from_a_stopped_run),
+        cmocka_unit_test(workspace_is_deleted_on_every_outcome),
+        cmocka_unit_test(each_run_starts_in_a_fresh_empty_workspace),
+        cmocka_unit_test(environment_holds_no_host_variables),
+        cmocka_unit_test(only_its_own_descriptors_are_open),
+        cmocka_unit_test(host_packages_are_not_importable),
+        cmocka_unit_test(connect_raises_oserror),
+        cmocka_unit_test(asyncio_still_runs_without_a_network),
+        cmocka_unit_test(random_state_differs_between_runs),
+        cmocka_unit_test(odd_code_gets_a_clear_answer),
+        cmocka_unit_test(ten_mib_program_gets_a_clear_answer),
+        cmocka_unit_test(bad_limits_are_refused_before_running),
+        cmocka_unit_test(escaping_file_names_are_refused),
+        cmocka_unit_test(a_thousand_runs_leave_nothing_behind),
+    };
+    int rc = cmocka_run_group_tests(tests, fixture_open, fixture_close);
+    remove_dir(planted);
+    return rc;
+}

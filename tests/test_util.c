@@ -1,0 +1,119 @@
+/* Pure helpers: name checks, UTF-8, base64, number parsing. */
+#include "helpers.h"
+
+#include "util.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void names_that_escape_or_are_malformed_are_refused(void **state)
+{
+    (void)state;
+    static const char *bad[] = {"", "/etc/passwd", "..", "../x", "a/../b", "a/..", ".", "./a",
+                                "a//b", "a/", "a/./b", "\xff.txt"};
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++)
+        assert_non_null(name_problem(bad[i], strlen(bad[i])));
+    assert_non_null(name_problem("a\0b", 3));
+    char longcomp[300];
+    memset(longcomp, 'x', sizeof(longcomp) - 1);
+    longcomp[sizeof(longcomp) - 1] = '\0';
+    assert_non_null(name_problem(longcomp, strlen(longcomp)));
+}
+
+static void ordinary_names_are_accepted(void **state)
+{
+    (void)state;
+    static const char *good[] = {"a", "data.csv", "plots/a.png", "a/b/c/d.txt", ".hidden",
+                                 "..x", "x..", "caf\xc3\xa9.txt", "a b/c d"};
+    for (size_t i = 0; i < ARRAY_SIZE(good); i++)
+        assert_null(name_problem(good[i], strlen(good[i])));
+}
+
+static void utf8_prefix_stops_at_the_first_invalid_byte(void **state)
+{
+    (void)state;
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"abc", 3), 3);
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"a\xc3\xa9", 3), 3);
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"a\xc3", 2), 1);     /* cut */
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xc0\x80", 2), 0);  /* overlong */
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xed\xa0\x80", 3), 0); /* surrogate */
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xf4\x90\x80\x80", 4), 0);
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xf0\x9f\x98\x80!", 5), 5);
+}
+
+static void base64_round_trips_rfc4648_vectors(void **state)
+{
+    (void)state;
+    static const char *plain[] = {"", "f", "fo", "foo", "foob", "fooba", "foobar"};
+    static const char *enc[] = {"", "Zg==", "Zm8=", "Zm9v", "Zm9vYg==", "Zm9vYmE=", "Zm9vYmFy"};
+    for (size_t i = 0; i < ARRAY_SIZE(plain); i++) {
+        size_t n = 0;
+        char *e = base64_encode(plain[i], strlen(plain[i]), &n);
+        assert_string_equal(e, enc[i]);
+        assert_int_equal(n, strlen(enc[i]));
+        unsigned char *d = base64_decode(e, n, &n);
+        assert_non_null(d);
+        assert_int_equal(n, strlen(plain[i]));
+        assert_memory_equal(d, plain[i], n);
+        free(d);
+        free(e);
+    }
+    size_t n;
+    assert_null(base64_decode("Zm9v!", 5, &n));
+    assert_int_equal(errno, EINVAL);
+    assert_null(base64_decode("Z", 1, &n));
+}
+
+static void sizes_and_numbers_parse_strictly(void **state)
+{
+    (void)state;
+    uint64_t v;
+    assert_int_equal(sbx_parse_size("256M", &v), 0);
+    assert_int_equal(v, 256ULL << 20);
+    assert_int_equal(sbx_parse_size("1G", &v), 0);
+    assert_int_equal(v, 1ULL << 30);
+    assert_int_equal(sbx_parse_size("1GiB", &v), 0);
+    assert_int_equal(v, 1ULL << 30);
+    assert_int_equal(sbx_parse_size("512k", &v), 0);
+    assert_int_equal(v, 512ULL << 10);
+    assert_int_equal(sbx_parse_size("1048576", &v), 0);
+    assert_int_equal(v, 1048576);
+    static const char *bad[] = {"", "M", "-1", "1.5G", "12Q", "1GG", " 1", "99999999999999999999",
+                                "20000000000T"};
+    for (size_t i = 0; i < ARRAY_SIZE(bad); i++)
+        assert_int_equal(sbx_parse_size(bad[i], &v), -EINVAL);
+
+    double s;
+    assert_int_equal(parse_seconds("0.5", &s), 0);
+    assert_true(s == 0.5);
+    static const char *badsec[] = {"0", "-1", "nan", "inf", "1e400", "", "1s", "0.0"};
+    for (size_t i = 0; i < ARRAY_SIZE(badsec); i++)
+        assert_int_equal(parse_seconds(badsec[i], &s), -EINVAL);
+    assert_int_equal(parse_u64("0", &v), 0);
+    assert_int_equal(parse_u64("-3", &v), -EINVAL);
+    assert_int_equal(parse_u64("18446744073709551616", &v), -EINVAL);
+}
+
+static void signals_have_their_names(void **state)
+{
+    (void)state;
+    assert_string_equal(signal_name(SIGSEGV), "SIGSEGV");
+    assert_string_equal(signal_name(SIGSYS), "SIGSYS");
+    assert_string_equal(signal_name(SIGXCPU), "SIGXCPU");
+    assert_null(signal_name(0));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(names_that_escape_or_are_malformed_are_refused),
+        cmocka_unit_test(ordinary_names_are_accepted),
+        cmocka_unit_test(utf8_prefix_stops_at_the_first_invalid_byte),
+        cmocka_unit_test(base64_round_trips_rfc4648_vectors),
+        cmocka_unit_test(sizes_and_numbers_parse_strictly),
+        cmocka_unit_test(signals_have_their_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
