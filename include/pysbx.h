@@ -74,6 +74,30 @@ extern "C" {
 /* Opaque handle: one template process and its workers. Thread-safe. */
 struct sbx;
 
+/* The layers of confinement. Each is active where the kernel and the
+ * caller's privileges allow; sbx_layers() says which, and why not.
+ * Bits, so a set of them can be required (sbx_config.required_layers). */
+enum sbx_layer {
+    SBX_LAYER_SECCOMP = 1u << 0,  /* "seccomp": default-deny system call policy */
+    SBX_LAYER_LANDLOCK = 1u << 1, /* "landlock": file system confined */
+    SBX_LAYER_NETNS = 1u << 2,    /* "netns": a network namespace with no interface */
+    SBX_LAYER_MOUNTNS = 1u << 3,  /* "mountns": each workspace a private, bounded tmpfs */
+    SBX_LAYER_IPCNS = 1u << 4,    /* "ipcns": System V IPC of its own */
+    SBX_LAYER_UTSNS = 1u << 5,    /* "utsns": a hostname of its own */
+    SBX_LAYER_USER = 1u << 6,     /* "user": an unprivileged uid and gid */
+    SBX_LAYER_RLIMITS = 1u << 7,  /* "rlimits": time, memory, file size, descriptors */
+    SBX_LAYER_CAPS = 1u << 8,     /* "caps": no capabilities, no_new_privs */
+};
+#define SBX_LAYER_COUNT 9
+#define SBX_DEFAULT_WORKSPACE_BYTES (128ULL << 20)
+
+struct sbx_layer_info {
+    enum sbx_layer layer;
+    const char *name; /* "seccomp", ... */
+    bool active;
+    char detail[192]; /* what it does here, or why it is unavailable */
+};
+
 /* How sbx_open starts the sandbox. Strings are copied by sbx_open. */
 struct sbx_config {
     /* The template helper (pysbx-template). NULL: the PYSBX_TEMPLATE
@@ -91,6 +115,19 @@ struct sbx_config {
     /* NULL-terminated list of extra read-only directories put on sys.path
      * after the standard library (a vetted package tree, for example). */
     const char *const *module_dirs;
+    /* Layers (enum sbx_layer bits) without which sbx_open fails rather than
+     * run with less. sbx_config_init sets SBX_LAYER_SECCOMP. */
+    unsigned required_layers;
+    /* When the caller is root, the workers' uid and gid; -1: 65534. */
+    long worker_uid;
+    long worker_gid;
+    /* Size of each workspace tmpfs (when the mount namespace is available);
+     * 0: SBX_DEFAULT_WORKSPACE_BYTES. Input files must fit in it. */
+    uint64_t workspace_bytes;
+    /* Refused system calls are named on stderr and fail with EPERM instead
+     * of being policy-checked for real: for finding what code needs. Never
+     * for production. */
+    bool policy_debug;
 };
 
 /* Per-run ceilings. */
@@ -203,6 +240,16 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
 int sbx_request_check(const struct sbx_request *req, struct sbx_error *err);
 
 void sbx_result_free(struct sbx_result *res);
+
+/* Fills |out| (SBX_LAYER_COUNT entries, in bit order) with what is active
+ * in this sandbox. Returns SBX_LAYER_COUNT. */
+int sbx_layers(const struct sbx *sbx, struct sbx_layer_info out[SBX_LAYER_COUNT]);
+/* "3.11.2" and "2.5.4": the interpreter and libseccomp the template uses. */
+const char *sbx_python_version(const struct sbx *sbx);
+const char *sbx_libseccomp_version(const struct sbx *sbx);
+/* The layer called |name| ("seccomp", "landlock", ...), or 0. */
+enum sbx_layer sbx_layer_from_name(const char *name);
+const char *sbx_layer_name(enum sbx_layer layer);
 
 /* Stops the template and its workers and deletes every workspace. Must not
  * be called while a run is in flight. NULL is accepted. */

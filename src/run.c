@@ -281,6 +281,15 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
     rc = sbx_request_check(req, err);
     if (rc < 0)
         return rc;
+    if (sbx->workspace_bytes) {
+        uint64_t in = 0;
+        for (size_t i = 0; i < req->n_files; i++)
+            in += req->files[i].len;
+        if (in > sbx->workspace_bytes)
+            return sbx_fail(err, SBX_ERR_TOO_LARGE, -E2BIG,
+                            "input files (%llu bytes) do not fit the workspace (%llu bytes)",
+                            (unsigned long long)in, (unsigned long long)sbx->workspace_bytes);
+    }
     res = calloc(1, sizeof(*res));
     if (!res)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");

@@ -31,6 +31,48 @@
 void sbx_config_init(struct sbx_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
+    cfg->required_layers = SBX_LAYER_SECCOMP;
+    cfg->worker_uid = -1;
+    cfg->worker_gid = -1;
+}
+
+static const char *const layer_names[SBX_LAYER_COUNT] = {
+    "seccomp", "landlock", "netns", "mountns", "ipcns", "utsns", "user", "rlimits", "caps",
+};
+
+const char *sbx_layer_name(enum sbx_layer layer)
+{
+    unsigned i = layer ? (unsigned)__builtin_ctz(layer) : SBX_LAYER_COUNT;
+    return i < SBX_LAYER_COUNT && layer == (1u << i) ? layer_names[i] : NULL;
+}
+
+enum sbx_layer sbx_layer_from_name(const char *name)
+{
+    for (unsigned i = 0; name && i < SBX_LAYER_COUNT; i++)
+        if (strcmp(name, layer_names[i]) == 0)
+            return (enum sbx_layer)(1u << i);
+    return (enum sbx_layer)0;
+}
+
+int sbx_layers(const struct sbx *sbx, struct sbx_layer_info out[SBX_LAYER_COUNT])
+{
+    for (unsigned i = 0; i < SBX_LAYER_COUNT; i++) {
+        out[i].layer = (enum sbx_layer)(1u << i);
+        out[i].name = layer_names[i];
+        out[i].active = sbx->layers[i].active != 0;
+        fmt(out[i].detail, sizeof(out[i].detail), "%s", sbx->layers[i].detail);
+    }
+    return SBX_LAYER_COUNT;
+}
+
+const char *sbx_python_version(const struct sbx *sbx)
+{
+    return sbx->python_version;
+}
+
+const char *sbx_libseccomp_version(const struct sbx *sbx)
+{
+    return sbx->libseccomp_version;
 }
 
 static unsigned default_pool_size(void)
@@ -77,7 +119,14 @@ static int send_config(struct sbx *sbx, const struct sbx_config *cfg, struct sbx
                             json_integer(cfg->pool_size ? cfg->pool_size : default_pool_size())) < 0 ||
         json_object_set_new(o, "warm_modules",
                             cfg->warm_modules ? string_array(cfg->warm_modules) : json_null()) < 0 ||
-        json_object_set_new(o, "module_dirs", string_array(cfg->module_dirs)) < 0)
+        json_object_set_new(o, "module_dirs", string_array(cfg->module_dirs)) < 0 ||
+        json_object_set_new(o, "worker_uid", json_integer(cfg->worker_uid)) < 0 ||
+        json_object_set_new(o, "worker_gid", json_integer(cfg->worker_gid)) < 0 ||
+        json_object_set_new(o, "workspace_bytes",
+                            json_integer((json_int_t)(cfg->workspace_bytes
+                                                          ? cfg->workspace_bytes
+                                                          : SBX_DEFAULT_WORKSPACE_BYTES))) < 0 ||
+        json_object_set_new(o, "policy_debug", json_boolean(cfg->policy_debug)) < 0)
         goto out;
     text = json_dumps(o, JSON_COMPACT);
     if (!text)
@@ -172,7 +221,27 @@ static int await_hello(struct sbx *sbx, struct sbx_error *err)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EIO,
                         "the template ended before it was ready (is it the same version?)");
     m.hello.python_version[sizeof(m.hello.python_version) - 1] = '\0';
+    m.hello.libseccomp_version[sizeof(m.hello.libseccomp_version) - 1] = '\0';
     fmt(sbx->python_version, sizeof(sbx->python_version), "%s", m.hello.python_version);
+    fmt(sbx->libseccomp_version, sizeof(sbx->libseccomp_version), "%s",
+        m.hello.libseccomp_version);
+    sbx->workspace_bytes = m.hello.workspace_bytes;
+    for (int i = 0; i < WIRE_LAYERS; i++) {
+        sbx->layers[i] = m.hello.layers[i];
+        sbx->layers[i].detail[sizeof(sbx->layers[i].detail) - 1] = '\0';
+    }
+    return 0;
+}
+
+/* Fail closed: a layer the caller requires and this machine lacks stops
+ * the sandbox from opening at all. */
+static int check_required(const struct sbx *sbx, unsigned required, struct sbx_error *err)
+{
+    for (unsigned i = 0; i < SBX_LAYER_COUNT; i++)
+        if ((required & (1u << i)) && !sbx->layers[i].active)
+            return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EPERM,
+                            "required layer %s is not available: %s", layer_names[i],
+                            sbx->layers[i].detail);
     return 0;
 }
 
@@ -196,6 +265,10 @@ static int make_work_dir(struct sbx *sbx, const struct sbx_config *cfg, struct s
                         strerror(errno));
     sbx->work_dir = strdup(path);
     sbx->work_fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    /* Workers under their own uid must be able to pass through to their
+     * workspace by path (HOME, TMPDIR); each workspace itself is 0700. */
+    if (sbx->work_fd >= 0 && geteuid() == 0)
+        (void)fchmod(sbx->work_fd, 0711);
     if (!sbx->work_dir || sbx->work_fd < 0) {
         int e = sbx->work_dir ? errno : ENOMEM;
         rmdir(path);
@@ -219,6 +292,12 @@ int sbx_open(const struct sbx_config *cfg, struct sbx **out, struct sbx_error *e
     }
     if (cfg->pool_size > 1024)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "pool_size must be at most 1024");
+    if (cfg->required_layers >> SBX_LAYER_COUNT)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "unknown layer in required_layers");
+    if (cfg->workspace_bytes && (cfg->workspace_bytes < (1ULL << 20) ||
+                                 cfg->workspace_bytes > SBX_MAX_MEMORY_BYTES))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "workspace_bytes must be between 1 MiB and 1 TiB");
     sbx = calloc(1, sizeof(*sbx));
     if (!sbx)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
@@ -250,6 +329,9 @@ int sbx_open(const struct sbx_config *cfg, struct sbx **out, struct sbx_error *e
     if (rc < 0)
         goto fail;
     rc = await_hello(sbx, err);
+    if (rc < 0)
+        goto fail;
+    rc = check_required(sbx, cfg->required_layers, err);
     if (rc < 0)
         goto fail;
     *out = sbx;

@@ -15,7 +15,10 @@ struct sbx {
     int root_fd;          /* the directory holding work_dir */
     int work_fd;          /* work_dir: one workspace per worker inside */
     char *work_dir;       /* <work_root>/pysbx-XXXXXX */
-    char python_version[64];
+    char python_version[32];
+    char libseccomp_version[32];
+    uint64_t workspace_bytes; /* tmpfs size per workspace; 0: none */
+    struct wire_layer layers[WIRE_LAYERS];
 };
 
 /* A worker taken from the pool: the descriptors of enum wire_worker_fd. */

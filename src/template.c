@@ -9,7 +9,11 @@
  * each worker, sending its exit status and resource use to the supervisor.
  */
 #define _GNU_SOURCE
+#include "jail.h"
+#include "landlock.h"
+#include "policy.h"
 #include "pyhost.h"
+#include "pysbx.h"
 #include "sysutil.h"
 #include "util.h"
 #include "wire.h"
@@ -61,6 +65,17 @@ struct tmpl {
     struct worker_rec *workers;
     char **warm;
     char **module_dirs;
+    long uid, gid;
+    uint64_t workspace_bytes;
+    bool policy_debug;
+    /* The confinement every worker gets, decided once. */
+    struct jail jail;
+    struct policy policy;
+    bool seccomp;
+    char seccomp_why[192];
+    int landlock;      /* ABI, or <= 0 */
+    char landlock_why[192];
+    struct landlock_base ll_base;
 };
 
 static void send_fail(struct tmpl *t, const char *text)
@@ -82,7 +97,7 @@ static void spawn_worker(struct tmpl *t)
     struct worker_rec *w = calloc(1, sizeof(*w));
     int req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
     int status[2] = {-1, -1}, ready[2] = {-1, -1};
-    int ws = -1;
+    int ws = -1, ruleset = -1;
     char path[4096];
     char why[256];
     pid_t pid;
@@ -105,10 +120,20 @@ static void spawn_worker(struct tmpl *t)
         fmt(why, sizeof(why), "template: making a worker's pipes: %s", strerror(errno));
         goto fail;
     }
-    if (mkdirat(t->base_fd, w->name, 0700) < 0 ||
-        (ws = openat(t->base_fd, w->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
-        fmt(why, sizeof(why), "template: making workspace %s: %s", path, strerror(errno));
+    if (jail_workspace(&t->jail, t->base_fd, w->name, path, why, sizeof(why)) < 0)
         goto fail;
+    /* By path, in our own mount namespace: through the supervisor's
+     * descriptor, the lookup would stay in the host's and find the
+     * directory under the tmpfs instead of the tmpfs. */
+    ws = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (ws < 0) {
+        fmt(why, sizeof(why), "template: opening workspace %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (t->landlock > 0) {
+        ruleset = landlock_ruleset_for(&t->ll_base, ws, why, sizeof(why));
+        if (ruleset < 0)
+            goto fail;
     }
     pid = pyhost_fork();
     if (pid < 0) {
@@ -125,9 +150,19 @@ static void spawn_worker(struct tmpl *t)
             .ws_fd = ws,
             .devnull_fd = t->devnull,
             .ws_path = path,
+            .plan = {
+                .switch_user = t->jail.switch_user,
+                .uid = t->jail.uid,
+                .gid = t->jail.gid,
+                .landlock_abi = t->landlock,
+                .ruleset_fd = ruleset,
+                .policy = t->seccomp ? &t->policy : NULL,
+                .policy_debug = t->policy_debug,
+            },
         };
         worker_main(&a);
     }
+    close_fd(&ruleset);
     w->pid = pid;
     close(req[1]);
     close(out[1]);
@@ -161,8 +196,12 @@ fail:
         close_fd(&status[i]);
         close_fd(&ready[i]);
     }
+    if (ws >= 0) {
+        jail_workspace_release(&t->jail, path);
+        (void)unlinkat(t->base_fd, w->name, AT_REMOVEDIR);
+    }
     close_fd(&ws);
-    (void)unlinkat(t->base_fd, w->name, AT_REMOVEDIR);
+    close_fd(&ruleset);
     free(w);
     send_fail(t, why);
 }
@@ -253,6 +292,9 @@ static void reap(struct tmpl *t)
         }
         if (!w->announced)
             report_setup_failure(t, w, NULL);
+        char path[4096];
+        fmt(path, sizeof(path), "%s/%s", t->base_path, w->name);
+        jail_workspace_release(&t->jail, path);
         struct wire_status s = {
             .magic = WIRE_STATUS_MAGIC,
             .wait_status = st,
@@ -343,6 +385,43 @@ static void run_loop(struct tmpl *t)
     shutdown_workers(t);
 }
 
+static void layer(struct wire_hello *h, enum sbx_layer which, bool active, const char *detail)
+{
+    int i = __builtin_ctz(which);
+    h->layers[i].active = active;
+    fmt(h->layers[i].detail, sizeof(h->layers[i].detail), "%s", detail);
+}
+
+/* What is active, and why not where it is not: `pysbx doctor` prints it and
+ * sbx_open holds it against the caller's required layers. */
+static void describe(const struct tmpl *t, struct wire_hello *h)
+{
+    const struct jail *j = &t->jail;
+    char rl[192];
+
+    memset(h, 0, sizeof(*h));
+    h->hdr = (struct wire_hdr){WIRE_HELLO, WIRE_VERSION};
+    h->template_pid = t->pid;
+    fmt(h->python_version, sizeof(h->python_version), "%s", pyhost_version());
+    fmt(h->libseccomp_version, sizeof(h->libseccomp_version), "%s",
+        policy_libseccomp_version());
+    h->workspace_bytes = j->mount_ns ? j->workspace_bytes : 0;
+    layer(h, SBX_LAYER_SECCOMP, t->seccomp, t->seccomp_why);
+    layer(h, SBX_LAYER_LANDLOCK, t->landlock > 0, t->landlock_why);
+    layer(h, SBX_LAYER_NETNS, j->net_ns, j->net_why);
+    layer(h, SBX_LAYER_MOUNTNS, j->mount_ns, j->mount_why);
+    layer(h, SBX_LAYER_IPCNS, j->ipc_ns, j->ipc_why);
+    layer(h, SBX_LAYER_UTSNS, j->uts_ns, j->uts_why);
+    layer(h, SBX_LAYER_USER, j->switch_user, j->user_why);
+    fmt(rl, sizeof(rl),
+        "CPU (timer + RLIMIT_CPU), address space, file size %llu MiB, %d descriptors, no "
+        "core%s",
+        (unsigned long long)(WORKER_FSIZE_LIMIT >> 20), WORKER_NOFILE_LIMIT,
+        j->switch_user ? ", " PYSBX_STR(WORKER_NPROC_LIMIT) " threads for the workers' uid" : "");
+    layer(h, SBX_LAYER_RLIMITS, true, rl);
+    layer(h, SBX_LAYER_CAPS, true, "every capability dropped (bounding set too), no_new_privs");
+}
+
 static char **string_list(json_t *arr)
 {
     size_t n = json_array_size(arr);
@@ -386,6 +465,14 @@ static int read_config(struct tmpl *t, char *err, size_t errlen)
     }
     t->base_path = strdup(base);
     t->pool_size = (unsigned)pool;
+    t->uid = (long)json_integer_value(json_object_get(cfg, "worker_uid"));
+    t->gid = (long)json_integer_value(json_object_get(cfg, "worker_gid"));
+    t->workspace_bytes = (uint64_t)json_integer_value(json_object_get(cfg, "workspace_bytes"));
+    t->policy_debug = json_is_true(json_object_get(cfg, "policy_debug"));
+    if (t->workspace_bytes < (1 << 20)) {
+        fmt(err, errlen, "template: bad workspace size");
+        goto out;
+    }
     json_t *warm = json_object_get(cfg, "warm_modules");
     if (json_is_array(warm))
         t->warm = string_list(warm);
@@ -422,12 +509,39 @@ int main(void)
         fmt(err, sizeof(err), "template: /dev/null: %s", strerror(errno));
         goto fail;
     }
+    /* Namespaces first: everything after, and every worker, lives in them. */
+    jail_setup(&t.jail, t.uid, t.gid, t.workspace_bytes);
+
     struct pyhost_config py = {
         .warm_modules = (const char *const *)t.warm,
         .module_dirs = (const char *const *)t.module_dirs,
     };
     if (pyhost_start(&py, err, sizeof(err)) < 0)
         goto fail;
+
+    /* The seccomp program, built once; workers load the finished BPF. */
+    t.seccomp = policy_build(&t.policy, t.policy_debug, t.seccomp_why, sizeof(t.seccomp_why)) == 0;
+    if (t.seccomp)
+        fmt(t.seccomp_why, sizeof(t.seccomp_why),
+            "%u rules, default EPERM, exploit primitives kill%s", t.policy.rules,
+            t.policy_debug ? " (DEBUG: refusals trap and are named; never for production)"
+                           : "");
+    t.landlock = landlock_abi();
+    if (t.landlock > 0 && landlock_base_open(&t.ll_base, t.landlock,
+                                             (const char *const *)t.module_dirs, t.landlock_why,
+                                             sizeof(t.landlock_why)) < 0) {
+        /* A module directory that cannot be confined is the caller's error. */
+        fmt(err, sizeof(err), "%s", t.landlock_why);
+        goto fail;
+    }
+    if (t.landlock > 0)
+        fmt(t.landlock_why, sizeof(t.landlock_why),
+            "ABI %d: workspace read-write; standard library, module dirs, shared libraries, "
+            "time zones read-only%s",
+            t.landlock, t.landlock >= 6 ? "; signals and abstract sockets scoped" : "");
+    else
+        fmt(t.landlock_why, sizeof(t.landlock_why), "not available in this kernel: %s",
+            strerror(-t.landlock));
 
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
@@ -437,8 +551,8 @@ int main(void)
         goto fail;
     }
 
-    struct wire_hello hello = {.hdr = {WIRE_HELLO, WIRE_VERSION}, .template_pid = t.pid};
-    fmt(hello.python_version, sizeof(hello.python_version), "%s", pyhost_version());
+    struct wire_hello hello;
+    describe(&t, &hello);
     if (wire_send(t.ctl, &hello, sizeof(hello), NULL, 0) < 0)
         return 1;
     refill(&t);

@@ -52,10 +52,20 @@ struct wire_hdr {
     uint32_t version;
 };
 
+#define WIRE_LAYERS 9 /* SBX_LAYER_COUNT */
+
+struct wire_layer {
+    uint32_t active;
+    char detail[192];
+};
+
 struct wire_hello {
     struct wire_hdr hdr;
     int32_t template_pid;
-    char python_version[64];
+    char python_version[32];
+    char libseccomp_version[32];
+    uint64_t workspace_bytes; /* tmpfs size of each workspace; 0: none */
+    struct wire_layer layers[WIRE_LAYERS]; /* by bit of enum sbx_layer */
 };
 
 struct wire_worker {

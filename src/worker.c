@@ -3,6 +3,7 @@
 
 #include "confine.h"
 #include "pyhost.h"
+#include "pysbx.h"
 #include "sysutil.h"
 #include "util.h"
 #include "wire.h"
@@ -29,7 +30,8 @@ enum {
     FD_REQUEST = 3,
     FD_READY = 4,
     FD_WORKSPACE = 5,
-    FD_FIRST_FREE = 6,
+    FD_RULESET = 6, /* Landlock ruleset, or /dev/null when there is none */
+    FD_FIRST_FREE = 7,
 };
 
 _Noreturn __attribute__((format(printf, 1, 2))) static void fail_idle(const char *format, ...)
@@ -163,7 +165,7 @@ static char *read_request(struct wire_req *req)
     if (got != (ssize_t)sizeof(*req) || req->magic != WIRE_REQ_MAGIC ||
         req->version != WIRE_VERSION)
         fail_request("pysbx: malformed request header\n");
-    if (req->code_len > (64ULL << 20))
+    if (req->code_len > SBX_MAX_CODE_BYTES)
         fail_request("pysbx: code too large\n");
     code = malloc(req->code_len + 1);
     if (!code)
@@ -177,8 +179,11 @@ static char *read_request(struct wire_req *req)
 
 _Noreturn void worker_main(const struct worker_args *a)
 {
-    const int fds[FD_FIRST_FREE] = {a->devnull_fd, a->out_fd,   a->err_fd,
-                                    a->req_fd,     a->ready_fd, a->ws_fd};
+    const int fds[FD_FIRST_FREE] = {
+        a->devnull_fd, a->out_fd, a->err_fd, a->req_fd, a->ready_fd, a->ws_fd,
+        a->plan.ruleset_fd >= 0 ? a->plan.ruleset_fd : a->devnull_fd,
+    };
+    struct confine_plan plan = a->plan;
     char err[WIRE_TEXT_MAX];
     sigset_t none;
     struct wire_req req;
@@ -194,7 +199,8 @@ _Noreturn void worker_main(const struct worker_args *a)
     signal(SIGCHLD, SIG_DFL);
 
     /* 1. Descriptors: /dev/null, our pipes, the request socket, the ready
-     * pipe and the workspace, at fixed numbers; nothing else stays open. */
+     * pipe, the workspace and the Landlock ruleset, at fixed numbers;
+     * nothing else stays open. */
     rc = place_fds(fds, FD_FIRST_FREE);
     if (rc < 0)
         _exit(127); /* cannot even report: the template sees EOF */
@@ -216,12 +222,17 @@ _Noreturn void worker_main(const struct worker_args *a)
 
     /* 5. Ceilings that do not depend on the request. */
     if (set_limit(RLIMIT_CORE, 0, 0) < 0 ||
-        set_limit(RLIMIT_NOFILE, WORKER_NOFILE_LIMIT, WORKER_NOFILE_LIMIT) < 0)
+        set_limit(RLIMIT_NOFILE, WORKER_NOFILE_LIMIT, WORKER_NOFILE_LIMIT) < 0 ||
+        (plan.switch_user &&
+         set_limit(RLIMIT_NPROC, WORKER_NPROC_LIMIT, WORKER_NPROC_LIMIT) < 0))
         fail_idle("setrlimit: %s", strerror(errno));
 
-    /* 6. Confinement: privileges, then the kernel policies. */
-    if (confine_self(err, sizeof(err)) < 0)
+    /* 6. Confinement: privileges, then the kernel policies, seccomp last. */
+    plan.ruleset_fd = plan.landlock_abi > 0 ? FD_RULESET : -1;
+    if (confine_self(&plan, err, sizeof(err)) < 0)
         fail_idle("%s", err);
+    if (plan.landlock_abi <= 0)
+        close(FD_RULESET);
 
     /* 7. Ready: the template may hand us out. */
     char ready = WORKER_READY;

@@ -5,6 +5,8 @@
 #ifndef PYSBX_WORKER_H
 #define PYSBX_WORKER_H
 
+#include "confine.h"
+
 #include <sys/types.h>
 
 /* Bytes a worker writes on its ready pipe to the template. */
@@ -19,6 +21,8 @@
  * for user code. */
 #define WORKER_FSIZE_LIMIT (1ULL << 30)
 #define WORKER_NOFILE_LIMIT 256
+/* Threads of all workers together, when they run under their own uid. */
+#define WORKER_NPROC_LIMIT 2048
 
 struct worker_args {
     pid_t template_pid;
@@ -29,6 +33,7 @@ struct worker_args {
     int ws_fd;      /* the workspace directory */
     int devnull_fd; /* /dev/null, read-write */
     const char *ws_path;
+    struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };
 
 /* Runs in the child right after the fork; never returns. */
