@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 /* Exit statuses of `pysbx run` when the code did not complete. */
@@ -51,7 +52,14 @@ static const char run_usage[] =
     "                          never '..'\n"
     "  --artifacts-dir DIR     write the files the code left in its workspace to DIR\n"
     "                          (made if missing)\n"
+    "  --require LAYER,...     refuse to run unless these layers are active (default:\n"
+    "                          seccomp; 'none' runs with whatever the machine has);\n"
+    "                          layers: seccomp, landlock, netns, mountns, ipcns, utsns,\n"
+    "                          user, rlimits, caps (see pysbx doctor)\n"
     "  --template PATH         the pysbx-template helper to use\n"
+    "  --policy-debug          name refused system calls on stderr and let them fail\n"
+    "                          with EPERM instead of applying the policy's kills:\n"
+    "                          for finding what code needs, never for production\n"
     "  -h, --help              this text\n";
 
 static const char main_usage[] =
@@ -59,6 +67,9 @@ static const char main_usage[] =
     "\n"
     "commands:\n"
     "  run [options] FILE|-   run a Python script in the sandbox (pysbx run --help)\n"
+    "  doctor [--json] [--require LAYER,...]\n"
+    "                         say which layers of confinement are active here, and why\n"
+    "                         not where they are not\n"
     "  version                print the version\n"
     "\n"
     "pysbx runs untrusted Python in a forked, embedded CPython: no network, no host\n"
@@ -66,6 +77,8 @@ static const char main_usage[] =
 
 struct run_opts {
     bool json;
+    bool policy_debug;
+    unsigned required;
     const char *script;
     const char *artifacts_dir;
     const char *template_path;
@@ -176,9 +189,38 @@ static int add_file(struct run_opts *o, const char *spec)
     return 0;
 }
 
+/* "seccomp,landlock" or "none". */
+static int parse_layers(const char *text, unsigned *out)
+{
+    char buf[256];
+    unsigned set = 0;
+
+    if (strcmp(text, "none") == 0) {
+        *out = 0;
+        return 0;
+    }
+    if (strlen(text) >= sizeof(buf))
+        return -EINVAL;
+    strcpy(buf, text);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        enum sbx_layer l = sbx_layer_from_name(tok);
+        if (!l)
+            return -EINVAL;
+        set |= l;
+    }
+    if (!set)
+        return -EINVAL;
+    *out = set;
+    return 0;
+}
+
 static int parse_run_opts(int argc, char **argv, struct run_opts *o)
 {
-    enum { O_JSON = 256, O_WALL, O_CPU, O_MEM, O_OUT, O_ABYTES, O_ARTS, O_FILE, O_DIR, O_TMPL };
+    enum {
+        O_JSON = 256, O_WALL, O_CPU, O_MEM, O_OUT, O_ABYTES, O_ARTS, O_FILE, O_DIR, O_TMPL,
+        O_REQUIRE, O_DEBUG,
+    };
     static const struct option longopts[] = {
         {"json", no_argument, NULL, O_JSON},
         {"wall", required_argument, NULL, O_WALL},
@@ -190,12 +232,15 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
         {"file", required_argument, NULL, O_FILE},
         {"artifacts-dir", required_argument, NULL, O_DIR},
         {"template", required_argument, NULL, O_TMPL},
+        {"require", required_argument, NULL, O_REQUIRE},
+        {"policy-debug", no_argument, NULL, O_DEBUG},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int c, rc;
 
     sbx_limits_init(&o->limits);
+    o->required = SBX_LAYER_SECCOMP;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -240,6 +285,14 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
             break;
         case O_TMPL:
             o->template_path = optarg;
+            break;
+        case O_REQUIRE:
+            if (parse_layers(optarg, &o->required) < 0)
+                return usage_error("--require wants layer names separated by commas (or "
+                                   "'none'), not '%s'", optarg);
+            break;
+        case O_DEBUG:
+            o->policy_debug = true;
             break;
         case ':':
             return usage_error("%s needs a value", argv[optind - 1]);
@@ -354,6 +407,28 @@ static int report(const struct run_opts *o, const struct sbx_result *res)
     return EXIT_SANDBOX;
 }
 
+/* The sandbox could not start (a required layer missing, or no template):
+ * in --json mode this is still an answer, a sandbox_error result. */
+static int cannot_start(const struct run_opts *o, const struct sbx_error *err)
+{
+    if (o->json) {
+        struct sbx_result r = {
+            .status = SBX_SANDBOX_ERROR,
+            .exit_code = -1,
+            .stdout_text = "",
+            .stderr_text = "",
+            .partial = true,
+            .reason = (char *)err->message,
+        };
+        char *s = sbx_result_to_json(&r);
+        if (s)
+            puts(s);
+        free(s);
+    } else
+        fprintf(stderr, "pysbx: cannot start the sandbox: %s\n", err->message);
+    return EXIT_SANDBOX;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     struct run_opts o = {0};
@@ -390,9 +465,10 @@ static int cmd_run(int argc, char **argv)
     sbx_config_init(&cfg);
     cfg.template_path = find_template(o.template_path, tmpl, sizeof(tmpl));
     cfg.pool_size = 1;
+    cfg.required_layers = o.required;
+    cfg.policy_debug = o.policy_debug;
     if (sbx_open(&cfg, &sbx, &err) < 0) {
-        fprintf(stderr, "pysbx: cannot start the sandbox: %s\n", err.message);
-        status = EXIT_SANDBOX;
+        status = cannot_start(&o, &err);
         goto out;
     }
     if (sbx_run(sbx, &req, &res, &err) < 0) {
@@ -413,6 +489,88 @@ out:
     return status;
 }
 
+static int cmd_doctor(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"require", required_argument, NULL, 'r'},
+        {"template", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct sbx_config cfg;
+    struct sbx_error err = {0};
+    struct sbx *sbx = NULL;
+    struct sbx_layer_info layers[SBX_LAYER_COUNT];
+    struct utsname u;
+    unsigned required = SBX_LAYER_SECCOMP;
+    const char *given = NULL;
+    char tmpl[PATH_MAX];
+    bool json = false;
+    int c, status = 0;
+
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (c == 'j')
+            json = true;
+        else if (c == 't')
+            given = optarg;
+        else if (c == 'r' && parse_layers(optarg, &required) == 0)
+            continue;
+        else if (c == 'h') {
+            fputs("usage: pysbx doctor [--json] [--require LAYER,...] [--template PATH]\n"
+                  "Starts a sandbox as `pysbx run` would and says which layers are active.\n"
+                  "Exits 1 when a required layer (default: seccomp) is not.\n",
+                  stdout);
+            return 0;
+        } else
+            return usage_error("doctor: bad option '%s'", argv[optind - 1]);
+    }
+    sbx_config_init(&cfg);
+    cfg.template_path = find_template(given, tmpl, sizeof(tmpl));
+    cfg.pool_size = 1;
+    cfg.required_layers = 0; /* report, whatever is missing */
+    if (sbx_open(&cfg, &sbx, &err) < 0) {
+        fprintf(stderr, "pysbx: cannot start the sandbox: %s\n", err.message);
+        return EXIT_SANDBOX;
+    }
+    sbx_layers(sbx, layers);
+    uname(&u);
+    if (json) {
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s}", "pysbx", PYSBX_VERSION, "python",
+                              sbx_python_version(sbx), "libseccomp", sbx_libseccomp_version(sbx),
+                              "kernel", u.release);
+        json_t *l = json_object();
+        for (int i = 0; i < SBX_LAYER_COUNT; i++)
+            json_object_set_new(l, layers[i].name,
+                                json_pack("{s:b, s:b, s:s}", "active", layers[i].active,
+                                          "required", (required & layers[i].layer) != 0,
+                                          "detail", layers[i].detail));
+        json_object_set_new(o, "layers", l);
+        char *text = json_dumps(o, JSON_INDENT(2));
+        if (text)
+            puts(text);
+        free(text);
+        json_decref(o);
+    } else {
+        printf("pysbx       %s\npython      %s\nlibseccomp  %s\nkernel      %s %s\n\n",
+               PYSBX_VERSION, sbx_python_version(sbx), sbx_libseccomp_version(sbx), u.sysname,
+               u.release);
+        for (int i = 0; i < SBX_LAYER_COUNT; i++)
+            printf("%-9s %-12s %s\n", layers[i].name,
+                   layers[i].active ? "active" : "UNAVAILABLE", layers[i].detail);
+    }
+    for (int i = 0; i < SBX_LAYER_COUNT; i++) {
+        if ((required & layers[i].layer) && !layers[i].active) {
+            fprintf(stderr, "pysbx: required layer %s is not available\n", layers[i].name);
+            status = 1;
+        }
+    }
+    sbx_close(sbx);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     /* The code's output is ours to pass on; a closed pipe downstream must
@@ -424,6 +582,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "run") == 0)
         return cmd_run(argc - 1, argv + 1);
+    if (strcmp(argv[1], "doctor") == 0)
+        return cmd_doctor(argc - 1, argv + 1);
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
         printf("pysbx %s\n", PYSBX_VERSION);
         return 0;

@@ -407,17 +407,23 @@ void policy_free(struct policy *p)
     memset(p, 0, sizeof(*p));
 }
 
+unsigned short policy_patch(const struct policy *p, pid_t self, struct sock_filter *out)
+{
+    memcpy(out, p->insns, p->len * sizeof(*out));
+    for (unsigned i = 0; i < p->len; i++)
+        if (BPF_CLASS(out[i].code) == BPF_JMP && out[i].k == POLICY_SELF_PID)
+            out[i].k = (uint32_t)self;
+    return p->len;
+}
+
 int policy_load(const struct policy *p, pid_t self)
 {
     struct sock_filter insns[BPF_MAXINSNS];
-    struct sock_fprog prog = {.len = p->len, .filter = insns};
+    struct sock_fprog prog = {.filter = insns};
 
     if (!p->insns || p->len == 0)
         return -EINVAL;
-    memcpy(insns, p->insns, p->len * sizeof(*insns));
-    for (unsigned i = 0; i < p->len; i++)
-        if (BPF_CLASS(insns[i].code) == BPF_JMP && insns[i].k == POLICY_SELF_PID)
-            insns[i].k = (uint32_t)self;
+    prog.len = policy_patch(p, self, insns);
     if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
         return -errno;
     return 0;

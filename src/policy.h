@@ -26,6 +26,10 @@ struct policy {
 int policy_build(struct policy *p, bool debug, char *err, size_t errlen);
 void policy_free(struct policy *p);
 
+/* Copies the program into |out| (BPF_MAXINSNS entries) with |self| in place
+ * of POLICY_SELF_PID. Returns the length. */
+unsigned short policy_patch(const struct policy *p, pid_t self, struct sock_filter *out);
+
 /* In a worker: copies the program with |self| in place of POLICY_SELF_PID
  * and loads it (no_new_privs must be set). Never calls libseccomp. Returns 0
  * or -errno. */

@@ -245,6 +245,31 @@ static int check_required(const struct sbx *sbx, unsigned required, struct sbx_e
     return 0;
 }
 
+/* Workers under their own uid reach their workspace by path too (HOME,
+ * TMPDIR, absolute paths the code builds): every directory above it must
+ * let others pass. */
+static int check_traversable(const char *root, struct sbx_error *err)
+{
+    char path[PATH_MAX];
+    struct stat st;
+
+    if (!realpath(root, path))
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "work root %s: %s", root,
+                        strerror(errno));
+    for (char *p = path + strlen(path); p > path; p = strrchr(path, '/')) {
+        *p = '\0';
+        const char *dir = path[0] ? path : "/";
+        if (stat(dir, &st) < 0 || !(st.st_mode & S_IXOTH))
+            return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EACCES,
+                            "work root %s: %s is not searchable by the workers' uid; use a "
+                            "directory others may pass through (such as /tmp)",
+                            root, dir);
+        if (!path[0])
+            break;
+    }
+    return 0;
+}
+
 static int make_work_dir(struct sbx *sbx, const struct sbx_config *cfg, struct sbx_error *err)
 {
     const char *root = cfg->work_root;
@@ -254,6 +279,13 @@ static int make_work_dir(struct sbx *sbx, const struct sbx_config *cfg, struct s
         root = getenv("TMPDIR");
     if (!root || !*root)
         root = "/tmp";
+    if (geteuid() == 0) {
+        char full[PATH_MAX];
+        snprintf(full, sizeof(full), "%s/.", root); /* the root itself too */
+        int rc = check_traversable(full, err);
+        if (rc < 0)
+            return rc;
+    }
     sbx->root_fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (sbx->root_fd < 0)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "work root %s: %s", root,

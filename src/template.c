@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -498,6 +499,10 @@ int main(void)
 
     t.pid = getpid();
     prctl(PR_SET_NAME, "pysbx-template");
+    /* glibc gives each new thread a malloc arena of 64 MiB of address space;
+     * under RLIMIT_AS that, not the memory used, would cap a worker at a
+     * handful of threads. Two arenas are plenty under the GIL. */
+    mallopt(M_ARENA_MAX, 2);
     setrlimit(RLIMIT_CORE, &no_core);
     if (chdir("/") < 0 || fcntl(CTL_FD, F_SETFD, FD_CLOEXEC) < 0)
         return 1;

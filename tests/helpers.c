@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -40,6 +41,7 @@ int fixture_open(void **state)
     if (!f)
         return -1;
     make_temp_dir(f->root, sizeof(f->root));
+    chmod(f->root, 0711); /* workers under their own uid pass through it */
     sbx_config_init(&cfg);
     cfg.template_path = PYSBX_TEST_TEMPLATE;
     cfg.work_root = f->root;

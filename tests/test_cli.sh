@@ -48,6 +48,33 @@ for bad in "../x=$T/one.py" "/abs=$T/one.py" "a/../b=$T/one.py" "noequals" "x=$T
     "$PYSBX" run --file "$bad" "$T/one.py" >/dev/null 2>&1; check "refuses --file $bad" 2 $?
 done
 
+"$PYSBX" run --require bogus "$T/one.py" >/dev/null 2>&1; check "refuses --require bogus" 2 $?
+"$PYSBX" run --require none "$T/one.py" >/dev/null; check "--require none" 0 $?
+"$PYSBX" run --require seccomp,caps,rlimits "$T/one.py" >/dev/null; check "--require present layers" 0 $?
+
+# --- doctor tells the truth ---
+"$PYSBX" doctor >"$T/doctor"; check "doctor" 0 $?
+for layer in seccomp landlock netns mountns ipcns utsns user rlimits caps; do
+    expect_in "doctor reports $layer" "$layer" "$T/doctor"
+done
+"$PYSBX" doctor --json >"$T/doctor.json"; check "doctor --json" 0 $?
+# Landlock: the ABI doctor reports is the one the kernel reports to us.
+abi=$($PY -c 'import ctypes; print(ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1))')
+reported=$(json_field "$T/doctor.json" 'r["layers"]["landlock"]["active"], r["layers"]["landlock"]["detail"].split(":")[0]')
+if [ "$abi" -gt 0 ]; then want="(True, 'ABI $abi')"; else want="False"; fi
+case "$reported" in "$want"*) echo "ok   doctor landlock matches the kernel ($abi)";;
+    *) echo "FAIL doctor landlock: $reported, kernel ABI $abi"; fails=$((fails + 1));; esac
+# Seccomp: a run's own view of itself.
+echo 'print(open("/proc/self/status").read().split("Seccomp:")[1].split()[0])' |
+    "$PYSBX" run - >"$T/sc"; [ "$(cat "$T/sc")" = 2 ] && echo "ok   runs are in seccomp filter mode" ||
+    { echo "FAIL seccomp mode: $(cat "$T/sc")"; fails=$((fails + 1)); }
+uid_active=$(json_field "$T/doctor.json" 'r["layers"]["user"]["active"]')
+run_uid=$(echo 'import os; print(os.getuid())' | "$PYSBX" run -)
+if [ "$(id -u)" -eq 0 ]; then
+    [ "$uid_active" = True ] && [ "$run_uid" = 65534 ] && echo "ok   root: workers run as 65534" ||
+        { echo "FAIL user layer: $uid_active, code ran as $run_uid"; fails=$((fails + 1)); }
+fi
+
 # --- running ---
 out=$("$PYSBX" run "$T/one.py"); check "run" 0 $?
 [ "$out" = "1" ] || { echo "FAIL run output: $out"; fails=$((fails + 1)); }

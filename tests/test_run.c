@@ -612,6 +612,27 @@ static void escaping_file_names_are_refused(void **state)
     /* Nothing ran, so nothing may be left: only idle workspaces exist. */
 }
 
+static void a_work_root_workers_cannot_pass_is_refused(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip(); /* workers keep our uid: nothing to pass */
+    char root[256];
+    make_temp_dir(root, sizeof(root)); /* 0700 */
+    struct sbx_config cfg;
+    struct sbx_error err = {0};
+    struct sbx *sbx = NULL;
+    sbx_config_init(&cfg);
+    cfg.template_path = PYSBX_TEST_TEMPLATE;
+    cfg.work_root = root;
+    assert_int_equal(sbx_open(&cfg, &sbx, &err), -EACCES);
+    assert_null(sbx);
+    assert_int_equal(err.code, SBX_ERR_UNAVAILABLE);
+    assert_non_null(strstr(err.message, "not searchable"));
+    assert_int_equal(count_entries(root), 0);
+    rmdir(root);
+}
+
 /* --- many runs ------------------------------------------------------------ */
 
 static int count_template_children(pid_t *zombies)
@@ -740,6 +761,7 @@ int main(void)
         cmocka_unit_test(ten_mib_program_gets_a_clear_answer),
         cmocka_unit_test(bad_limits_are_refused_before_running),
         cmocka_unit_test(escaping_file_names_are_refused),
+        cmocka_unit_test(a_work_root_workers_cannot_pass_is_refused),
         cmocka_unit_test(a_thousand_runs_leave_nothing_behind),
     };
     int rc = cmocka_run_group_tests(tests, fixture_open, fixture_close);
