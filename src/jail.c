@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "jail.h"
 
+#include "sysutil.h"
 #include "util.h"
 
 #include <errno.h>
@@ -8,7 +9,10 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -69,6 +73,8 @@ static bool try_unshare(int flag, char *why, size_t cap, const char *what)
 void jail_setup(struct jail *j, long uid, long gid, uint64_t workspace_bytes)
 {
     memset(j, 0, sizeof(*j));
+    j->sweep_fd = -1;
+    j->sweeper = -1;
     j->workspace_bytes = workspace_bytes;
     if (geteuid() == 0) {
         j->switch_user = true;
@@ -135,8 +141,89 @@ int jail_workspace(const struct jail *j, int base_fd, const char *name, const ch
     return 0;
 }
 
-void jail_workspace_release(const struct jail *j, const char *path)
+_Noreturn static void sweeper_main(const char *base_path, int base_fd, int in)
 {
-    if (j->mount_ns)
-        (void)umount2(path, MNT_DETACH);
+    char buf[4096];
+    size_t have = 0;
+
+    for (;;) {
+        ssize_t n = read(in, buf + have, sizeof(buf) - have);
+        if (n <= 0)
+            _exit(0); /* the template is gone or done */
+        have += (size_t)n;
+        char *line;
+        while ((line = memchr(buf, '\n', have))) {
+            char path[4096 + 256];
+            *line = '\0';
+            snprintf(path, sizeof(path), "%s/%s", base_path, buf);
+            (void)umount2(path, MNT_DETACH);
+            (void)unlinkat(base_fd, buf, AT_REMOVEDIR);
+            size_t used = (size_t)(line - buf) + 1;
+            memmove(buf, buf + used, have - used);
+            have -= used;
+        }
+        if (have == sizeof(buf))
+            have = 0; /* no name is this long: drop it rather than stall */
+    }
+}
+
+int jail_sweeper_start(struct jail *j, const char *base_path, int base_fd, char *err,
+                       size_t errlen)
+{
+    int p[2];
+    pid_t parent = getpid();
+
+    j->sweep_fd = -1;
+    j->sweeper = -1;
+    if (!j->mount_ns)
+        return 0;
+    if (pipe2(p, O_CLOEXEC) < 0) {
+        fmt(err, errlen, "sweeper pipe: %s", strerror(errno));
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        fmt(err, errlen, "sweeper fork: %s", strerror(errno));
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_NAME, "pysbx-sweeper");
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+            _exit(1);
+        int in = fcntl(p[0], F_DUPFD_CLOEXEC, 3);
+        int base = fcntl(base_fd, F_DUPFD_CLOEXEC, 4);
+        if (in != 3 && dup2(in, 3) < 0)
+            _exit(1);
+        if (base != 4 && dup2(base, 4) < 0)
+            _exit(1);
+        close_range(5, ~0U, 0);
+        sweeper_main(base_path, 4, 3);
+    }
+    close(p[0]);
+    j->sweep_fd = p[1];
+    j->sweeper = pid;
+    return 0;
+}
+
+void jail_workspace_release(const struct jail *j, const char *name)
+{
+    char line[300];
+
+    if (j->sweep_fd < 0)
+        return;
+    int n = snprintf(line, sizeof(line), "%s\n", name);
+    if (n > 0 && (size_t)n < sizeof(line))
+        (void)write_full(j->sweep_fd, line, (size_t)n);
+}
+
+void jail_sweeper_stop(struct jail *j)
+{
+    if (j->sweep_fd >= 0)
+        close(j->sweep_fd);
+    j->sweep_fd = -1;
+    if (j->sweeper > 0)
+        (void)waitpid(j->sweeper, NULL, 0);
+    j->sweeper = -1;
 }

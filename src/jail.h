@@ -19,6 +19,8 @@ struct jail {
     uid_t uid;
     gid_t gid;
     uint64_t workspace_bytes; /* tmpfs size per workspace, when mount_ns */
+    int sweep_fd;             /* to the sweeper: names of workspaces to detach */
+    pid_t sweeper;
 };
 
 /* Enters new network, IPC, UTS and mount namespaces (inside a new user
@@ -32,8 +34,19 @@ void jail_setup(struct jail *j, long uid, long gid, uint64_t workspace_bytes);
 int jail_workspace(const struct jail *j, int base_fd, const char *name, const char *path,
                    char *err, size_t errlen);
 
-/* After the worker is gone: detaches its tmpfs (the supervisor's descriptor
- * keeps it readable until it closes it). */
-void jail_workspace_release(const struct jail *j, const char *path);
+/* With mount_ns: starts the sweeper, a small process (no Python) in our
+ * namespaces that detaches finished workspaces and removes their mount
+ * points. Unmounting waits for an RCU grace period, a millisecond or more:
+ * the template's loop must not. Returns 0 or -1 with a message. */
+int jail_sweeper_start(struct jail *j, const char *base_path, int base_fd, char *err,
+                       size_t errlen);
+
+/* After the worker is gone and its status sent: hands workspace |name| to
+ * the sweeper (the supervisor's descriptor keeps the tmpfs readable until it
+ * closes it). Without mount_ns the supervisor deletes the directory. */
+void jail_workspace_release(const struct jail *j, const char *name);
+
+/* Lets the sweeper finish what it was given, and waits for it. */
+void jail_sweeper_stop(struct jail *j);
 
 #endif

@@ -142,9 +142,17 @@ static int send_request(struct run *r)
 
     if (h.cpu_ms == 0)
         h.cpu_ms = 1;
-    rc = send_segment(r, (struct segment){&h, sizeof(h)});
-    if (rc == 0)
-        rc = send_segment(r, (struct segment){req->code, req->code_len});
+    /* Header and a small program in one write: the worker wakes once. */
+    if (req->code_len <= 16384) {
+        char first[sizeof(h) + 16384];
+        memcpy(first, &h, sizeof(h));
+        memcpy(first + sizeof(h), req->code, req->code_len);
+        rc = send_segment(r, (struct segment){first, sizeof(h) + req->code_len});
+    } else {
+        rc = send_segment(r, (struct segment){&h, sizeof(h)});
+        if (rc == 0)
+            rc = send_segment(r, (struct segment){req->code, req->code_len});
+    }
     for (size_t i = 0; rc == 0 && i < req->n_files; i++) {
         const struct sbx_file *f = &req->files[i];
         struct wire_file fh = {.name_len = (uint32_t)strlen(f->name), .data_len = f->len};
@@ -318,7 +326,10 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
     (void)send_request(&r); /* a failure shows in the worker's status */
     supervise(&r);
     rc = finish(&r, res);
-    (void)remove_tree_at(sbx->work_fd, r.w.workspace);
+    /* A tmpfs workspace goes with its mount, detached by the template's
+     * sweeper; a plain directory is ours to delete. */
+    if (!sbx->workspace_bytes)
+        (void)remove_tree_at(sbx->work_fd, r.w.workspace);
 done:
     for (int i = 0; i < WFD_COUNT; i++)
         close_fd(&r.w.fds[i]);

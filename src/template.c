@@ -198,8 +198,10 @@ fail:
         close_fd(&ready[i]);
     }
     if (ws >= 0) {
-        jail_workspace_release(&t->jail, path);
-        (void)unlinkat(t->base_fd, w->name, AT_REMOVEDIR);
+        if (t->jail.mount_ns)
+            jail_workspace_release(&t->jail, w->name);
+        else
+            (void)unlinkat(t->base_fd, w->name, AT_REMOVEDIR);
     }
     close_fd(&ws);
     close_fd(&ruleset);
@@ -207,9 +209,10 @@ fail:
     send_fail(t, why);
 }
 
-static void refill(struct tmpl *t)
+/* Brings the workers not yet taken (ready or getting ready) up to |to|. */
+static void refill(struct tmpl *t, unsigned to)
 {
-    while (t->outstanding < t->pool_size)
+    while (t->outstanding < to)
         spawn_worker(t);
 }
 
@@ -270,6 +273,7 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
 static void reap(struct tmpl *t)
 {
     struct signalfd_siginfo si;
+    bool reaped = false;
 
     while (read(t->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
         ;
@@ -293,9 +297,6 @@ static void reap(struct tmpl *t)
         }
         if (!w->announced)
             report_setup_failure(t, w, NULL);
-        char path[4096];
-        fmt(path, sizeof(path), "%s/%s", t->base_path, w->name);
-        jail_workspace_release(&t->jail, path);
         struct wire_status s = {
             .magic = WIRE_STATUS_MAGIC,
             .wait_status = st,
@@ -307,9 +308,15 @@ static void reap(struct tmpl *t)
         (void)write_full(w->status_fd, &s, sizeof(s));
         close_fd(&w->status_fd);
         close_sup_fds(w);
+        /* After the status: the supervisor is waiting for that, not this. */
+        jail_workspace_release(&t->jail, w->name);
+        reaped = true;
         *pp = w->next;
         free(w);
     }
+    /* A run just ended: now is the time to replace the workers taken. */
+    if (reaped)
+        refill(t, t->pool_size);
 }
 
 static void on_control(struct tmpl *t, bool *stop)
@@ -329,7 +336,10 @@ static void on_control(struct tmpl *t, bool *stop)
     }
     if (n == (ssize_t)sizeof(h) && h.type == WIRE_TAKE && t->outstanding > 0)
         t->outstanding--;
-    refill(t);
+    /* Forking a replacement costs a worker's whole setup in CPU; done now,
+     * it competes with the run that just took a worker. While at least half
+     * the pool is ready, wait for a run to end (reap) instead. */
+    refill(t, (t->pool_size + 1) / 2);
 }
 
 static void shutdown_workers(struct tmpl *t)
@@ -516,6 +526,8 @@ int main(void)
     }
     /* Namespaces first: everything after, and every worker, lives in them. */
     jail_setup(&t.jail, t.uid, t.gid, t.workspace_bytes);
+    if (jail_sweeper_start(&t.jail, t.base_path, t.base_fd, err, sizeof(err)) < 0)
+        goto fail;
 
     struct pyhost_config py = {
         .warm_modules = (const char *const *)t.warm,
@@ -560,8 +572,9 @@ int main(void)
     describe(&t, &hello);
     if (wire_send(t.ctl, &hello, sizeof(hello), NULL, 0) < 0)
         return 1;
-    refill(&t);
+    refill(&t, t.pool_size);
     run_loop(&t);
+    jail_sweeper_stop(&t.jail);
     return 0;
 
 fail:

@@ -47,6 +47,7 @@ int fixture_open(void **state)
     cfg.work_root = f->root;
     if (sbx_open(&cfg, &f->sbx, &err) < 0) {
         fprintf(stderr, "sbx_open: %s\n", err.message);
+        rmdir(f->root);
         free(f);
         return -1;
     }
