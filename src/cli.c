@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -312,19 +311,11 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
  * them together), else the library's own default. */
 static const char *find_template(const char *given, char *buf, size_t cap)
 {
-    char self[PATH_MAX];
-    ssize_t n;
-
     if (given)
         return given;
     if (getenv("PYSBX_TEMPLATE"))
         return NULL;
-    n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0)
-        return NULL;
-    self[n] = '\0';
-    fmt(buf, cap, "%s/pysbx-template", dirname(self));
-    return access(buf, X_OK) == 0 ? buf : NULL;
+    return beside_self("pysbx-template", buf, cap);
 }
 
 static int save_artifacts(const char *dir, const struct sbx_result *res)

@@ -19,7 +19,7 @@ const char *const pyhost_default_warm_modules[] = {
     "json",      "re",         "math",      "collections", "itertools", "functools",
     "datetime",  "decimal",    "fractions", "statistics",  "random",    "string",
     "textwrap",  "csv",        "io",        "base64",      "hashlib",   "typing",
-    "dataclasses", "enum",     "traceback", "linecache",   "threading", "socket",
+    "dataclasses", "enum",     "traceback", "linecache",   "socket",
     NULL,
 };
 
@@ -238,61 +238,6 @@ int pyhost_fork(void)
 
 /* --- the worker ------------------------------------------------------------ */
 
-static const char prepare_source[] =
-    "import os\n"
-    "os.environ.clear()\n"
-    "os.environ.update(HOME=_ws, TMPDIR=_ws, LANG='C.UTF-8')\n"
-    "exec(compile('print(1)\\n', '<warm>', 'exec'), {})\n";
-
-int pyhost_prepare_worker(const char *workspace, int devnull, char *err, size_t errlen)
-{
-    PyObject *ns = NULL;
-    PyObject *ws = NULL;
-    PyObject *res = NULL;
-    PyObject *out = NULL;
-    int saved = -1;
-    int rc = -1;
-
-    ns = PyDict_New();
-    ws = PyUnicode_DecodeFSDefault(workspace);
-    if (!ns || !ws || PyDict_SetItemString(ns, "_ws", ws) < 0 ||
-        PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins()) < 0)
-        goto fail;
-
-    /* The snippet prints through the real sys.stdout, so its buffers and code
-     * paths are warm too; fd 1 points at /dev/null meanwhile. */
-    saved = dup(1);
-    if (saved < 0 || dup2(devnull, 1) < 0) {
-        fmt(err, errlen, "redirecting stdout for the warm-up failed");
-        goto out;
-    }
-    res = PyRun_String(prepare_source, Py_file_input, ns, ns);
-    out = PySys_GetObject("stdout"); /* borrowed */
-    if (res && out) {
-        PyObject *r = PyObject_CallMethod(out, "flush", NULL);
-        if (!r)
-            PyErr_Clear();
-        Py_XDECREF(r);
-    }
-    if (dup2(saved, 1) < 0) {
-        fmt(err, errlen, "restoring stdout after the warm-up failed");
-        goto out;
-    }
-    if (!res)
-        goto fail;
-    rc = 0;
-    goto out;
-fail:
-    exception_message("preparing the worker", err, errlen);
-out:
-    if (saved >= 0)
-        close(saved);
-    Py_XDECREF(res);
-    Py_XDECREF(ws);
-    Py_XDECREF(ns);
-    return rc;
-}
-
 /* linecache has no file to read "<main>" from; give it the source so that
  * tracebacks and inspect show the lines. Best effort. */
 static void seed_linecache(const char *code, size_t len)
@@ -313,6 +258,94 @@ static void seed_linecache(const char *code, size_t len)
     Py_XDECREF(text);
     Py_XDECREF(cache);
     Py_XDECREF(lc);
+}
+
+/* compile() on bytes, as for a file: PEP 263 decoding, and a clear error
+ * for NUL bytes or invalid UTF-8 instead of a silently cut C string. */
+static PyObject *compile_source(const char *code, size_t len)
+{
+    PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
+    PyObject *compile = builtins ? PyDict_GetItemString(builtins, "compile") : NULL;
+    PyObject *src = PyBytes_FromStringAndSize(code, (Py_ssize_t)len);
+    PyObject *co = NULL;
+
+    if (compile && src)
+        co = PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, "exec", 0, 1);
+    Py_XDECREF(src);
+    return co;
+}
+
+
+static const char environ_source[] =
+    "import os\n"
+    "os.environ.clear()\n"
+    "os.environ.update(HOME=_ws, TMPDIR=_ws, LANG='C.UTF-8')\n";
+
+/* What a request will do, done once on a snippet of our own, so that the
+ * pages it touches are copied now and not on the request path: seed
+ * linecache, compile() bytes, run in a namespace like __main__'s, print,
+ * flush. Output goes to |devnull|. */
+static int rehearse(int devnull)
+{
+    static const char snippet[] = "print(1)\n";
+    PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
+    PyObject *ns = main_mod ? PyDict_Copy(PyModule_GetDict(main_mod)) : NULL;
+    PyObject *co = NULL, *res = NULL, *out = NULL, *lc = NULL, *cache = NULL;
+    int saved = -1, rc = -1;
+
+    saved = dup(1);
+    if (!ns || saved < 0 || dup2(devnull, 1) < 0)
+        goto out;
+    seed_linecache(snippet, sizeof(snippet) - 1);
+    co = compile_source(snippet, sizeof(snippet) - 1);
+    res = co ? PyEval_EvalCode(co, ns, ns) : NULL;
+    out = PySys_GetObject("stdout"); /* borrowed */
+    if (res && out) {
+        PyObject *r = PyObject_CallMethod(out, "flush", NULL);
+        Py_XDECREF(r);
+        rc = r ? 0 : -1;
+    }
+    /* Leave no trace of ours for the code to find. */
+    lc = PyImport_ImportModule("linecache");
+    cache = lc ? PyObject_GetAttrString(lc, "cache") : NULL;
+    if (cache && PyDict_Check(cache) && PyDict_DelItemString(cache, MAIN_FILENAME) < 0)
+        PyErr_Clear();
+out:
+    if (saved >= 0) {
+        if (dup2(saved, 1) < 0)
+            rc = -1;
+        close(saved);
+    }
+    Py_XDECREF(cache);
+    Py_XDECREF(lc);
+    Py_XDECREF(res);
+    Py_XDECREF(co);
+    Py_XDECREF(ns);
+    return rc;
+}
+
+int pyhost_prepare_worker(const char *workspace, int devnull, char *err, size_t errlen)
+{
+    PyObject *ns = PyDict_New();
+    PyObject *ws = PyUnicode_DecodeFSDefault(workspace);
+    PyObject *res = NULL;
+    int rc = -1;
+
+    if (!ns || !ws || PyDict_SetItemString(ns, "_ws", ws) < 0 ||
+        PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins()) < 0)
+        goto fail;
+    res = PyRun_String(environ_source, Py_file_input, ns, ns);
+    if (!res || rehearse(devnull) < 0)
+        goto fail;
+    rc = 0;
+    goto out;
+fail:
+    exception_message("preparing the worker", err, errlen);
+out:
+    Py_XDECREF(res);
+    Py_XDECREF(ws);
+    Py_XDECREF(ns);
+    return rc;
 }
 
 /* As CPython's handle_system_exit: None is 0, an int is itself, anything
@@ -438,21 +471,14 @@ _Noreturn void pyhost_run(char *code, size_t len)
 {
     PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
     PyObject *globals = main_mod ? PyModule_GetDict(main_mod) : NULL;
-    PyObject *builtins = PyEval_GetBuiltins();
-    PyObject *compile = builtins ? PyDict_GetItemString(builtins, "compile") : NULL;
-    PyObject *src = PyBytes_FromStringAndSize(code, (Py_ssize_t)len);
     PyObject *co = NULL;
     PyObject *res = NULL;
     bool nomem = false;
     int status = 0;
 
     seed_linecache(code, len);
+    co = globals ? compile_source(code, len) : NULL;
     free(code);
-    /* compile() on bytes, as for a file: PEP 263 decoding, and a clear error
-     * for NUL bytes or invalid UTF-8 instead of a silently cut C string. */
-    if (globals && compile && src)
-        co = PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, "exec", 0, 1);
-    Py_XDECREF(src);
     if (co)
         res = PyEval_EvalCode(co, globals, globals);
     Py_XDECREF(co);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -210,4 +211,21 @@ int remove_tree_at(int parent_fd, const char *name)
     if (unlinkat(parent_fd, name, AT_REMOVEDIR) < 0)
         return -errno;
     return 0;
+}
+
+const char *beside_self(const char *name, char *buf, size_t cap)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+    if (n <= 0)
+        return NULL;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (!slash)
+        return NULL;
+    *slash = '\0';
+    if ((size_t)snprintf(buf, cap, "%s/%s", self, name) >= cap)
+        return NULL;
+    return access(buf, X_OK) == 0 ? buf : NULL;
 }

@@ -30,4 +30,9 @@ int open_beneath(int dirfd, const char *relpath, int flags, mode_t mode, bool ma
  * descriptors. Returns 0 or -errno (the first failure). */
 int remove_tree_at(int parent_fd, const char *name);
 
+/* |name| in the directory of this program (/proc/self/exe) when it exists
+ * and is executable: how a command finds pysbx-template beside it in a build
+ * tree. Returns |buf| or NULL. */
+const char *beside_self(const char *name, char *buf, size_t cap);
+
 #endif

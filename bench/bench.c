@@ -1,0 +1,596 @@
+/*
+ * pysbx-bench: latency and throughput of pysbx against its peers, on one
+ * machine, in one run.
+ *
+ * Each snippet runs through the public C API (sbx_run) and, interleaved with
+ * it, through the reference design's approach: a fresh `python3 -I -S` per
+ * run (fork, exec, an empty environment, a temporary working directory with
+ * the input files, the same rlimits, bounded output, the files collected and
+ * the directory deleted), and the same inside `bwrap` when it is installed.
+ * Every figure is wall time around the whole call, as a caller sees it.
+ */
+#define _GNU_SOURCE
+#include "artifacts.h"
+#include "outbuf.h"
+#include "pysbx.h"
+#include "sysutil.h"
+#include "util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PYTHON3 "/usr/bin/python3"
+#define BWRAP "/usr/bin/bwrap"
+
+static char input_csv[1024];
+
+struct snippet {
+    const char *name;
+    const char *code;
+    bool with_input;
+};
+
+static const struct snippet snippets[] = {
+    {"print(1)", "print(1)\n", false},
+    {"import json", "import json\nprint(json.dumps({'a': [1, 2, 3], 'b': {'c': None}}))\n", false},
+    {"small loop", "s = 0\nfor i in range(10000):\n    s += i * i\nprint(s)\n", false},
+    {"1 KiB artifact", "open('out.bin', 'wb').write(b'x' * 1024)\n", false},
+    {"1 MB output, cut", "import sys\nsys.stdout.write('x' * 1000000)\n", false},
+    {"read input file", "print(len(open('data.csv').read().splitlines()))\n", true},
+};
+#define N_SNIPPETS (int)ARRAY_SIZE(snippets)
+
+enum system { SYS_PYSBX, SYS_PYTHON3, SYS_BWRAP, N_SYSTEMS };
+static const char *const system_names[N_SYSTEMS] = {"pysbx", "python3 -I -S", "bwrap python3"};
+
+struct samples {
+    double *v;
+    size_t n, cap;
+};
+
+static void add_sample(struct samples *s, double ms)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 256;
+        s->v = realloc(s->v, s->cap * sizeof(double));
+        if (!s->v)
+            abort();
+    }
+    s->v[s->n++] = ms;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double quantile(struct samples *s, double q)
+{
+    if (s->n == 0)
+        return 0;
+    qsort(s->v, s->n, sizeof(double), cmp_double);
+    size_t i = (size_t)(q * (double)(s->n - 1) + 0.5);
+    return s->v[i];
+}
+
+static double ms_since(uint64_t t0)
+{
+    return (double)(now_ns() - t0) / 1e6;
+}
+
+/* --- pysbx ----------------------------------------------------------------- */
+
+static struct sbx_file input_file(void)
+{
+    return (struct sbx_file){"data.csv", input_csv, strlen(input_csv)};
+}
+
+static double run_pysbx(struct sbx *sbx, const struct snippet *s, int *status)
+{
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+    struct sbx_error err;
+    struct sbx_file f = input_file();
+
+    sbx_request_init(&req);
+    req.code = s->code;
+    req.code_len = strlen(s->code);
+    if (s->with_input) {
+        req.files = &f;
+        req.n_files = 1;
+    }
+    uint64_t t0 = now_ns();
+    int rc = sbx_run(sbx, &req, &res, &err);
+    double ms = ms_since(t0);
+    *status = rc < 0 ? -1 : (res->status == SBX_COMPLETED && res->exit_code == 0 ? 0 : 1);
+    if (rc == 0 && s->name[0] == '1' && s->name[2] == 'K' && res->n_artifacts != 1)
+        *status = 1; /* the artifact must come back */
+    sbx_result_free(res);
+    return ms;
+}
+
+/* --- the peers: a fresh interpreter per run ---------------------------------- */
+
+static void set_rlimit(int r, rlim_t v)
+{
+    struct rlimit rl = {v, v};
+    setrlimit(r, &rl);
+}
+
+/* One run the way the reference design does it, with the same limits and
+ * the same files back. Returns the wall time, or a negative value. */
+static double run_peer(enum system sys, const struct snippet *s, const char *tmp_root,
+                       int *status)
+{
+    struct sbx_limits l;
+    char ws[512];
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    struct outbuf ob_out, ob_err;
+
+    sbx_limits_init(&l);
+    uint64_t t0 = now_ns();
+    snprintf(ws, sizeof(ws), "%s/peer-XXXXXX", tmp_root);
+    if (!mkdtemp(ws) || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)
+        return -1;
+    int wsfd = open(ws, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct sbx_file f = input_file();
+    if (s->with_input) {
+        int fd = openat(wsfd, f.name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0 || write_full(fd, f.data, f.len) < 0)
+            return -1;
+        close(fd);
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        char env_home[600], env_tmp[600];
+        snprintf(env_home, sizeof(env_home), "HOME=%s", sys == SYS_BWRAP ? "/work" : ws);
+        snprintf(env_tmp, sizeof(env_tmp), "TMPDIR=%s", sys == SYS_BWRAP ? "/work" : ws);
+        char *envp[] = {env_home, env_tmp, "LANG=C.UTF-8", NULL};
+        int devnull = open("/dev/null", O_RDONLY);
+        dup2(devnull, 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        close_range(3, ~0U, 0);
+        setsid();
+        if (chdir(ws) < 0)
+            _exit(127);
+        set_rlimit(RLIMIT_AS, l.memory_bytes);
+        set_rlimit(RLIMIT_CPU, (rlim_t)l.cpu_seconds);
+        set_rlimit(RLIMIT_FSIZE, 1ULL << 30);
+        set_rlimit(RLIMIT_NOFILE, 256);
+        set_rlimit(RLIMIT_CORE, 0);
+        if (sys == SYS_PYTHON3) {
+            char *argv[] = {"python3", "-I", "-S", "-c", (char *)s->code, NULL};
+            execve(PYTHON3, argv, envp);
+        } else {
+            /* bwrap itself needs more address space than the code's limit. */
+            set_rlimit(RLIMIT_AS, RLIM_INFINITY);
+            char *argv[] = {"bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+                            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
+                            "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
+                            "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache",
+                            "--proc", "/proc", "--dev", "/dev", "--bind", ws, "/work",
+                            "--chdir", "/work", PYTHON3, "-I", "-S", "-c", (char *)s->code,
+                            NULL};
+            execve(BWRAP, argv, envp);
+        }
+        _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    outbuf_init(&ob_out, l.max_output_chars);
+    outbuf_init(&ob_err, l.max_output_chars);
+    struct pollfd p[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+    uint64_t deadline = t0 + (uint64_t)(l.wall_seconds * 1e9);
+    int open_streams = 2;
+    char buf[65536];
+    while (open_streams > 0) {
+        int left = (int)((deadline - now_ns()) / 1000000);
+        if (now_ns() >= deadline) {
+            kill(pid, SIGKILL);
+            break;
+        }
+        if (poll(p, 2, left) <= 0)
+            continue;
+        for (int i = 0; i < 2; i++) {
+            if (!p[i].revents)
+                continue;
+            ssize_t n = read(p[i].fd, buf, sizeof(buf));
+            if (n > 0)
+                outbuf_feed(i ? &ob_err : &ob_out, buf, (size_t)n);
+            else {
+                p[i].fd = -1;
+                open_streams--;
+            }
+        }
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    size_t len;
+    bool cut;
+    free(outbuf_finish(&ob_out, &len, &cut));
+    free(outbuf_finish(&ob_err, &len, &cut));
+    struct artifact_spec spec = {l.max_artifact_bytes, l.max_artifacts, s->with_input ? &f : NULL,
+                                 s->with_input ? 1u : 0u};
+    struct sbx_artifact *arts = NULL;
+    size_t n_arts = 0;
+    uint64_t dropped = 0;
+    artifacts_collect(wsfd, &spec, &arts, &n_arts, &dropped);
+    artifacts_free(arts, n_arts);
+    close(wsfd);
+    close(out[0]);
+    close(err[0]);
+    int rfd = open(tmp_root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    remove_tree_at(rfd, strrchr(ws, '/') + 1);
+    close(rfd);
+    double ms = ms_since(t0);
+    *status = WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+    return ms;
+}
+
+/* --- throughput -------------------------------------------------------------- */
+
+struct tp_arg {
+    struct sbx *sbx;
+    uint64_t until;
+    long runs;
+    long failures;
+};
+
+static void *tp_worker(void *p)
+{
+    struct tp_arg *a = p;
+    int status;
+    while (now_ns() < a->until) {
+        run_pysbx(a->sbx, &snippets[0], &status);
+        if (status == 0)
+            a->runs++;
+        else
+            a->failures++;
+    }
+    return NULL;
+}
+
+static double throughput(struct sbx *sbx, int callers, double seconds, long *failures)
+{
+    pthread_t th[64];
+    struct tp_arg args[64];
+    uint64_t t0 = now_ns();
+    long runs = 0;
+
+    *failures = 0;
+    for (int i = 0; i < callers; i++) {
+        args[i] = (struct tp_arg){sbx, t0 + (uint64_t)(seconds * 1e9), 0, 0};
+        pthread_create(&th[i], NULL, tp_worker, &args[i]);
+    }
+    for (int i = 0; i < callers; i++) {
+        pthread_join(th[i], NULL);
+        runs += args[i].runs;
+        *failures += args[i].failures;
+    }
+    return (double)runs / ((double)(now_ns() - t0) / 1e9);
+}
+
+/* --- memory: what an idle worker does not share with the template ------------ */
+
+static pid_t child_named(pid_t parent, const char *comm, pid_t *all, int max, int *n)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t first = 0;
+
+    *n = 0;
+    while (d && (e = readdir(d))) {
+        char path[300], buf[512];
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *open_paren = strchr(buf, '('), *close_paren = strrchr(buf, ')');
+        int ppid;
+        if (!open_paren || !close_paren || sscanf(close_paren + 2, "%*c %d", &ppid) != 1)
+            continue;
+        *close_paren = '\0';
+        if (ppid != parent || strcmp(open_paren + 1, comm) != 0)
+            continue;
+        pid_t pid = atoi(e->d_name);
+        if (!first)
+            first = pid;
+        if (*n < max)
+            all[(*n)++] = pid;
+    }
+    if (d)
+        closedir(d);
+    return first;
+}
+
+static long private_kb(pid_t pid)
+{
+    char path[64], line[256];
+    long total = 0, v;
+    snprintf(path, sizeof(path), "/proc/%d/smaps_rollup", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "Private_Clean: %ld", &v) == 1 || sscanf(line, "Private_Dirty: %ld", &v) == 1)
+            total += v;
+    fclose(f);
+    return total;
+}
+
+/* --- main ------------------------------------------------------------------- */
+
+static void machine(FILE *out)
+{
+    struct utsname u;
+    char model[256] = "unknown", line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "model name : %255[^\n]", model) == 1)
+            break;
+    if (f)
+        fclose(f);
+    uname(&u);
+    fprintf(out, "machine: %ld cores, %s, %s %s\n", sysconf(_SC_NPROCESSORS_ONLN), model,
+            u.sysname, u.release);
+}
+
+static void usage(void)
+{
+    fputs("usage: pysbx-bench [--iterations N] [--throughput-seconds S] [--out DIR]\n"
+          "                   [--template PATH] [--no-peers]\n"
+          "Latency of each snippet through pysbx and through its peers (a fresh python3\n"
+          "-I -S per run, and bwrap around it when installed), interleaved; throughput\n"
+          "with 1, 2 and 8 callers; template start time; an idle worker's private memory.\n"
+          "Writes DIR/samples.csv, DIR/summary.txt and (with gnuplot) DIR/latency.png.\n",
+          stdout);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"iterations", required_argument, NULL, 'n'},
+        {"throughput-seconds", required_argument, NULL, 't'},
+        {"out", required_argument, NULL, 'o'},
+        {"template", required_argument, NULL, 'T'},
+        {"no-peers", no_argument, NULL, 'P'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int iterations = 200;
+    double tp_seconds = 3.0;
+    const char *out_dir = "bench/results";
+    const char *tmpl = NULL;
+    bool peers = true;
+    int c;
+
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'n':
+            iterations = atoi(optarg);
+            break;
+        case 't':
+            tp_seconds = atof(optarg);
+            break;
+        case 'o':
+            out_dir = optarg;
+            break;
+        case 'T':
+            tmpl = optarg;
+            break;
+        case 'P':
+            peers = false;
+            break;
+        case 'h':
+            usage();
+            return 0;
+        default:
+            usage();
+            return 2;
+        }
+    }
+    if (iterations < 1 || tp_seconds <= 0) {
+        usage();
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    mkdir(out_dir, 0755);
+    for (int i = 0; i < 32; i++) {
+        char row[32];
+        snprintf(row, sizeof(row), "%d,item-%d,%d\n", i, i, i * 7);
+        strcat(input_csv, row);
+    }
+
+    bool have[N_SYSTEMS] = {true, peers && access(PYTHON3, X_OK) == 0,
+                            peers && access(BWRAP, X_OK) == 0};
+    if (peers && have[SYS_BWRAP]) {
+        /* bwrap needs user namespaces or privileges; try it once. */
+        int st;
+        char tmp[] = "/tmp/pysbx-bench-probe-XXXXXX";
+        if (!mkdtemp(tmp))
+            return 1;
+        run_peer(SYS_BWRAP, &snippets[0], tmp, &st);
+        rmdir(tmp);
+        have[SYS_BWRAP] = st == 0;
+    }
+
+    struct sbx_config cfg;
+    struct sbx_error err;
+    struct sbx *sbx = NULL;
+    char beside[4096];
+    sbx_config_init(&cfg);
+    cfg.template_path = tmpl ? tmpl : beside_self("pysbx-template", beside, sizeof(beside));
+    struct samples open_ms = {0};
+    for (int i = 0; i < 3; i++) {
+        uint64_t t0 = now_ns();
+        if (sbx_open(&cfg, &sbx, &err) < 0) {
+            fprintf(stderr, "pysbx-bench: sbx_open: %s\n", err.message);
+            return 1;
+        }
+        add_sample(&open_ms, ms_since(t0));
+        if (i < 2)
+            sbx_close(sbx);
+    }
+    usleep(500000); /* let the pool fill */
+
+    /* Idle workers' private memory. */
+    pid_t workers[64];
+    int n_workers = 0;
+    pid_t template_pid = child_named(getpid(), "pysbx-template", workers, 64, &n_workers);
+    child_named(template_pid, "pysbx-worker", workers, 64, &n_workers);
+    struct samples priv = {0};
+    for (int i = 0; i < n_workers; i++) {
+        long kb = private_kb(workers[i]);
+        if (kb >= 0)
+            add_sample(&priv, (double)kb);
+    }
+
+    char tmp_root[] = "/tmp/pysbx-bench-XXXXXX";
+    if (!mkdtemp(tmp_root))
+        return 1;
+    char path[600];
+    snprintf(path, sizeof(path), "%s/samples.csv", out_dir);
+    FILE *csv = fopen(path, "w");
+    if (!csv) {
+        fprintf(stderr, "pysbx-bench: %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    fprintf(csv, "system,snippet,iteration,wall_ms,ok\n");
+    struct samples lat[N_SYSTEMS][N_SNIPPETS];
+    long failures[N_SYSTEMS] = {0};
+    memset(lat, 0, sizeof(lat));
+    for (int it = 0; it < iterations; it++) {
+        for (int s = 0; s < N_SNIPPETS; s++) {
+            /* Interleaved, in an order that rotates, so that the ratio
+             * holds on a noisy machine. */
+            for (int k = 0; k < N_SYSTEMS; k++) {
+                enum system sys = (enum system)((k + it + s) % N_SYSTEMS);
+                if (!have[sys])
+                    continue;
+                int st = 0;
+                double ms = sys == SYS_PYSBX ? run_pysbx(sbx, &snippets[s], &st)
+                                             : run_peer(sys, &snippets[s], tmp_root, &st);
+                add_sample(&lat[sys][s], ms);
+                failures[sys] += st != 0;
+                fprintf(csv, "%s,%s,%d,%.4f,%d\n", system_names[sys], snippets[s].name, it, ms,
+                        st == 0);
+            }
+        }
+    }
+    fclose(csv);
+
+    long tp_fail[3];
+    int levels[3] = {1, 2, 8};
+    double tp[3];
+    for (int i = 0; i < 3; i++)
+        tp[i] = throughput(sbx, levels[i], tp_seconds, &tp_fail[i]);
+
+    snprintf(path, sizeof(path), "%s/summary.txt", out_dir);
+    FILE *sum = fopen(path, "w");
+    FILE *outs[2] = {stdout, sum};
+    snprintf(path, sizeof(path), "%s/quantiles.dat", out_dir);
+    FILE *q = fopen(path, "w");
+    for (int o = 0; o < 2; o++) {
+        FILE *f = outs[o];
+        if (!f)
+            continue;
+        machine(f);
+        fprintf(f, "python: %s, libseccomp %s; %d iterations per snippet and system\n\n",
+                sbx_python_version(sbx), sbx_libseccomp_version(sbx), iterations);
+        fprintf(f, "%-18s %-14s %9s %9s %9s %18s\n", "snippet", "system", "p50 ms", "p90 ms",
+                "p99 ms", "peer/pysbx (p50)");
+        for (int s = 0; s < N_SNIPPETS; s++) {
+            double base = quantile(&lat[SYS_PYSBX][s], 0.5);
+            for (int k = 0; k < N_SYSTEMS; k++) {
+                if (!have[k])
+                    continue;
+                double p50 = quantile(&lat[k][s], 0.5);
+                char ratio[32] = "";
+                if (k != SYS_PYSBX)
+                    snprintf(ratio, sizeof(ratio), "%.1fx", p50 / base);
+                fprintf(f, "%-18s %-14s %9.3f %9.3f %9.3f %18s\n", k ? "" : snippets[s].name,
+                        system_names[k], p50, quantile(&lat[k][s], 0.9),
+                        quantile(&lat[k][s], 0.99), ratio);
+            }
+        }
+        fprintf(f, "\nthroughput, print(1), default pool (2 idle workers per core): ");
+        for (int i = 0; i < 3; i++)
+            fprintf(f, "%d caller%s %.0f runs/s%s", levels[i], levels[i] > 1 ? "s" : "", tp[i],
+                    i < 2 ? ", " : "\n");
+        fprintf(f, "template start (sbx_open): median %.1f ms of 3\n", quantile(&open_ms, 0.5));
+        fprintf(f, "idle worker private memory (Private_Clean + Private_Dirty): median %.0f KiB "
+                   "of %zu workers\n",
+                quantile(&priv, 0.5), priv.n);
+        fprintf(f, "failed runs: pysbx %ld, python3 %ld, bwrap %ld; throughput %ld\n",
+                failures[SYS_PYSBX], failures[SYS_PYTHON3], failures[SYS_BWRAP],
+                tp_fail[0] + tp_fail[1] + tp_fail[2]);
+    }
+    if (sum)
+        fclose(sum);
+    /* One line per snippet and system: index, p10, p25, p50, p75, p90. */
+    for (int s = 0; q && s < N_SNIPPETS; s++)
+        for (int k = 0; k < N_SYSTEMS; k++)
+            if (have[k])
+                fprintf(q, "%d %d \"%s\" %.4f %.4f %.4f %.4f %.4f\n", s, k, snippets[s].name,
+                        quantile(&lat[k][s], 0.1), quantile(&lat[k][s], 0.25),
+                        quantile(&lat[k][s], 0.5), quantile(&lat[k][s], 0.75),
+                        quantile(&lat[k][s], 0.9));
+    if (q)
+        fclose(q);
+    sbx_close(sbx);
+    int rfd = open("/tmp", O_RDONLY | O_DIRECTORY);
+    remove_tree_at(rfd, tmp_root + 5);
+    close(rfd);
+
+    /* The plot: per snippet and system, a box from p25 to p75, whiskers to
+     * p10 and p90, a bar at p50. */
+    if (access("/usr/bin/gnuplot", X_OK) == 0) {
+        snprintf(path, sizeof(path), "%s/latency.gp", out_dir);
+        FILE *gp = fopen(path, "w");
+        if (gp) {
+            fprintf(gp, "set terminal png size 1100,560\nset output '%s/latency.png'\n"
+                        "set title 'pysbx-bench: wall time per run (box p25-p75, whiskers "
+                        "p10-p90, bar p50)' noenhanced\n"
+                        "set ylabel 'ms (log scale)'\nset logscale y\nset grid ytics\n"
+                        "set boxwidth 0.25\nset style fill solid 0.4\nset key top left "
+                        "noenhanced\nset xrange [-0.6:%d.6]\nset xtics (",
+                    out_dir, N_SNIPPETS - 1);
+            for (int s = 0; s < N_SNIPPETS; s++)
+                fprintf(gp, "%s'%s' %d", s ? ", " : "", snippets[s].name, s);
+            fprintf(gp, ") noenhanced\nnames = 'pysbx python3 bwrap'\n"
+                        "plot for [k=0:2] '%s/quantiles.dat' using ($2==k ? $1+(k-1)*0.3 : "
+                        "1/0):5:4:8:7 with candlesticks whiskerbars lw 1.5 title word(names,k+1), "
+                        "\\\n  for [k=0:2] '' using ($2==k ? $1+(k-1)*0.3 : 1/0):6:6:6:6 "
+                        "with candlesticks lt -1 lw 2 notitle\n",
+                    out_dir);
+            fclose(gp);
+            char cmd[700];
+            snprintf(cmd, sizeof(cmd), "gnuplot '%s' 2>&1", path);
+            if (system(cmd) != 0)
+                fprintf(stderr, "pysbx-bench: gnuplot failed; no plot\n");
+        }
+    } else
+        fprintf(stderr, "pysbx-bench: gnuplot not installed; no plot\n");
+    return failures[SYS_PYSBX] ? 1 : 0;
+}
