@@ -1,6 +1,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "prefault.h"
 #include "pyhost.h"
 #include "util.h"
 
@@ -223,14 +224,17 @@ const char *pyhost_version(void)
     return version;
 }
 
-int pyhost_fork(void)
+int pyhost_fork(const struct prefault *plan)
 {
     int pid;
 
     PyOS_BeforeFork();
     pid = fork();
-    if (pid == 0)
+    if (pid == 0) {
+        if (plan)
+            prefault_apply(plan);
         PyOS_AfterFork_Child();
+    }
     else
         PyOS_AfterFork_Parent();
     return pid;

@@ -28,9 +28,13 @@ int pyhost_start(const struct pyhost_config *cfg, char *err, size_t errlen);
 /* "3.11.2" */
 const char *pyhost_version(void);
 
-/* Wrappers around fork() that keep the interpreter consistent on both
- * sides (PyOS_BeforeFork / AfterFork_Parent / AfterFork_Child). */
-int pyhost_fork(void);
+struct prefault;
+
+/* fork() keeping the interpreter consistent on both sides (PyOS_BeforeFork
+ * / AfterFork_Parent / AfterFork_Child). The child first copies the pages in
+ * |plan| (may be NULL), before the interpreter's after-fork work writes to
+ * them one fault at a time. */
+int pyhost_fork(const struct prefault *plan);
 
 /* In an idle worker, before any request: points HOME and TMPDIR at the
  * workspace and runs a small snippet of our own so that the copy-on-write

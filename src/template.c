@@ -12,6 +12,7 @@
 #include "jail.h"
 #include "landlock.h"
 #include "policy.h"
+#include "prefault.h"
 #include "pyhost.h"
 #include "pysbx.h"
 #include "sysutil.h"
@@ -77,6 +78,7 @@ struct tmpl {
     int landlock;      /* ABI, or <= 0 */
     char landlock_why[192];
     struct landlock_base ll_base;
+    struct prefault prefault; /* learnt from the first worker to get ready */
 };
 
 static void send_fail(struct tmpl *t, const char *text)
@@ -136,7 +138,7 @@ static void spawn_worker(struct tmpl *t)
         if (ruleset < 0)
             goto fail;
     }
-    pid = pyhost_fork();
+    pid = pyhost_fork(&t->prefault);
     if (pid < 0) {
         fmt(why, sizeof(why), "template: fork: %s", strerror(errno));
         goto fail;
@@ -257,8 +259,13 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
     }
     buf[n] = '\0';
     for (ssize_t i = 0; i < n; i++) {
-        if (buf[i] == WORKER_READY && !w->announced)
+        if (buf[i] == WORKER_READY && !w->announced) {
+            /* Ready and idle: the pages it copied are what every worker
+             * copies. Learn them once (see prefault.h). */
+            if (t->prefault.recorded == 0)
+                (void)prefault_record(w->pid, &t->prefault);
             announce(t, w);
+        }
         else if (buf[i] == WORKER_STARTED)
             w->started = true;
         else if (buf[i] == WORKER_FAILED) {
