@@ -280,10 +280,32 @@ static PyObject *compile_source(const char *code, size_t len)
 }
 
 
-static const char environ_source[] =
-    "import os\n"
-    "os.environ.clear()\n"
-    "os.environ.update(HOME=_ws, TMPDIR=_ws, LANG='C.UTF-8')\n";
+/* HOME and TMPDIR at the workspace, LANG; nothing else. The template's
+ * environment is empty (it was started by exec with none). Set through
+ * os.environ so that Python's view and the C environment agree. */
+static int set_environment(const char *workspace)
+{
+    PyObject *os = PyImport_ImportModule("os");
+    PyObject *env = os ? PyObject_GetAttrString(os, "environ") : NULL;
+    PyObject *ws = PyUnicode_DecodeFSDefault(workspace);
+    int rc = -1;
+
+    PyObject *cleared = env && ws ? PyObject_CallMethod(env, "clear", NULL) : NULL;
+    if (!cleared)
+        goto out;
+    Py_DECREF(cleared);
+    if (PyMapping_SetItemString(env, "HOME", ws) == 0 &&
+        PyMapping_SetItemString(env, "TMPDIR", ws) == 0) {
+        PyObject *lang = PyUnicode_FromString("C.UTF-8");
+        rc = lang ? PyMapping_SetItemString(env, "LANG", lang) : -1;
+        Py_XDECREF(lang);
+    }
+out:
+    Py_XDECREF(ws);
+    Py_XDECREF(env);
+    Py_XDECREF(os);
+    return rc;
+}
 
 /* What a request will do, done once on a snippet of our own, so that the
  * pages it touches are copied now and not on the request path: seed
@@ -330,26 +352,11 @@ out:
 
 int pyhost_prepare_worker(const char *workspace, int devnull, char *err, size_t errlen)
 {
-    PyObject *ns = PyDict_New();
-    PyObject *ws = PyUnicode_DecodeFSDefault(workspace);
-    PyObject *res = NULL;
-    int rc = -1;
-
-    if (!ns || !ws || PyDict_SetItemString(ns, "_ws", ws) < 0 ||
-        PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins()) < 0)
-        goto fail;
-    res = PyRun_String(environ_source, Py_file_input, ns, ns);
-    if (!res || rehearse(devnull) < 0)
-        goto fail;
-    rc = 0;
-    goto out;
-fail:
-    exception_message("preparing the worker", err, errlen);
-out:
-    Py_XDECREF(res);
-    Py_XDECREF(ws);
-    Py_XDECREF(ns);
-    return rc;
+    if (set_environment(workspace) < 0 || rehearse(devnull) < 0) {
+        exception_message("preparing the worker", err, errlen);
+        return -1;
+    }
+    return 0;
 }
 
 /* As CPython's handle_system_exit: None is 0, an int is itself, anything
