@@ -558,6 +558,11 @@ int main(int argc, char **argv)
                         quantile(&lat[k][s], 0.9));
     if (q)
         fclose(q);
+    for (int k = 0; k < N_SYSTEMS; k++)
+        for (int s = 0; s < N_SNIPPETS; s++)
+            free(lat[k][s].v);
+    free(open_ms.v);
+    free(priv.v);
     sbx_close(sbx);
     int rfd = open("/tmp", O_RDONLY | O_DIRECTORY);
     remove_tree_at(rfd, tmp_root + 5);
