@@ -51,6 +51,12 @@ extern "C" {
 
 #define PYSBX_VERSION "0.1.0"
 
+#if defined(__GNUC__)
+#define PYSBX_API __attribute__((visibility("default")))
+#else
+#define PYSBX_API
+#endif
+
 /* Defaults of struct sbx_limits (see sbx_limits_init). */
 #define SBX_DEFAULT_WALL_SECONDS       10.0
 #define SBX_DEFAULT_CPU_SECONDS        5.0
@@ -128,6 +134,12 @@ struct sbx_config {
      * of being policy-checked for real: for finding what code needs. Never
      * for production. */
     bool policy_debug;
+    /* Runs in flight at once; more callers wait in a queue. 0: two per
+     * core. */
+    unsigned max_running;
+    /* Callers that may wait for a worker; one more is refused at once with
+     * SBX_ERR_BUSY. 0: 1024. */
+    unsigned max_queued;
 };
 
 /* Per-run ceilings. */
@@ -148,12 +160,27 @@ struct sbx_file {
     size_t len;
 };
 
+/* A cancellation token, owned by the caller: fire it from any thread and the
+ * run that carries it ends as SBX_CANCELLED (at once if it is still waiting
+ * for a worker). Free it only after that run has returned. */
+struct sbx_cancel;
+
 struct sbx_request {
     const char *code; /* Python source; need not be NUL-terminated */
     size_t code_len;
     const struct sbx_file *files;
     size_t n_files;
     struct sbx_limits limits;
+    /* Optional: called in sbx_run's thread as output arrives, |stream| 1 for
+     * stdout and 2 for stderr, with exactly the text the result will hold
+     * (valid UTF-8, at most max_output_chars characters per stream, then
+     * the line that says how much was cut), in pieces. */
+    void (*on_output)(void *user, int stream, const char *text, size_t len);
+    void *user;
+    struct sbx_cancel *cancel; /* optional */
+    /* When every worker is busy: how long to wait for one before the run is
+     * refused with SBX_ERR_BUSY. 0: as long as it takes. */
+    double queue_timeout_seconds;
 };
 
 enum sbx_status {
@@ -213,6 +240,7 @@ enum sbx_error_code {
     SBX_ERR_INVALID_FILE,    /* "invalid_file": a name that escapes, ... */
     SBX_ERR_TOO_LARGE,       /* "request_too_large" */
     SBX_ERR_UNAVAILABLE,     /* "sandbox_unavailable": could not start */
+    SBX_ERR_BUSY,            /* "sandbox_busy": queue full, or waited too long */
 };
 
 struct sbx_error {
@@ -220,52 +248,59 @@ struct sbx_error {
     char message[256];
 };
 
-void sbx_config_init(struct sbx_config *cfg);
-void sbx_limits_init(struct sbx_limits *limits);
+PYSBX_API void sbx_config_init(struct sbx_config *cfg);
+PYSBX_API void sbx_limits_init(struct sbx_limits *limits);
 /* Zeroes |req| and sets its limits to the defaults. */
-void sbx_request_init(struct sbx_request *req);
+PYSBX_API void sbx_request_init(struct sbx_request *req);
 
 /* Starts the template. On success *out owns it; free with sbx_close.
  * Returns 0, or a negative errno with |err| (may be NULL) filled in. */
-int sbx_open(const struct sbx_config *cfg, struct sbx **out, struct sbx_error *err);
+PYSBX_API int sbx_open(const struct sbx_config *cfg, struct sbx **out, struct sbx_error *err);
 
 /* Runs |req| in a fresh worker. Safe to call from many threads at once.
  * Returns 0 with *out set (free with sbx_result_free), or -EINVAL, -E2BIG,
  * -ENOMEM with |err| filled in and *out left NULL. Does not keep pointers
  * into |req| after it returns. */
-int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
+PYSBX_API int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
             struct sbx_error *err);
 
 /* Checks |req| the way sbx_run does, without running it. */
-int sbx_request_check(const struct sbx_request *req, struct sbx_error *err);
+PYSBX_API int sbx_request_check(const struct sbx_request *req, struct sbx_error *err);
 
-void sbx_result_free(struct sbx_result *res);
+PYSBX_API void sbx_result_free(struct sbx_result *res);
+
+/* Cancellation tokens (see struct sbx_request). sbx_cancel_new returns NULL
+ * when out of memory. */
+PYSBX_API struct sbx_cancel *sbx_cancel_new(void);
+PYSBX_API void sbx_cancel_fire(struct sbx_cancel *cancel);
+PYSBX_API bool sbx_cancel_fired(const struct sbx_cancel *cancel);
+PYSBX_API void sbx_cancel_free(struct sbx_cancel *cancel);
 
 /* Fills |out| (SBX_LAYER_COUNT entries, in bit order) with what is active
  * in this sandbox. Returns SBX_LAYER_COUNT. */
-int sbx_layers(const struct sbx *sbx, struct sbx_layer_info out[SBX_LAYER_COUNT]);
+PYSBX_API int sbx_layers(const struct sbx *sbx, struct sbx_layer_info out[SBX_LAYER_COUNT]);
 /* "3.11.2" and "2.5.4": the interpreter and libseccomp the template uses. */
-const char *sbx_python_version(const struct sbx *sbx);
-const char *sbx_libseccomp_version(const struct sbx *sbx);
+PYSBX_API const char *sbx_python_version(const struct sbx *sbx);
+PYSBX_API const char *sbx_libseccomp_version(const struct sbx *sbx);
 /* The layer called |name| ("seccomp", "landlock", ...), or 0. */
-enum sbx_layer sbx_layer_from_name(const char *name);
-const char *sbx_layer_name(enum sbx_layer layer);
+PYSBX_API enum sbx_layer sbx_layer_from_name(const char *name);
+PYSBX_API const char *sbx_layer_name(enum sbx_layer layer);
 
 /* Stops the template and its workers and deletes every workspace. Must not
  * be called while a run is in flight. NULL is accepted. */
-void sbx_close(struct sbx *sbx);
+PYSBX_API void sbx_close(struct sbx *sbx);
 
 /* The result as the design's JSON object, one line, NUL-terminated;
  * free() it. NULL only when out of memory. */
-char *sbx_result_to_json(const struct sbx_result *res);
+PYSBX_API char *sbx_result_to_json(const struct sbx_result *res);
 
-const char *sbx_status_name(enum sbx_status status);     /* "completed", ... */
-const char *sbx_limit_name(enum sbx_limit_kind limit);   /* "wall", ... or NULL */
-const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid_limit", ... */
+PYSBX_API const char *sbx_status_name(enum sbx_status status);     /* "completed", ... */
+PYSBX_API const char *sbx_limit_name(enum sbx_limit_kind limit);   /* "wall", ... or NULL */
+PYSBX_API const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid_limit", ... */
 
 /* Parses "256M", "1G", "1048576" (K, M, G, T are powers of 1024).
  * Returns 0 or -EINVAL. */
-int sbx_parse_size(const char *text, uint64_t *out);
+PYSBX_API int sbx_parse_size(const char *text, uint64_t *out);
 
 #ifdef __cplusplus
 }

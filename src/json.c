@@ -54,6 +54,8 @@ const char *sbx_error_code_name(enum sbx_error_code c)
         return "request_too_large";
     case SBX_ERR_UNAVAILABLE:
         return "sandbox_unavailable";
+    case SBX_ERR_BUSY:
+        return "sandbox_busy";
     }
     return "invalid_request";
 }

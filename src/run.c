@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "artifacts.h"
+#include "cancel.h"
 #include "outbuf.h"
 #include "sbx_internal.h"
 #include "sysutil.h"
@@ -20,6 +21,7 @@
 #include <string.h>
 #include <sys/pidfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 /* How long to wait for the template's status after killing a worker. */
@@ -31,12 +33,25 @@ struct run {
     uint64_t start_ns;
     uint64_t deadline_ns;
     bool killed_for_wall;
+    bool cancelled;
     bool have_status;
     bool template_lost;
     struct wire_status status;
     uint64_t end_ns;
     struct outbuf out, err;
+    size_t delivered[2]; /* bytes of out/err text handed to on_output */
 };
+
+/* Hands the caller the text kept since the last call, if it asked. */
+static void deliver(struct run *r, int stream, const char *text, size_t len)
+{
+    size_t *done = &r->delivered[stream - 1];
+
+    if (r->req->on_output && len > *done && text) {
+        r->req->on_output(r->req->user, stream, text + *done, len - *done);
+        *done = len;
+    }
+}
 
 static void kill_worker(struct run *r)
 {
@@ -81,14 +96,17 @@ static void read_status(struct run *r)
 
 enum stream_state { STREAM_DATA, STREAM_EMPTY, STREAM_END };
 
-/* Reads what one stream has now into |ob|. */
-static enum stream_state read_stream(int fd, struct outbuf *ob)
+/* Reads what one stream (1 stdout, 2 stderr) has now. */
+static enum stream_state read_stream(struct run *r, int stream)
 {
+    struct outbuf *ob = stream == 1 ? &r->out : &r->err;
+    int fd = r->w.fds[stream == 1 ? WFD_STDOUT : WFD_STDERR];
     char buf[65536];
     ssize_t n = read(fd, buf, sizeof(buf));
 
     if (n > 0) {
         outbuf_feed(ob, buf, (size_t)n);
+        deliver(r, stream, ob->data, ob->len);
         return STREAM_DATA;
     }
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -170,40 +188,47 @@ static int send_request(struct run *r)
 
 static void supervise(struct run *r)
 {
-    int *out = &r->w.fds[WFD_STDOUT], *err = &r->w.fds[WFD_STDERR];
     bool out_open = true, err_open = true;
+    int cfd = cancel_fd(r->req->cancel);
 
     while (!r->have_status && !r->template_lost) {
-        struct pollfd p[3] = {
-            {.fd = out_open ? *out : -1, .events = POLLIN},
-            {.fd = err_open ? *err : -1, .events = POLLIN},
+        struct pollfd p[4] = {
+            {.fd = out_open ? r->w.fds[WFD_STDOUT] : -1, .events = POLLIN},
+            {.fd = err_open ? r->w.fds[WFD_STDERR] : -1, .events = POLLIN},
             {.fd = r->w.fds[WFD_STATUS], .events = POLLIN},
+            {.fd = r->cancelled ? -1 : cfd, .events = POLLIN},
         };
         check_deadline(r);
-        if (r->killed_for_wall && now_ns() >= r->deadline_ns) {
+        if ((r->killed_for_wall || r->cancelled) && now_ns() >= r->deadline_ns) {
             /* SIGKILL sent and still no status: the template is stuck. */
             r->template_lost = true;
             break;
         }
-        int n = poll(p, 3, poll_timeout_ms(r->deadline_ns));
+        int n = poll(p, 4, poll_timeout_ms(r->deadline_ns));
         if (n < 0 && errno != EINTR)
             break;
         if (n <= 0)
             continue;
         if (p[0].revents)
-            out_open = read_stream(*out, &r->out) != STREAM_END;
+            out_open = read_stream(r, 1) != STREAM_END;
         if (p[1].revents)
-            err_open = read_stream(*err, &r->err) != STREAM_END;
+            err_open = read_stream(r, 2) != STREAM_END;
         if (p[2].revents)
             read_status(r);
+        if (p[3].revents && !r->cancelled) {
+            kill_worker(r);
+            r->cancelled = true;
+            if (!r->killed_for_wall)
+                r->deadline_ns = now_ns() + KILL_GRACE_NS;
+        }
     }
     /* The worker is dead: what it wrote is in the pipes, and no one else
      * holds their write ends. Read to the end without waiting. */
-    fcntl(*out, F_SETFL, O_NONBLOCK);
-    fcntl(*err, F_SETFL, O_NONBLOCK);
-    while (out_open && read_stream(*out, &r->out) == STREAM_DATA)
+    fcntl(r->w.fds[WFD_STDOUT], F_SETFL, O_NONBLOCK);
+    fcntl(r->w.fds[WFD_STDERR], F_SETFL, O_NONBLOCK);
+    while (out_open && read_stream(r, 1) == STREAM_DATA)
         ;
-    while (err_open && read_stream(*err, &r->err) == STREAM_DATA)
+    while (err_open && read_stream(r, 2) == STREAM_DATA)
         ;
 }
 
@@ -228,6 +253,9 @@ static int take_texts(struct run *r, struct sbx_result *res)
 {
     res->stdout_text = outbuf_finish(&r->out, &res->stdout_len, &res->stdout_truncated);
     res->stderr_text = outbuf_finish(&r->err, &res->stderr_len, &res->stderr_truncated);
+    /* The line saying how much was cut is part of the text too. */
+    deliver(r, 1, res->stdout_text, res->stdout_len);
+    deliver(r, 2, res->stderr_text, res->stderr_len);
     return res->stdout_text && res->stderr_text ? 0 : -ENOMEM;
 }
 
@@ -252,6 +280,7 @@ static int finish(struct run *r, struct sbx_result *res)
         .wait_status = r->status.wait_status,
         .started = r->status.started != 0,
         .killed_for_wall = r->killed_for_wall,
+        .cancelled = r->cancelled,
         .cpu_ms = res->cpu_ms,
         .limits = &r->req->limits,
         .setup_error = setup,
@@ -273,6 +302,61 @@ static int finish(struct run *r, struct sbx_result *res)
     if (rc < 0)
         return verdict_sandbox_error(res, "collecting the artifacts failed");
     return 0;
+}
+
+enum admission { ADMITTED, REFUSED, CANCELLED };
+
+/* Waits for a place among the runs in flight: a bounded queue, with the
+ * request's deadline, left early if the caller cancels. */
+static enum admission admit(struct sbx *sbx, const struct sbx_request *req, struct sbx_error *err)
+{
+    uint64_t deadline = req->queue_timeout_seconds > 0
+                            ? now_ns() + (uint64_t)(req->queue_timeout_seconds * 1e9)
+                            : UINT64_MAX;
+    enum admission a = ADMITTED;
+
+    pthread_mutex_lock(&sbx->qlock);
+    if (sbx->running >= sbx->max_running) {
+        if (sbx->waiting >= sbx->max_queued) {
+            a = REFUSED;
+            sbx_fail(err, SBX_ERR_BUSY, -EBUSY, "%u runs in flight and %u waiting: queue full",
+                     sbx->running, sbx->waiting);
+            goto out;
+        }
+        sbx->waiting++;
+        while (sbx->running >= sbx->max_running) {
+            if (sbx_cancel_fired(req->cancel)) {
+                a = CANCELLED;
+                break;
+            }
+            uint64_t now = now_ns();
+            if (now >= deadline) {
+                a = REFUSED;
+                sbx_fail(err, SBX_ERR_BUSY, -EBUSY,
+                         "no worker free within %g s (%u runs in flight)",
+                         req->queue_timeout_seconds, sbx->running);
+                break;
+            }
+            /* Slices, so that a cancellation is seen soon. */
+            uint64_t until = now + 50000000ULL < deadline ? now + 50000000ULL : deadline;
+            struct timespec ts = {(time_t)(until / 1000000000ULL), (long)(until % 1000000000ULL)};
+            pthread_cond_timedwait(&sbx->qcond, &sbx->qlock, &ts);
+        }
+        sbx->waiting--;
+    }
+    if (a == ADMITTED)
+        sbx->running++;
+out:
+    pthread_mutex_unlock(&sbx->qlock);
+    return a;
+}
+
+static void leave(struct sbx *sbx)
+{
+    pthread_mutex_lock(&sbx->qlock);
+    sbx->running--;
+    pthread_cond_signal(&sbx->qcond);
+    pthread_mutex_unlock(&sbx->qlock);
 }
 
 int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
@@ -298,15 +382,29 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
                             "input files (%llu bytes) do not fit the workspace (%llu bytes)",
                             (unsigned long long)in, (unsigned long long)sbx->workspace_bytes);
     }
+    enum admission a = admit(sbx, req, err);
+    if (a == REFUSED)
+        return -EBUSY;
     res = calloc(1, sizeof(*res));
-    if (!res)
+    if (!res) {
+        if (a == ADMITTED)
+            leave(sbx);
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    }
     res->exit_code = -1;
 
     memset(&r, 0, sizeof(r));
     r.req = req;
+    for (int i = 0; i < WFD_COUNT; i++)
+        r.w.fds[i] = -1;
     outbuf_init(&r.out, req->limits.max_output_chars);
     outbuf_init(&r.err, req->limits.max_output_chars);
+    if (a == CANCELLED || sbx_cancel_fired(req->cancel)) {
+        rc = take_texts(&r, res);
+        if (rc == 0)
+            rc = verdict_cancelled(res, "cancelled before it started");
+        goto done;
+    }
     if (sbx_take_worker(sbx, &r.w, why, sizeof(why)) < 0) {
         rc = take_texts(&r, res);
         if (rc == 0)
@@ -333,6 +431,8 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
 done:
     for (int i = 0; i < WFD_COUNT; i++)
         close_fd(&r.w.fds[i]);
+    if (a == ADMITTED)
+        leave(sbx);
     outbuf_free(&r.out);
     outbuf_free(&r.err);
     if (rc < 0) {

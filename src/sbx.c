@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef PYSBX_TEMPLATE_DEFAULT
@@ -336,6 +337,14 @@ int sbx_open(const struct sbx_config *cfg, struct sbx **out, struct sbx_error *e
     sbx->ctl = sbx->root_fd = sbx->work_fd = -1;
     sbx->template_pid = -1;
     pthread_mutex_init(&sbx->lock, NULL);
+    pthread_mutex_init(&sbx->qlock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&sbx->qcond, &ca);
+    pthread_condattr_destroy(&ca);
+    sbx->max_running = cfg->max_running ? cfg->max_running : default_pool_size();
+    sbx->max_queued = cfg->max_queued ? cfg->max_queued : 1024;
 
     rc = make_work_dir(sbx, cfg, err);
     if (rc < 0)
@@ -391,6 +400,8 @@ void sbx_close(struct sbx *sbx)
     close_fd(&sbx->root_fd);
     free(sbx->work_dir);
     pthread_mutex_destroy(&sbx->lock);
+    pthread_mutex_destroy(&sbx->qlock);
+    pthread_cond_destroy(&sbx->qcond);
     free(sbx);
 }
 

@@ -10,6 +10,10 @@
 
 struct sbx {
     pthread_mutex_t lock; /* serialises taking workers off the control socket */
+    /* Admission: at most max_running runs in flight, max_queued waiting. */
+    pthread_mutex_t qlock;
+    pthread_cond_t qcond;
+    unsigned running, waiting, max_running, max_queued;
     int ctl;              /* control socket to the template */
     pid_t template_pid;
     int root_fd;          /* the directory holding work_dir */

@@ -41,6 +41,16 @@ int verdict_sandbox_error(struct sbx_result *res, const char *reason)
     return set_reason(res, "%s", reason);
 }
 
+int verdict_cancelled(struct sbx_result *res, const char *reason)
+{
+    res->status = SBX_CANCELLED;
+    res->limit = SBX_LIMIT_NONE;
+    res->exit_code = -1;
+    res->signal = 0;
+    res->partial = true;
+    return set_reason(res, "%s", reason);
+}
+
 int verdict_classify(const struct verdict_input *in, struct sbx_result *res)
 {
     const struct sbx_limits *l = in->limits;
@@ -55,6 +65,8 @@ int verdict_classify(const struct verdict_input *in, struct sbx_result *res)
     res->limit = SBX_LIMIT_NONE;
     res->partial = true;
 
+    if (in->cancelled && sig == SIGKILL)
+        return verdict_cancelled(res, "cancelled by the caller");
     if (in->killed_for_wall && sig == SIGKILL) {
         res->status = SBX_TIMEOUT;
         res->limit = SBX_LIMIT_WALL;

@@ -15,6 +15,7 @@ struct verdict_input {
     int wait_status;
     bool started;         /* the worker reached user code (template's record) */
     bool killed_for_wall; /* the supervisor sent SIGKILL at the deadline */
+    bool cancelled;       /* the supervisor sent SIGKILL for the caller */
     double cpu_ms;
     const struct sbx_limits *limits;
     const char *setup_error; /* what the worker said before user code, or NULL */
@@ -23,6 +24,9 @@ struct verdict_input {
 /* Fills status, limit, exit_code, signal, partial and reason (malloc'd) of
  * |res|. Returns 0 or -ENOMEM. */
 int verdict_classify(const struct verdict_input *in, struct sbx_result *res);
+
+/* Sets |res| to cancelled. Returns 0 or -ENOMEM. */
+int verdict_cancelled(struct sbx_result *res, const char *reason);
 
 /* Sets |res| to sandbox_error with |reason|. Returns 0 or -ENOMEM. */
 int verdict_sandbox_error(struct sbx_result *res, const char *reason);

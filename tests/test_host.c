@@ -1,0 +1,477 @@
+/*
+ * What a C service that links the library relies on: many threads at once,
+ * streamed output, cancellation, back-pressure, and a host whose secrets,
+ * threads and descriptors stay out of the sandbox.
+ */
+#define _GNU_SOURCE
+#include "helpers.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SBX(state) (((struct fixture *)*(state))->sbx)
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* --- streaming -------------------------------------------------------------- */
+
+struct stream_log {
+    char text[2][4096];
+    size_t len[2];
+    double first_at[2];
+    int calls;
+};
+
+static void on_output(void *user, int stream, const char *text, size_t len)
+{
+    struct stream_log *log = user;
+    int i = stream - 1;
+    if (log->len[i] == 0)
+        log->first_at[i] = now_s();
+    size_t room = sizeof(log->text[i]) - 1 - log->len[i];
+    size_t n = len < room ? len : room;
+    memcpy(log->text[i] + log->len[i], text, n);
+    log->len[i] += n;
+    log->calls++;
+}
+
+static void output_is_streamed_as_it_is_written(void **state)
+{
+    struct stream_log log = {0};
+    struct sbx_request req;
+    struct sbx_result *r;
+    struct sbx_error err;
+    const char *code = "import sys, time\n"
+                       "print('first', flush=True)\n"
+                       "print('oops', file=sys.stderr, flush=True)\n"
+                       "time.sleep(0.5)\n"
+                       "print('second')\n";
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    req.on_output = on_output;
+    req.user = &log;
+    double t0 = now_s();
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    double done = now_s();
+    expect_completed(r, 0);
+    /* The first line arrived while the code was still sleeping. */
+    assert_true(log.first_at[0] - t0 < done - t0 - 0.3);
+    assert_string_equal(log.text[0], r->stdout_text);
+    assert_string_equal(log.text[1], r->stderr_text);
+    assert_true(log.calls >= 3);
+    sbx_result_free(r);
+}
+
+static void streamed_output_is_bounded_like_the_result(void **state)
+{
+    struct stream_log log = {0};
+    struct sbx_request req;
+    struct sbx_result *r;
+    struct sbx_error err;
+    const char *code = "for i in range(1000):\n    print('x' * 100, flush=True)\n";
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    req.limits.max_output_chars = 250;
+    req.on_output = on_output;
+    req.user = &log;
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    assert_true(r->stdout_truncated);
+    assert_string_equal(log.text[0], r->stdout_text); /* the cut line included */
+    assert_non_null(strstr(log.text[0], "more characters]"));
+    sbx_result_free(r);
+}
+
+/* --- cancellation ------------------------------------------------------------- */
+
+struct canceller {
+    struct sbx_cancel *token;
+    double after;
+};
+
+static void *cancel_later(void *p)
+{
+    struct canceller *c = p;
+    usleep((useconds_t)(c->after * 1e6));
+    sbx_cancel_fire(c->token);
+    return NULL;
+}
+
+static void cancel_from_another_thread_ends_the_run(void **state)
+{
+    struct sbx_request req;
+    struct sbx_result *r;
+    struct sbx_error err;
+    const char *code = "import os, time\nprint(os.getcwd(), flush=True)\ntime.sleep(30)\n";
+    struct canceller c = {sbx_cancel_new(), 0.3};
+    pthread_t th;
+    assert_non_null(c.token);
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    req.cancel = c.token;
+    pthread_create(&th, NULL, cancel_later, &c);
+    double t0 = now_s();
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    assert_true(now_s() - t0 < 5);
+    pthread_join(th, NULL);
+    assert_int_equal(r->status, SBX_CANCELLED);
+    assert_int_equal(r->exit_code, -1);
+    assert_true(r->partial);
+    assert_non_null(strstr(r->reason, "cancelled"));
+    assert_true(r->stdout_len > 1);
+    sbx_result_free(r);
+    /* Fired after the run: harmless. */
+    sbx_cancel_fire(c.token);
+    assert_true(sbx_cancel_fired(c.token));
+    sbx_cancel_free(c.token);
+}
+
+static void cancel_before_the_start_runs_nothing(void **state)
+{
+    struct sbx_request req;
+    struct sbx_result *r;
+    struct sbx_error err;
+    struct sbx_cancel *token = sbx_cancel_new();
+    sbx_cancel_fire(token);
+    sbx_request_init(&req);
+    req.code = "print(1)";
+    req.code_len = 8;
+    req.cancel = token;
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    assert_int_equal(r->status, SBX_CANCELLED);
+    assert_string_equal(r->stdout_text, "");
+    sbx_result_free(r);
+    sbx_cancel_free(token);
+}
+
+/* --- many threads, back-pressure ---------------------------------------------- */
+
+struct hammer {
+    struct sbx *sbx;
+    int id;
+    int ok;
+};
+
+static void *hammer_runs(void *p)
+{
+    struct hammer *h = p;
+    for (int i = 0; i < 10; i++) {
+        char code[64], want[32];
+        snprintf(code, sizeof(code), "print(%d * 1000 + %d)\n", h->id, i);
+        snprintf(want, sizeof(want), "%d\n", h->id * 1000 + i);
+        struct sbx_request req;
+        struct sbx_result *r;
+        struct sbx_error err;
+        sbx_request_init(&req);
+        req.code = code;
+        req.code_len = strlen(code);
+        if (sbx_run(h->sbx, &req, &r, &err) == 0) {
+            h->ok += r->status == SBX_COMPLETED && strcmp(r->stdout_text, want) == 0;
+            sbx_result_free(r);
+        }
+    }
+    return NULL;
+}
+
+static void many_threads_at_once_each_get_their_own_answer(void **state)
+{
+    pthread_t th[8];
+    struct hammer h[8];
+    for (int i = 0; i < 8; i++) {
+        h[i] = (struct hammer){SBX(state), i, 0};
+        pthread_create(&th[i], NULL, hammer_runs, &h[i]);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(h[i].ok, 10);
+    }
+}
+
+struct slow_run {
+    struct sbx *sbx;
+    double queue_timeout;
+    int rc;
+    enum sbx_error_code code;
+    enum sbx_status status;
+};
+
+static void *run_slow(void *p)
+{
+    struct slow_run *s = p;
+    struct sbx_request req;
+    struct sbx_result *r = NULL;
+    struct sbx_error err = {0};
+    sbx_request_init(&req);
+    req.code = "import time\ntime.sleep(1)\n";
+    req.code_len = strlen(req.code);
+    req.queue_timeout_seconds = s->queue_timeout;
+    s->rc = sbx_run(s->sbx, &req, &r, &err);
+    s->code = err.code;
+    if (r)
+        s->status = r->status;
+    sbx_result_free(r);
+    return NULL;
+}
+
+static void when_every_worker_is_busy_callers_queue_with_a_deadline(void **state)
+{
+    (void)state;
+    char root[256];
+    make_temp_dir(root, sizeof(root));
+    chmod(root, 0711);
+    struct sbx_config cfg;
+    struct sbx_error err;
+    struct sbx *sbx;
+    sbx_config_init(&cfg);
+    cfg.template_path = PYSBX_TEST_TEMPLATE;
+    cfg.work_root = root;
+    cfg.max_running = 1;
+    cfg.max_queued = 1;
+    assert_int_equal(sbx_open(&cfg, &sbx, &err), 0);
+
+    struct slow_run first = {sbx, 0, 0, 0, 0}, waits = {sbx, 5, 0, 0, 0},
+                    gives_up = {sbx, 0.2, 0, 0, 0};
+    pthread_t a, b;
+    pthread_create(&a, NULL, run_slow, &first);
+    usleep(200000); /* first is running */
+    pthread_create(&b, NULL, run_slow, &waits);
+    usleep(200000); /* waits is queued: the queue (1) is full */
+    run_slow(&gives_up);
+    assert_int_equal(gives_up.rc, -EBUSY);
+    assert_int_equal(gives_up.code, SBX_ERR_BUSY);
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    assert_int_equal(first.rc, 0);
+    assert_int_equal(first.status, SBX_COMPLETED);
+    assert_int_equal(waits.rc, 0); /* ran once the first was done */
+    assert_int_equal(waits.status, SBX_COMPLETED);
+
+    /* A short deadline with the queue free: waits, then gives up. */
+    pthread_create(&a, NULL, run_slow, &first);
+    usleep(200000);
+    run_slow(&gives_up);
+    assert_int_equal(gives_up.rc, -EBUSY);
+    pthread_join(a, NULL);
+    sbx_close(sbx);
+    assert_int_equal(count_entries(root), 0);
+    rmdir(root);
+}
+
+/* --- the host's secrets --------------------------------------------------- */
+
+static char secret[64];
+static char *secret_in_heap;
+static int secret_fd = -1;
+static volatile int host_thread_stop;
+
+static void *host_thread(void *p)
+{
+    (void)p;
+    while (!host_thread_stop)
+        usleep(10000);
+    return NULL;
+}
+
+/* Whether |needle| occurs anywhere in the readable memory of |pid|. */
+static int memory_holds(pid_t pid, const char *needle)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    FILE *maps = fopen(path, "r");
+    snprintf(path, sizeof(path), "/proc/%d/mem", (int)pid);
+    int mem = open(path, O_RDONLY);
+    int found = 0, scanned = 0;
+    if (!maps || mem < 0) {
+        if (maps)
+            fclose(maps);
+        if (mem >= 0)
+            close(mem);
+        return -1;
+    }
+    static char buf[1 << 20];
+    while (!found && fgets(line, sizeof(line), maps)) {
+        unsigned long start, end;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &start, &end, perms) != 3 || perms[0] != 'r')
+            continue;
+        for (unsigned long a = start; a < end && !found; a += sizeof(buf)) {
+            size_t want = end - a < sizeof(buf) ? end - a : sizeof(buf);
+            ssize_t n = pread(mem, buf, want, (off_t)a);
+            if (n <= 0)
+                break;
+            scanned = 1;
+            found = memmem(buf, (size_t)n, needle, strlen(needle)) != NULL;
+        }
+    }
+    fclose(maps);
+    close(mem);
+    return scanned ? found : -1;
+}
+
+static pid_t template_pid(void)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = -1;
+    while (d && found < 0 && (e = readdir(d))) {
+        char path[300], buf[256];
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        int ppid;
+        char *c = strrchr(buf, ')');
+        if (c && sscanf(c + 2, "%*c %d", &ppid) == 1 && ppid == getpid() &&
+            strstr(buf, "(pysbx-template)"))
+            found = atoi(e->d_name);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+struct secret_run {
+    struct sbx *sbx;
+    struct sbx_request req;
+    struct stream_log log;
+    struct sbx_result *res;
+    int rc;
+};
+
+static void *secret_runner(void *p)
+{
+    struct secret_run *s = p;
+    struct sbx_error err;
+    s->rc = sbx_run(s->sbx, &s->req, &s->res, &err);
+    return NULL;
+}
+
+static void a_linked_hosts_secrets_are_out_of_reach(void **state)
+{
+    /* The code gets only a digest of the secret: the secret itself must not
+     * reach the worker, even as source text. */
+    char cmd[256], digest[80] = "";
+    snprintf(cmd, sizeof(cmd),
+             "printf %%s '%s' | /usr/bin/python3 -c 'import hashlib,sys;"
+             "print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'",
+             secret);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(fgets(digest, sizeof(digest), p));
+    pclose(p);
+    digest[strcspn(digest, "\n")] = '\0';
+    static char code[2048];
+    snprintf(code, sizeof(code),
+             "import os, gc, hashlib, time\n"
+             "digest = '%s'\n"
+             "h = lambda b: hashlib.sha256(b).hexdigest()\n"
+             "try:\n"
+             "    env = open('/proc/self/environ', 'rb').read().split(b'\\0')\n"
+             "except PermissionError:\n"
+             "    env = []\n"
+             "hits = [e for e in env if h(e.split(b'=', 1)[-1]) == digest]\n"
+             "hits += [v for v in os.environ.values() if h(v.encode()) == digest]\n"
+             "for o in gc.get_objects():\n"
+             "    if isinstance(o, (str, bytes)) and len(o) == %zu:\n"
+             "        if h(o if isinstance(o, bytes) else o.encode()) == digest:\n"
+             "            hits.append(o)\n"
+             "fds = []\n"
+             "for fd in range(3, 1024):\n"
+             "    try:\n        os.fstat(fd)\n        fds.append(fd)\n"
+             "    except OSError:\n        pass\n"
+             "print(len(hits), fds, os.getpid(), flush=True)\n"
+             "time.sleep(1.5)\n", /* the host scans our memory meanwhile */
+             digest, strlen(secret));
+
+    struct secret_run run = {.sbx = SBX(state)};
+    sbx_request_init(&run.req);
+    run.req.code = code;
+    run.req.code_len = strlen(code);
+    run.req.on_output = on_output;
+    run.req.user = &run.log;
+    pthread_t th;
+    pthread_create(&th, NULL, secret_runner, &run);
+    for (int i = 0; i < 500 && !__atomic_load_n(&run.log.len[0], __ATOMIC_ACQUIRE); i++)
+        usleep(10000);
+    int hits = -1, worker = 0;
+    char fds[64] = "";
+    if (sscanf(run.log.text[0], "%d %63[^0-9] %d", &hits, fds, &worker) != 3)
+        sscanf(run.log.text[0], "%d [] %d", &hits, &worker);
+    /* From outside, as root: the secret is in neither the worker's memory
+     * nor the template's (the template was started by exec). */
+    int in_worker = worker > 0 ? memory_holds(worker, secret) : -1;
+    int in_template = memory_holds(template_pid(), secret);
+    int in_host = memory_holds(getpid(), secret); /* the check can find it */
+    pthread_join(th, NULL);
+    assert_int_equal(run.rc, 0);
+    expect_completed(run.res, 0);
+    /* No hit in environ, os.environ or any Python string; no descriptor. */
+    if (strncmp(run.res->stdout_text, "0 [] ", 5) != 0)
+        fail_msg("the code found something: %s", run.res->stdout_text);
+    sbx_result_free(run.res);
+    if (geteuid() == 0) {
+        assert_int_equal(in_host, 1);
+        assert_int_equal(in_worker, 0);
+        assert_int_equal(in_template, 0);
+    }
+}
+
+static int host_setup(void **state)
+{
+    /* Before the sandbox exists: a secret in the environment and the heap, a
+     * thread running, an inheritable descriptor open on a secret file. */
+    srand((unsigned)time(NULL) ^ (unsigned)getpid());
+    snprintf(secret, sizeof(secret), "pysbx-secret-%08x%08x", (unsigned)rand(), (unsigned)rand());
+    setenv("PYSBX_HOST_SECRET", secret, 1);
+    secret_in_heap = strdup(secret);
+    char path[] = "/tmp/pysbx-host-secret-XXXXXX";
+    secret_fd = mkstemp(path);
+    if (secret_fd < 0 || write(secret_fd, secret, strlen(secret)) < 0)
+        return -1;
+    unlink(path);
+    pthread_t th;
+    pthread_create(&th, NULL, host_thread, NULL);
+    pthread_detach(th);
+    return fixture_open(state);
+}
+
+static int host_teardown(void **state)
+{
+    host_thread_stop = 1;
+    close(secret_fd);
+    free(secret_in_heap);
+    return fixture_close(state);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(output_is_streamed_as_it_is_written),
+        cmocka_unit_test(streamed_output_is_bounded_like_the_result),
+        cmocka_unit_test(cancel_from_another_thread_ends_the_run),
+        cmocka_unit_test(cancel_before_the_start_runs_nothing),
+        cmocka_unit_test(many_threads_at_once_each_get_their_own_answer),
+        cmocka_unit_test(when_every_worker_is_busy_callers_queue_with_a_deadline),
+        cmocka_unit_test(a_linked_hosts_secrets_are_out_of_reach),
+    };
+    return cmocka_run_group_tests(tests, host_setup, host_teardown);
+}
