@@ -298,6 +298,32 @@ PYSBX_API const char *sbx_status_name(enum sbx_status status);     /* "completed
 PYSBX_API const char *sbx_limit_name(enum sbx_limit_kind limit);   /* "wall", ... or NULL */
 PYSBX_API const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid_limit", ... */
 
+/*
+ * Backends: what the front ends (pysbx serve, mcp, batch) run requests on,
+ * through one small interface: run a request (blocking; its cancel token
+ * cancels it, its on_output callback streams it, the result comes back) and
+ * close. A deployment can bind something else (a micro-VM, a remote
+ * executor) by filling in the same three fields.
+ *
+ *   "embedded"  this library's sandbox (sbx_open / sbx_run): the default.
+ *   "python3"   a fresh `python3 -I -S` per request, with the same limits and
+ *               result contract but none of the confinement layers: a
+ *               baseline to compare against and a proof that the seam holds.
+ *               Never for untrusted code.
+ */
+struct sbx_backend {
+    const char *name;
+    void *self;
+    int (*run)(void *self, const struct sbx_request *req, struct sbx_result **out,
+               struct sbx_error *err);
+    void (*close)(void *self);
+};
+
+/* Opens backend |name| ("embedded" or "python3"; NULL is "embedded") with
+ * |cfg| (may be NULL). Returns 0 or a negative errno with |err| set. */
+PYSBX_API int sbx_backend_open(const char *name, const struct sbx_config *cfg,
+                               struct sbx_backend *out, struct sbx_error *err);
+
 /* Parses "256M", "1G", "1048576" (K, M, G, T are powers of 1024).
  * Returns 0 or -EINVAL. */
 PYSBX_API int sbx_parse_size(const char *text, uint64_t *out);
