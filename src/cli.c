@@ -1,5 +1,6 @@
 /* pysbx: the command. */
 #define _GNU_SOURCE
+#include "frontends.h"
 #include "json.h"
 #include "pysbx.h"
 #include "sysutil.h"
@@ -8,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -25,7 +27,33 @@
 #define EXIT_SANDBOX  70
 #define EXIT_SIGNAL   128 /* + the signal number */
 
-static const char run_usage[] =
+#define DEFAULT_MAX_LINE (64u << 20)
+
+enum cmd { CMD_RUN = 1, CMD_SERVE = 2, CMD_MCP = 4, CMD_BATCH = 8, CMD_DOCTOR = 16 };
+
+static const char limits_help[] =
+    "  --wall SECONDS          wall-clock limit (default 10)\n"
+    "  --cpu SECONDS           CPU-time limit, all threads (default 5)\n"
+    "  --memory SIZE           address-space limit: bytes, or with K, M, G, T\n"
+    "                          (powers of 1024), e.g. 256M (default 256M)\n"
+    "  --max-output CHARS      characters kept of stdout and of stderr each\n"
+    "                          (default 100000)\n"
+    "  --max-artifact-bytes N  bytes returned of each file (default 4194304)\n"
+    "  --max-artifacts N       files returned, the first by name (default 32)\n";
+
+static const char sandbox_help[] =
+    "  --require LAYER,...     refuse to run unless these layers are active (default:\n"
+    "                          seccomp; 'none' runs with whatever the machine has);\n"
+    "                          layers: seccomp, landlock, netns, mountns, ipcns, utsns,\n"
+    "                          user, rlimits, caps (see pysbx doctor)\n"
+    "  --template PATH         the pysbx-template helper to use\n";
+
+static const char backend_help[] =
+    "  --backend NAME          embedded (the sandbox, default) or python3 (a fresh\n"
+    "                          python3 -I -S per run with the same limits and result,\n"
+    "                          but no confinement: a baseline, never for untrusted code)\n";
+
+static const char run_usage_head[] =
     "usage: pysbx run [options] FILE|-\n"
     "\n"
     "Runs the Python script FILE (or standard input, for -) in a fresh sandboxed\n"
@@ -37,56 +65,118 @@ static const char run_usage[] =
     "options:\n"
     "  --json                  print the result object (status, stdout, stderr,\n"
     "                          artifacts, stats) as one JSON line; exit 0 when a\n"
-    "                          result was printed\n"
-    "  --wall SECONDS          wall-clock limit (default 10)\n"
-    "  --cpu SECONDS           CPU-time limit, all threads (default 5)\n"
-    "  --memory SIZE           address-space limit: bytes, or with K, M, G, T\n"
-    "                          (powers of 1024), e.g. 256M (default 256M)\n"
-    "  --max-output CHARS      characters kept of stdout and of stderr each\n"
-    "                          (default 100000)\n"
-    "  --max-artifact-bytes N  bytes returned of each file (default 4194304)\n"
-    "  --max-artifacts N       files returned, the first by name (default 32)\n"
+    "                          result was printed\n";
+
+static const char run_usage_tail[] =
     "  --file NAME=PATH        put the file PATH in the workspace as NAME before the\n"
     "                          code runs (repeatable); NAME is relative, may hold '/',\n"
     "                          never '..'\n"
     "  --artifacts-dir DIR     write the files the code left in its workspace to DIR\n"
     "                          (made if missing)\n"
-    "  --require LAYER,...     refuse to run unless these layers are active (default:\n"
-    "                          seccomp; 'none' runs with whatever the machine has);\n"
-    "                          layers: seccomp, landlock, netns, mountns, ipcns, utsns,\n"
-    "                          user, rlimits, caps (see pysbx doctor)\n"
-    "  --template PATH         the pysbx-template helper to use\n"
     "  --policy-debug          name refused system calls on stderr and let them fail\n"
     "                          with EPERM instead of applying the policy's kills:\n"
     "                          for finding what code needs, never for production\n"
     "  -h, --help              this text\n";
 
+static const char serve_usage[] =
+    "usage: pysbx serve [--listen PATH] [options]\n"
+    "\n"
+    "Answers JSON lines: one request per line on standard input (or on each\n"
+    "connection to the UNIX socket PATH), one answer per line on standard output\n"
+    "(or the same connection), as each run finishes, in any order, each exactly\n"
+    "once. A request:\n"
+    "  {\"id\": any, \"code\": \"...\", \"files\": {\"name\": \"text\"},\n"
+    "   \"files_base64\": {\"name\": \"base64\"}, \"limits\": {\"wall_seconds\": 2,\n"
+    "   \"cpu_seconds\": 1, \"memory_bytes\": 268435456, \"max_output_chars\": 1000,\n"
+    "   \"max_artifact_bytes\": 65536, \"max_artifacts\": 8}}\n"
+    "An answer: the result object of pysbx run --json with the request's id, or\n"
+    "  {\"id\": ..., \"error\": {\"code\": \"...\", \"message\": \"...\"}}.\n"
+    "At the end of input, finishes and answers what is in flight, and exits 0.\n"
+    "With --listen, runs until SIGINT or SIGTERM, then does the same.\n"
+    "\n"
+    "options:\n"
+    "  --listen PATH           serve on a UNIX socket (mode 0600) instead\n"
+    "  --socket-mode MODE      permissions of that socket, octal (default 600)\n"
+    "  --jobs N                requests run at once per input stream (default: two\n"
+    "                          per core)\n"
+    "  --max-line-bytes N      a longer request line is refused, not read into memory\n"
+    "                          (default 67108864)\n";
+
+static const char mcp_usage[] =
+    "usage: pysbx mcp [options]\n"
+    "\n"
+    "A Model Context Protocol server over stdio offering one tool, run_python\n"
+    "(code, and optional files: name -> text). Its result shows the exit status,\n"
+    "stdout, stderr and each file the code wrote (PNG images as images); when a\n"
+    "limit stops the code it is an error result that says sandbox_limit_exceeded\n"
+    "and which limit. The limits below are the tool's: the model cannot raise them.\n"
+    "\n"
+    "options:\n";
+
+static const char batch_usage[] =
+    "usage: pysbx batch DIR|FILE.jsonl [options]\n"
+    "\n"
+    "Runs many programs, --jobs at a time: every .py file of DIR (in name order,\n"
+    "with the limits below), or every request line of FILE.jsonl (the form pysbx\n"
+    "serve reads, with its own limits). Writes one JSON result line per program,\n"
+    "with \"program\" (the file name, or \"line N\"), as each finishes; shows a\n"
+    "progress bar on a terminal; ends with a summary on stderr (counts by status,\n"
+    "p50 and p99 latency, total time). Exits 0 when every program was run, 1 when\n"
+    "the sandbox failed or refused some, 2 on bad usage.\n"
+    "\n"
+    "options:\n"
+    "  --jobs N                programs run at once (default: two per core)\n"
+    "  --out FILE              write the result lines to FILE instead of stdout\n";
+
 static const char main_usage[] =
     "usage: pysbx COMMAND [options]\n"
     "\n"
     "commands:\n"
-    "  run [options] FILE|-   run a Python script in the sandbox (pysbx run --help)\n"
+    "  run [options] FILE|-   run a Python script in the sandbox\n"
+    "  serve [options]        answer JSON-lines requests (stdin/stdout or a UNIX socket)\n"
+    "  mcp [options]          a Model Context Protocol server with a run_python tool\n"
+    "  batch DIR|FILE.jsonl   run many programs, N at a time, with a summary\n"
     "  doctor [--json] [--require LAYER,...]\n"
     "                         say which layers of confinement are active here, and why\n"
     "                         not where they are not\n"
     "  version                print the version\n"
     "\n"
-    "pysbx runs untrusted Python in a forked, embedded CPython: no network, no host\n"
-    "environment or files, bounded time, memory and output.\n";
+    "pysbx COMMAND --help documents each. pysbx runs untrusted Python in a forked,\n"
+    "embedded CPython: no network, no host environment or files, bounded time,\n"
+    "memory and output.\n";
 
-struct run_opts {
+struct opts {
+    enum cmd cmd;
     bool json;
     bool policy_debug;
     unsigned required;
-    const char *script;
-    const char *artifacts_dir;
     const char *template_path;
+    const char *backend;
+    const char *listen;
+    unsigned socket_mode;
+    const char *out;
+    const char *artifacts_dir;
+    const char *target; /* run: the script; batch: the source */
+    unsigned jobs;
+    size_t max_line;
     struct sbx_file *files;
     size_t n_files;
     struct sbx_limits limits;
 };
 
-__attribute__((format(printf, 1, 2))) static int usage_error(const char *format, ...)
+static const char *cmd_name(enum cmd c)
+{
+    switch (c) {
+    case CMD_RUN: return "run";
+    case CMD_SERVE: return "serve";
+    case CMD_MCP: return "mcp";
+    case CMD_BATCH: return "batch";
+    case CMD_DOCTOR: return "doctor";
+    }
+    return "?";
+}
+
+__attribute__((format(printf, 2, 3))) static int usage_error(enum cmd c, const char *format, ...)
 {
     va_list ap;
 
@@ -94,8 +184,35 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *format,
     va_start(ap, format);
     vfprintf(stderr, format, ap);
     va_end(ap);
-    fputs("\n(see pysbx run --help)\n", stderr);
+    fprintf(stderr, "\n(see pysbx %s --help)\n", cmd_name(c));
     return EXIT_USAGE;
+}
+
+static void print_usage(enum cmd c)
+{
+    switch (c) {
+    case CMD_RUN:
+        printf("%s%s%s%s", run_usage_head, limits_help, sandbox_help, run_usage_tail);
+        break;
+    case CMD_SERVE:
+        printf("%s%s%s  -h, --help              this text\n", serve_usage, backend_help,
+               sandbox_help);
+        break;
+    case CMD_MCP:
+        printf("%s%s%s%s  -h, --help              this text\n", mcp_usage, limits_help,
+               backend_help, sandbox_help);
+        break;
+    case CMD_BATCH:
+        printf("%s%s%s%s  -h, --help              this text\n", batch_usage, limits_help,
+               backend_help, sandbox_help);
+        break;
+    case CMD_DOCTOR:
+        fputs("usage: pysbx doctor [--json] [--require LAYER,...] [--template PATH]\n"
+              "Starts a sandbox as `pysbx run` would and says which layers are active.\n"
+              "Exits 1 when a required layer (default: seccomp) is not.\n",
+              stdout);
+        break;
+    }
 }
 
 /* Reads a whole file (or stdin for "-"), refusing more than |max| bytes. */
@@ -151,7 +268,7 @@ out:
     return rc;
 }
 
-static int add_file(struct run_opts *o, const char *spec)
+static int add_file(struct opts *o, const char *spec)
 {
     const char *eq = strchr(spec, '=');
     char *name, *data = NULL;
@@ -160,19 +277,19 @@ static int add_file(struct run_opts *o, const char *spec)
     int rc;
 
     if (!eq || eq == spec || !eq[1])
-        return usage_error("--file wants NAME=PATH, not '%s'", spec);
+        return usage_error(o->cmd, "--file wants NAME=PATH, not '%s'", spec);
     name = strndup(spec, (size_t)(eq - spec));
     if (!name)
-        return usage_error("out of memory");
+        return usage_error(o->cmd, "out of memory");
     why = name_problem(name, strlen(name));
     if (why) {
-        rc = usage_error("--file %s: %s", name, why);
+        rc = usage_error(o->cmd, "--file %s: %s", name, why);
         free(name);
         return rc;
     }
     rc = slurp(eq + 1, SBX_MAX_REQUEST_BYTES, &data, &len);
     if (rc < 0) {
-        int e = usage_error("--file %s: %s: %s", name, eq + 1,
+        int e = usage_error(o->cmd, "--file %s: %s: %s", name, eq + 1,
                             rc == -EFBIG ? "file too large" : strerror(-rc));
         free(name);
         return e;
@@ -181,7 +298,7 @@ static int add_file(struct run_opts *o, const char *spec)
     if (!f) {
         free(name);
         free(data);
-        return usage_error("out of memory");
+        return usage_error(o->cmd, "out of memory");
     }
     o->files = f;
     o->files[o->n_files++] = (struct sbx_file){.name = name, .data = data, .len = len};
@@ -214,66 +331,96 @@ static int parse_layers(const char *text, unsigned *out)
     return 0;
 }
 
-static int parse_run_opts(int argc, char **argv, struct run_opts *o)
+enum {
+    O_JSON = 256, O_WALL, O_CPU, O_MEM, O_OUT, O_ABYTES, O_ARTS, O_FILE, O_DIR, O_TMPL,
+    O_REQUIRE, O_DEBUG, O_BACKEND, O_LISTEN, O_MODE, O_JOBS, O_LINE, O_OUTFILE,
+};
+
+#define LIMITS (CMD_RUN | CMD_MCP | CMD_BATCH)
+#define SANDBOX (CMD_RUN | CMD_SERVE | CMD_MCP | CMD_BATCH | CMD_DOCTOR)
+#define FRONTS (CMD_SERVE | CMD_MCP | CMD_BATCH)
+
+static const struct {
+    struct option opt;
+    unsigned cmds;
+} options[] = {
+    {{"json", no_argument, NULL, O_JSON}, CMD_RUN | CMD_DOCTOR},
+    {{"wall", required_argument, NULL, O_WALL}, LIMITS},
+    {{"cpu", required_argument, NULL, O_CPU}, LIMITS},
+    {{"memory", required_argument, NULL, O_MEM}, LIMITS},
+    {{"max-output", required_argument, NULL, O_OUT}, LIMITS},
+    {{"max-artifact-bytes", required_argument, NULL, O_ABYTES}, LIMITS},
+    {{"max-artifacts", required_argument, NULL, O_ARTS}, LIMITS},
+    {{"file", required_argument, NULL, O_FILE}, CMD_RUN},
+    {{"artifacts-dir", required_argument, NULL, O_DIR}, CMD_RUN},
+    {{"template", required_argument, NULL, O_TMPL}, SANDBOX},
+    {{"require", required_argument, NULL, O_REQUIRE}, SANDBOX},
+    {{"policy-debug", no_argument, NULL, O_DEBUG}, CMD_RUN},
+    {{"backend", required_argument, NULL, O_BACKEND}, FRONTS},
+    {{"listen", required_argument, NULL, O_LISTEN}, CMD_SERVE},
+    {{"socket-mode", required_argument, NULL, O_MODE}, CMD_SERVE},
+    {{"jobs", required_argument, NULL, O_JOBS}, CMD_SERVE | CMD_BATCH},
+    {{"max-line-bytes", required_argument, NULL, O_LINE}, FRONTS},
+    {{"out", required_argument, NULL, O_OUTFILE}, CMD_BATCH},
+    {{"help", no_argument, NULL, 'h'}, SANDBOX},
+};
+
+static int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
 {
-    enum {
-        O_JSON = 256, O_WALL, O_CPU, O_MEM, O_OUT, O_ABYTES, O_ARTS, O_FILE, O_DIR, O_TMPL,
-        O_REQUIRE, O_DEBUG,
-    };
-    static const struct option longopts[] = {
-        {"json", no_argument, NULL, O_JSON},
-        {"wall", required_argument, NULL, O_WALL},
-        {"cpu", required_argument, NULL, O_CPU},
-        {"memory", required_argument, NULL, O_MEM},
-        {"max-output", required_argument, NULL, O_OUT},
-        {"max-artifact-bytes", required_argument, NULL, O_ABYTES},
-        {"max-artifacts", required_argument, NULL, O_ARTS},
-        {"file", required_argument, NULL, O_FILE},
-        {"artifacts-dir", required_argument, NULL, O_DIR},
-        {"template", required_argument, NULL, O_TMPL},
-        {"require", required_argument, NULL, O_REQUIRE},
-        {"policy-debug", no_argument, NULL, O_DEBUG},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
+    struct option longopts[ARRAY_SIZE(options) + 1];
+    uint64_t n;
     int c, rc;
 
+    for (size_t i = 0; i < ARRAY_SIZE(options); i++)
+        longopts[i] = options[i].opt;
+    memset(&longopts[ARRAY_SIZE(options)], 0, sizeof(struct option));
+    memset(o, 0, sizeof(*o));
+    o->cmd = cmd;
     sbx_limits_init(&o->limits);
     o->required = SBX_LAYER_SECCOMP;
+    o->max_line = DEFAULT_MAX_LINE;
+    o->socket_mode = 0600;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        for (size_t i = 0; c != ':' && c != '?' && i < ARRAY_SIZE(options); i++)
+            if (options[i].opt.val == c && !(options[i].cmds & cmd))
+                return usage_error(cmd, "%s does not take %s", cmd_name(cmd), argv[optind - 1]);
         switch (c) {
         case 'h':
-            fputs(run_usage, stdout);
+            print_usage(cmd);
             exit(0);
         case O_JSON:
             o->json = true;
             break;
         case O_WALL:
             if (parse_seconds(optarg, &o->limits.wall_seconds) < 0)
-                return usage_error("--wall wants a number of seconds above 0, not '%s'", optarg);
+                return usage_error(cmd, "--wall wants a number of seconds above 0, not '%s'",
+                                   optarg);
             break;
         case O_CPU:
             if (parse_seconds(optarg, &o->limits.cpu_seconds) < 0)
-                return usage_error("--cpu wants a number of seconds above 0, not '%s'", optarg);
+                return usage_error(cmd, "--cpu wants a number of seconds above 0, not '%s'",
+                                   optarg);
             break;
         case O_MEM:
             if (sbx_parse_size(optarg, &o->limits.memory_bytes) < 0)
-                return usage_error("--memory wants a size such as 256M, 1G or 268435456, not '%s'",
-                                   optarg);
+                return usage_error(cmd, "--memory wants a size such as 256M, 1G or 268435456, "
+                                        "not '%s'", optarg);
             break;
         case O_OUT:
             if (parse_u64(optarg, &o->limits.max_output_chars) < 0)
-                return usage_error("--max-output wants a whole number, not '%s'", optarg);
+                return usage_error(cmd, "--max-output wants a whole number, not '%s'", optarg);
             break;
         case O_ABYTES:
             if (parse_u64(optarg, &o->limits.max_artifact_bytes) < 0)
-                return usage_error("--max-artifact-bytes wants a whole number, not '%s'", optarg);
+                return usage_error(cmd, "--max-artifact-bytes wants a whole number, not '%s'",
+                                   optarg);
             break;
         case O_ARTS:
             if (parse_u64(optarg, &o->limits.max_artifacts) < 0)
-                return usage_error("--max-artifacts wants a whole number, not '%s'", optarg);
+                return usage_error(cmd, "--max-artifacts wants a whole number, not '%s'",
+                                   optarg);
             break;
         case O_FILE:
             if ((rc = add_file(o, optarg)) != 0)
@@ -287,23 +434,65 @@ static int parse_run_opts(int argc, char **argv, struct run_opts *o)
             break;
         case O_REQUIRE:
             if (parse_layers(optarg, &o->required) < 0)
-                return usage_error("--require wants layer names separated by commas (or "
-                                   "'none'), not '%s'", optarg);
+                return usage_error(cmd, "--require wants layer names separated by commas (or "
+                                        "'none'), not '%s'", optarg);
             break;
         case O_DEBUG:
             o->policy_debug = true;
             break;
+        case O_BACKEND:
+            if (strcmp(optarg, "embedded") != 0 && strcmp(optarg, "python3") != 0)
+                return usage_error(cmd, "--backend is embedded or python3, not '%s'", optarg);
+            o->backend = optarg;
+            break;
+        case O_LISTEN:
+            o->listen = optarg;
+            break;
+        case O_MODE: {
+            char *end;
+            unsigned long m = strtoul(optarg, &end, 8);
+            if (!*optarg || *end || m > 0777)
+                return usage_error(cmd, "--socket-mode wants an octal mode such as 600");
+            o->socket_mode = (unsigned)m;
+            break;
+        }
+        case O_JOBS:
+            if (parse_u64(optarg, &n) < 0 || n < 1 || n > 1024)
+                return usage_error(cmd, "--jobs wants a number from 1 to 1024, not '%s'",
+                                   optarg);
+            o->jobs = (unsigned)n;
+            break;
+        case O_LINE:
+            if (parse_u64(optarg, &n) < 0 || n < 1024 || n > (1ULL << 30))
+                return usage_error(cmd, "--max-line-bytes wants a number from 1024 to 2^30");
+            o->max_line = (size_t)n;
+            break;
+        case O_OUTFILE:
+            o->out = optarg;
+            break;
         case ':':
-            return usage_error("%s needs a value", argv[optind - 1]);
+            return usage_error(cmd, "%s needs a value", argv[optind - 1]);
         default:
-            return usage_error("unknown option '%s'", argv[optind - 1]);
+            return usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
         }
     }
-    if (optind >= argc)
-        return usage_error("no script given (FILE, or - for standard input)");
-    if (optind + 1 < argc)
-        return usage_error("one script only; unexpected '%s'", argv[optind + 1]);
-    o->script = argv[optind];
+    bool wants_target = cmd == CMD_RUN || cmd == CMD_BATCH;
+    if (wants_target && optind >= argc)
+        return usage_error(cmd, cmd == CMD_RUN ? "no script given (FILE, or - for standard input)"
+                                               : "no programs given (a directory or a .jsonl file)");
+    if (optind + (wants_target ? 1 : 0) < argc)
+        return usage_error(cmd, "unexpected '%s'", argv[optind + (wants_target ? 1 : 0)]);
+    if (wants_target)
+        o->target = argv[optind];
+    if (cmd != CMD_RUN && cmd != CMD_DOCTOR) {
+        struct sbx_request probe;
+        struct sbx_error err;
+        sbx_request_init(&probe);
+        probe.code = "";
+        probe.limits = o->limits;
+        if (sbx_request_check(&probe, &err) < 0)
+            return usage_error(cmd, "%s", err.message);
+    }
     return 0;
 }
 
@@ -316,6 +505,33 @@ static const char *find_template(const char *given, char *buf, size_t cap)
     if (getenv("PYSBX_TEMPLATE"))
         return NULL;
     return beside_self("pysbx-template", buf, cap);
+}
+
+static unsigned cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1;
+}
+
+static int open_backend(const struct opts *o, struct sbx_backend *b, struct sbx_error *err)
+{
+    struct sbx_config cfg;
+    char tmpl[PATH_MAX];
+
+    sbx_config_init(&cfg);
+    cfg.template_path = find_template(o->template_path, tmpl, sizeof(tmpl));
+    cfg.required_layers = o->required;
+    cfg.policy_debug = o->policy_debug;
+    if (o->cmd == CMD_RUN)
+        cfg.pool_size = 1;
+    if (o->jobs) {
+        cfg.max_running = o->jobs;
+        cfg.pool_size = o->jobs < 64 ? o->jobs : 64;
+    }
+    if (o->backend && strcmp(o->backend, "python3") == 0)
+        fputs("pysbx: warning: the python3 backend confines nothing; never give it untrusted "
+              "code\n", stderr);
+    return sbx_backend_open(o->backend, &cfg, b, err);
 }
 
 static int save_artifacts(const char *dir, const struct sbx_result *res)
@@ -356,7 +572,7 @@ static int save_artifacts(const char *dir, const struct sbx_result *res)
     return rc;
 }
 
-static int report(const struct run_opts *o, const struct sbx_result *res)
+static int report(const struct opts *o, const struct sbx_result *res)
 {
     if (o->artifacts_dir && res->status == SBX_COMPLETED &&
         save_artifacts(o->artifacts_dir, res) < 0 && !o->json)
@@ -400,7 +616,7 @@ static int report(const struct run_opts *o, const struct sbx_result *res)
 
 /* The sandbox could not start (a required layer missing, or no template):
  * in --json mode this is still an answer, a sandbox_error result. */
-static int cannot_start(const struct run_opts *o, const struct sbx_error *err)
+static int cannot_start(const struct opts *o, const struct sbx_error *err)
 {
     if (o->json) {
         struct sbx_result r = {
@@ -422,24 +638,22 @@ static int cannot_start(const struct run_opts *o, const struct sbx_error *err)
 
 static int cmd_run(int argc, char **argv)
 {
-    struct run_opts o = {0};
-    struct sbx_config cfg;
+    struct opts o;
+    struct sbx_backend b = {0};
     struct sbx_request req;
     struct sbx_result *res = NULL;
     struct sbx_error err = {0};
-    struct sbx *sbx = NULL;
     char *code = NULL;
     size_t code_len = 0;
-    char tmpl[PATH_MAX];
     int status;
 
-    status = parse_run_opts(argc, argv, &o);
+    status = parse_opts(CMD_RUN, argc, argv, &o);
     if (status != 0)
         goto out;
-    int rc = slurp(o.script, SBX_MAX_CODE_BYTES, &code, &code_len);
+    int rc = slurp(o.target, SBX_MAX_CODE_BYTES, &code, &code_len);
     if (rc < 0) {
-        status = usage_error("%s: %s", o.script, rc == -EFBIG ? "larger than the code limit"
-                                                             : strerror(-rc));
+        status = usage_error(CMD_RUN, "%s: %s", o.target,
+                             rc == -EFBIG ? "larger than the code limit" : strerror(-rc));
         goto out;
     }
     sbx_request_init(&req);
@@ -450,19 +664,14 @@ static int cmd_run(int argc, char **argv)
     req.limits = o.limits;
     /* Refuse a bad request before paying for a template. */
     if (sbx_request_check(&req, &err) < 0) {
-        status = usage_error("%s", err.message);
+        status = usage_error(CMD_RUN, "%s", err.message);
         goto out;
     }
-    sbx_config_init(&cfg);
-    cfg.template_path = find_template(o.template_path, tmpl, sizeof(tmpl));
-    cfg.pool_size = 1;
-    cfg.required_layers = o.required;
-    cfg.policy_debug = o.policy_debug;
-    if (sbx_open(&cfg, &sbx, &err) < 0) {
+    if (open_backend(&o, &b, &err) < 0) {
         status = cannot_start(&o, &err);
         goto out;
     }
-    if (sbx_run(sbx, &req, &res, &err) < 0) {
+    if (b.run(b.self, &req, &res, &err) < 0) {
         fprintf(stderr, "pysbx: %s\n", err.message);
         status = err.code == SBX_ERR_UNAVAILABLE ? EXIT_SANDBOX : EXIT_USAGE;
         goto out;
@@ -470,7 +679,8 @@ static int cmd_run(int argc, char **argv)
     status = report(&o, res);
 out:
     sbx_result_free(res);
-    sbx_close(sbx);
+    if (b.close)
+        b.close(b.self);
     free(code);
     for (size_t i = 0; i < o.n_files; i++) {
         free((char *)o.files[i].name);
@@ -480,44 +690,51 @@ out:
     return status;
 }
 
+static int cmd_front(enum cmd cmd, int argc, char **argv)
+{
+    struct opts o;
+    struct sbx_backend b = {0};
+    struct sbx_error err = {0};
+    int status = parse_opts(cmd, argc, argv, &o);
+
+    if (status != 0)
+        return status;
+    if (!o.jobs)
+        o.jobs = 2 * cores();
+    if (open_backend(&o, &b, &err) < 0) {
+        fprintf(stderr, "pysbx %s: cannot start the sandbox: %s\n", cmd_name(cmd), err.message);
+        return EXIT_SANDBOX;
+    }
+    if (cmd == CMD_SERVE) {
+        struct serve_opts so = {&b, o.max_line, o.jobs, o.listen, (mode_t)o.socket_mode};
+        status = serve_main(&so);
+    } else if (cmd == CMD_MCP) {
+        struct mcp_opts mo = {&b, o.limits, o.max_line};
+        status = mcp_main(&mo);
+    } else {
+        struct batch_opts bo = {&b, o.limits, o.target, o.out, o.jobs, o.max_line};
+        status = batch_main(&bo);
+    }
+    b.close(b.self);
+    return status;
+}
+
 static int cmd_doctor(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"json", no_argument, NULL, 'j'},
-        {"require", required_argument, NULL, 'r'},
-        {"template", required_argument, NULL, 't'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
+    struct opts o;
     struct sbx_config cfg;
     struct sbx_error err = {0};
     struct sbx *sbx = NULL;
     struct sbx_layer_info layers[SBX_LAYER_COUNT];
     struct utsname u;
-    unsigned required = SBX_LAYER_SECCOMP;
-    const char *given = NULL;
     char tmpl[PATH_MAX];
-    bool json = false;
-    int c, status = 0;
+    int status = parse_opts(CMD_DOCTOR, argc, argv, &o);
 
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (c == 'j')
-            json = true;
-        else if (c == 't')
-            given = optarg;
-        else if (c == 'r' && parse_layers(optarg, &required) == 0)
-            continue;
-        else if (c == 'h') {
-            fputs("usage: pysbx doctor [--json] [--require LAYER,...] [--template PATH]\n"
-                  "Starts a sandbox as `pysbx run` would and says which layers are active.\n"
-                  "Exits 1 when a required layer (default: seccomp) is not.\n",
-                  stdout);
-            return 0;
-        } else
-            return usage_error("doctor: bad option '%s'", argv[optind - 1]);
-    }
+    if (status != 0)
+        return status;
+    unsigned required = o.required;
+    bool json = o.json;
+    const char *given = o.template_path;
     sbx_config_init(&cfg);
     cfg.template_path = find_template(given, tmpl, sizeof(tmpl));
     cfg.pool_size = 1;
@@ -529,7 +746,7 @@ static int cmd_doctor(int argc, char **argv)
     sbx_layers(sbx, layers);
     uname(&u);
     if (json) {
-        json_t *o = json_pack("{s:s, s:s, s:s, s:s}", "pysbx", PYSBX_VERSION, "python",
+        json_t *doc = json_pack("{s:s, s:s, s:s, s:s}", "pysbx", PYSBX_VERSION, "python",
                               sbx_python_version(sbx), "libseccomp", sbx_libseccomp_version(sbx),
                               "kernel", u.release);
         json_t *l = json_object();
@@ -538,12 +755,12 @@ static int cmd_doctor(int argc, char **argv)
                                 json_pack("{s:b, s:b, s:s}", "active", layers[i].active,
                                           "required", (required & layers[i].layer) != 0,
                                           "detail", layers[i].detail));
-        json_object_set_new(o, "layers", l);
-        char *text = json_dumps(o, JSON_INDENT(2));
+        json_object_set_new(doc, "layers", l);
+        char *text = json_dumps(doc, JSON_INDENT(2));
         if (text)
             puts(text);
         free(text);
-        json_decref(o);
+        json_decref(doc);
     } else {
         printf("pysbx       %s\npython      %s\nlibseccomp  %s\nkernel      %s %s\n\n",
                PYSBX_VERSION, sbx_python_version(sbx), sbx_libseccomp_version(sbx), u.sysname,
@@ -571,19 +788,25 @@ int main(int argc, char **argv)
         fputs(main_usage, stderr);
         return EXIT_USAGE;
     }
-    if (strcmp(argv[1], "run") == 0)
+    const char *c = argv[1];
+    if (strcmp(c, "run") == 0)
         return cmd_run(argc - 1, argv + 1);
-    if (strcmp(argv[1], "doctor") == 0)
+    if (strcmp(c, "serve") == 0)
+        return cmd_front(CMD_SERVE, argc - 1, argv + 1);
+    if (strcmp(c, "mcp") == 0)
+        return cmd_front(CMD_MCP, argc - 1, argv + 1);
+    if (strcmp(c, "batch") == 0)
+        return cmd_front(CMD_BATCH, argc - 1, argv + 1);
+    if (strcmp(c, "doctor") == 0)
         return cmd_doctor(argc - 1, argv + 1);
-    if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
+    if (strcmp(c, "version") == 0 || strcmp(c, "--version") == 0) {
         printf("pysbx %s\n", PYSBX_VERSION);
         return 0;
     }
-    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
-        strcmp(argv[1], "help") == 0) {
+    if (strcmp(c, "-h") == 0 || strcmp(c, "--help") == 0 || strcmp(c, "help") == 0) {
         fputs(main_usage, stdout);
         return 0;
     }
-    fprintf(stderr, "pysbx: unknown command '%s'\n\n%s", argv[1], main_usage);
+    fprintf(stderr, "pysbx: unknown command '%s'\n\n%s", c, main_usage);
     return EXIT_USAGE;
 }

@@ -1,0 +1,115 @@
+// The MCP server as an agent host sees it, through the official TypeScript
+// SDK client: list the tools, call run_python with code, with files, with an
+// exception, with a CPU spin, with an image artifact.
+// usage: node client.mjs PATH/TO/pysbx
+import assert from "node:assert/strict";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+
+const pysbx = process.argv[2];
+const transport = new StdioClientTransport({
+  command: pysbx,
+  args: ["mcp", "--cpu", "1", "--wall", "5"],
+  stderr: "inherit",
+});
+const client = new Client({ name: "pysbx-test", version: "1.0.0" });
+await client.connect(transport);
+let failures = 0;
+
+async function check(name, fn) {
+  try {
+    await fn();
+    console.log(`ok   ${name}`);
+  } catch (e) {
+    failures++;
+    console.log(`FAIL ${name}: ${e.message}`);
+  }
+}
+
+const text = (r) => r.content.filter((c) => c.type === "text").map((c) => c.text).join("\n");
+const call = (args) => client.callTool({ name: "run_python", arguments: args });
+
+await check("server info", async () => {
+  assert.equal(client.getServerVersion().name, "pysbx");
+});
+
+await check("tools/list offers run_python with its schema", async () => {
+  const { tools } = await client.listTools();
+  assert.equal(tools.length, 1);
+  assert.equal(tools[0].name, "run_python");
+  assert.deepEqual(tools[0].inputSchema.required, ["code"]);
+  assert.equal(tools[0].inputSchema.properties.code.type, "string");
+  assert.equal(tools[0].inputSchema.properties.files.type, "object");
+  assert.match(tools[0].description, /1 s of CPU/);
+});
+
+await check("code runs", async () => {
+  const r = await call({ code: "print(6 * 7)" });
+  assert.equal(r.isError, false);
+  assert.match(text(r), /exit_code: 0/);
+  assert.match(text(r), /stdout:\n42\n/);
+});
+
+await check("input files", async () => {
+  const r = await call({
+    code: "import csv\nrows = list(csv.reader(open('data/in.csv')))\nprint(len(rows), rows[1])",
+    files: { "data/in.csv": "a,b\n1,2\n" },
+  });
+  assert.equal(r.isError, false);
+  assert.match(text(r), /2 \['1', '2'\]/);
+});
+
+await check("an exception is an error result with its traceback", async () => {
+  const r = await call({ code: "def f():\n    raise ValueError('boom')\nf()" });
+  assert.equal(r.isError, true);
+  assert.match(text(r), /exit_code: 1/);
+  assert.match(text(r), /ValueError: boom/);
+  assert.match(text(r), /raise ValueError\('boom'\)/);
+});
+
+await check("a CPU spin is stopped: sandbox_limit_exceeded, cpu", async () => {
+  const r = await call({ code: "print('spinning', flush=True)\nwhile True: pass" });
+  assert.equal(r.isError, true);
+  assert.match(text(r), /sandbox_limit_exceeded: timeout \(limit: cpu\)/);
+  assert.match(text(r), /spinning/);
+});
+
+await check("files written come back: images as images, others as resources", async () => {
+  const code = [
+    "import zlib, struct",
+    "def chunk(t, d):",
+    "    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))",
+    "png = b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 1, 1, 8, 2, 0, 0, 0))",
+    "png += chunk(b'IDAT', zlib.compress(b'\\x00\\xff\\x00\\x00')) + chunk(b'IEND', b'')",
+    "open('plot.png', 'wb').write(png)",
+    "open('summary.csv', 'w').write('a,b\\n1,2\\n')",
+  ].join("\n");
+  const r = await call({ code });
+  assert.equal(r.isError, false);
+  const image = r.content.find((c) => c.type === "image");
+  assert.ok(image, "an image content");
+  assert.equal(image.mimeType, "image/png");
+  assert.equal(Buffer.from(image.data, "base64").subarray(1, 4).toString(), "PNG");
+  const res = r.content.find((c) => c.type === "resource");
+  assert.ok(res, "a resource content");
+  assert.equal(res.resource.mimeType, "text/csv");
+  assert.equal(res.resource.text, "a,b\n1,2\n");
+  assert.match(res.resource.uri, /summary\.csv$/);
+});
+
+await check("no network", async () => {
+  const r = await call({
+    code: "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\n" +
+      "except OSError as e:\n    print('refused', type(e).__name__)",
+  });
+  assert.match(text(r), /refused/);
+});
+
+await check("calls run concurrently and each gets its own answer", async () => {
+  const rs = await Promise.all([1, 2, 3, 4].map((i) => call({ code: `print(${i} * 11)` })));
+  rs.forEach((r, i) => assert.match(text(r), new RegExp(`stdout:\\n${(i + 1) * 11}\\n`)));
+});
+
+await client.close();
+console.log(`${failures} failure(s)`);
+process.exit(failures ? 1 : 0);
