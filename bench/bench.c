@@ -2,12 +2,13 @@
  * pysbx-bench: latency and throughput of pysbx against its peers, on one
  * machine, in one run.
  *
- * Each snippet runs through the public C API (sbx_run) and, interleaved with
- * it, through the reference design's approach: a fresh `python3 -I -S` per
- * run (fork, exec, an empty environment, a temporary working directory with
- * the input files, the same rlimits, bounded output, the files collected and
- * the directory deleted), and the same inside `bwrap` when it is installed.
- * Every figure is wall time around the whole call, as a caller sees it.
+ * Each snippet runs through the public C API's backend seam twice: the
+ * embedded sandbox, and, interleaved with it, the "python3" backend, which is
+ * the reference design's approach: a fresh `python3 -I -S` per run (fork,
+ * exec, an empty environment, a temporary working directory with the input
+ * files, the same rlimits, bounded output, the files collected and the
+ * directory deleted). And the same inside `bwrap` when it is installed. Every
+ * figure is wall time around the whole call, as a caller sees it.
  */
 #define _GNU_SOURCE
 #include "artifacts.h"
@@ -100,7 +101,7 @@ static struct sbx_file input_file(void)
     return (struct sbx_file){"data.csv", input_csv, strlen(input_csv)};
 }
 
-static double run_pysbx(struct sbx *sbx, const struct snippet *s, int *status)
+static double run_backend(struct sbx_backend *b, const struct snippet *s, int *status)
 {
     struct sbx_request req;
     struct sbx_result *res = NULL;
@@ -115,7 +116,7 @@ static double run_pysbx(struct sbx *sbx, const struct snippet *s, int *status)
         req.n_files = 1;
     }
     uint64_t t0 = now_ns();
-    int rc = sbx_run(sbx, &req, &res, &err);
+    int rc = b->run(b->self, &req, &res, &err);
     double ms = ms_since(t0);
     *status = rc < 0 ? -1 : (res->status == SBX_COMPLETED && res->exit_code == 0 ? 0 : 1);
     if (rc == 0 && s->name[0] == '1' && s->name[2] == 'K' && res->n_artifacts != 1)
@@ -124,7 +125,7 @@ static double run_pysbx(struct sbx *sbx, const struct snippet *s, int *status)
     return ms;
 }
 
-/* --- the peers: a fresh interpreter per run ---------------------------------- */
+/* --- bwrap around a fresh interpreter per run -------------------------------- */
 
 static void set_rlimit(int r, rlim_t v)
 {
@@ -132,10 +133,10 @@ static void set_rlimit(int r, rlim_t v)
     setrlimit(r, &rl);
 }
 
-/* One run the way the reference design does it, with the same limits and
- * the same files back. Returns the wall time, or a negative value. */
-static double run_peer(enum system sys, const struct snippet *s, const char *tmp_root,
-                       int *status)
+/* One run the way the reference design does it, inside bwrap, with the same
+ * limits and the same files back. Returns the wall time, or a negative
+ * value. */
+static double run_peer(const struct snippet *s, const char *tmp_root, int *status)
 {
     struct sbx_limits l;
     char ws[512];
@@ -158,8 +159,8 @@ static double run_peer(enum system sys, const struct snippet *s, const char *tmp
     pid_t pid = fork();
     if (pid == 0) {
         char env_home[600], env_tmp[600];
-        snprintf(env_home, sizeof(env_home), "HOME=%s", sys == SYS_BWRAP ? "/work" : ws);
-        snprintf(env_tmp, sizeof(env_tmp), "TMPDIR=%s", sys == SYS_BWRAP ? "/work" : ws);
+        snprintf(env_home, sizeof(env_home), "HOME=/work");
+        snprintf(env_tmp, sizeof(env_tmp), "TMPDIR=/work");
         char *envp[] = {env_home, env_tmp, "LANG=C.UTF-8", NULL};
         int devnull = open("/dev/null", O_RDONLY);
         dup2(devnull, 0);
@@ -174,21 +175,16 @@ static double run_peer(enum system sys, const struct snippet *s, const char *tmp
         set_rlimit(RLIMIT_FSIZE, 1ULL << 30);
         set_rlimit(RLIMIT_NOFILE, 256);
         set_rlimit(RLIMIT_CORE, 0);
-        if (sys == SYS_PYTHON3) {
-            char *argv[] = {"python3", "-I", "-S", "-c", (char *)s->code, NULL};
-            execve(PYTHON3, argv, envp);
-        } else {
-            /* bwrap itself needs more address space than the code's limit. */
-            set_rlimit(RLIMIT_AS, RLIM_INFINITY);
-            char *argv[] = {"bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-                            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
-                            "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
-                            "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache",
-                            "--proc", "/proc", "--dev", "/dev", "--bind", ws, "/work",
-                            "--chdir", "/work", PYTHON3, "-I", "-S", "-c", (char *)s->code,
-                            NULL};
-            execve(BWRAP, argv, envp);
-        }
+        /* bwrap itself needs more address space than the code's limit. */
+        set_rlimit(RLIMIT_AS, RLIM_INFINITY);
+        char *argv[] = {"bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+                        "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
+                        "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
+                        "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache",
+                        "--proc", "/proc", "--dev", "/dev", "--bind", ws, "/work",
+                        "--chdir", "/work", PYTHON3, "-I", "-S", "-c", (char *)s->code,
+                        NULL};
+        execve(BWRAP, argv, envp);
         _exit(127);
     }
     close(out[1]);
@@ -246,7 +242,7 @@ static double run_peer(enum system sys, const struct snippet *s, const char *tmp
 /* --- throughput -------------------------------------------------------------- */
 
 struct tp_arg {
-    struct sbx *sbx;
+    struct sbx_backend *b;
     uint64_t until;
     long runs;
     long failures;
@@ -257,7 +253,7 @@ static void *tp_worker(void *p)
     struct tp_arg *a = p;
     int status;
     while (now_ns() < a->until) {
-        run_pysbx(a->sbx, &snippets[0], &status);
+        run_backend(a->b, &snippets[0], &status);
         if (status == 0)
             a->runs++;
         else
@@ -266,7 +262,7 @@ static void *tp_worker(void *p)
     return NULL;
 }
 
-static double throughput(struct sbx *sbx, int callers, double seconds, long *failures)
+static double throughput(struct sbx_backend *b, int callers, double seconds, long *failures)
 {
     pthread_t th[64];
     struct tp_arg args[64];
@@ -275,7 +271,7 @@ static double throughput(struct sbx *sbx, int callers, double seconds, long *fai
 
     *failures = 0;
     for (int i = 0; i < callers; i++) {
-        args[i] = (struct tp_arg){sbx, t0 + (uint64_t)(seconds * 1e9), 0, 0};
+        args[i] = (struct tp_arg){b, t0 + (uint64_t)(seconds * 1e9), 0, 0};
         pthread_create(&th[i], NULL, tp_worker, &args[i]);
     }
     for (int i = 0; i < callers; i++) {
@@ -430,7 +426,7 @@ int main(int argc, char **argv)
         char tmp[] = "/tmp/pysbx-bench-probe-XXXXXX";
         if (!mkdtemp(tmp))
             return 1;
-        run_peer(SYS_BWRAP, &snippets[0], tmp, &st);
+        run_peer(&snippets[0], tmp, &st);
         rmdir(tmp);
         have[SYS_BWRAP] = st == 0;
     }
@@ -465,6 +461,19 @@ int main(int argc, char **argv)
         if (kb >= 0)
             add_sample(&priv, (double)kb);
     }
+    char py_version[32], sc_version[32];
+    fmt(py_version, sizeof(py_version), "%s", sbx_python_version(sbx));
+    fmt(sc_version, sizeof(sc_version), "%s", sbx_libseccomp_version(sbx));
+    sbx_close(sbx);
+
+    /* The runs themselves go through the backend seam, as a front end's do. */
+    struct sbx_backend embedded, python3 = {0};
+    if (sbx_backend_open("embedded", &cfg, &embedded, &err) < 0 ||
+        (have[SYS_PYTHON3] && sbx_backend_open("python3", &cfg, &python3, &err) < 0)) {
+        fprintf(stderr, "pysbx-bench: %s\n", err.message);
+        return 1;
+    }
+    usleep(500000); /* let the pool fill */
 
     char tmp_root[] = "/tmp/pysbx-bench-XXXXXX";
     if (!mkdtemp(tmp_root))
@@ -489,8 +498,9 @@ int main(int argc, char **argv)
                 if (!have[sys])
                     continue;
                 int st = 0;
-                double ms = sys == SYS_PYSBX ? run_pysbx(sbx, &snippets[s], &st)
-                                             : run_peer(sys, &snippets[s], tmp_root, &st);
+                double ms = sys == SYS_PYSBX     ? run_backend(&embedded, &snippets[s], &st)
+                            : sys == SYS_PYTHON3 ? run_backend(&python3, &snippets[s], &st)
+                                                 : run_peer(&snippets[s], tmp_root, &st);
                 add_sample(&lat[sys][s], ms);
                 failures[sys] += st != 0;
                 fprintf(csv, "%s,%s,%d,%.4f,%d\n", system_names[sys], snippets[s].name, it, ms,
@@ -504,7 +514,7 @@ int main(int argc, char **argv)
     int levels[3] = {1, 2, 8};
     double tp[3];
     for (int i = 0; i < 3; i++)
-        tp[i] = throughput(sbx, levels[i], tp_seconds, &tp_fail[i]);
+        tp[i] = throughput(&embedded, levels[i], tp_seconds, &tp_fail[i]);
 
     snprintf(path, sizeof(path), "%s/summary.txt", out_dir);
     FILE *sum = fopen(path, "w");
@@ -517,7 +527,7 @@ int main(int argc, char **argv)
             continue;
         machine(f);
         fprintf(f, "python: %s, libseccomp %s; %d iterations per snippet and system\n\n",
-                sbx_python_version(sbx), sbx_libseccomp_version(sbx), iterations);
+                py_version, sc_version, iterations);
         fprintf(f, "%-18s %-14s %9s %9s %9s %18s\n", "snippet", "system", "p50 ms", "p90 ms",
                 "p99 ms", "peer/pysbx (p50)");
         for (int s = 0; s < N_SNIPPETS; s++) {
@@ -563,7 +573,9 @@ int main(int argc, char **argv)
             free(lat[k][s].v);
     free(open_ms.v);
     free(priv.v);
-    sbx_close(sbx);
+    embedded.close(embedded.self);
+    if (python3.close)
+        python3.close(python3.self);
     int rfd = open("/tmp", O_RDONLY | O_DIRECTORY);
     remove_tree_at(rfd, tmp_root + 5);
     close(rfd);

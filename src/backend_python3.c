@@ -33,19 +33,19 @@
 #endif
 
 /* Reads the code from descriptor 3, so that its size is not bounded by
- * argv; shows tracebacks without its own frame and with the code's lines;
- * ends an uncaught MemoryError as the embedded runtime does. */
+ * argv; shows tracebacks without its own frame and with the code's lines
+ * (imported only then: the common path costs what `python3 -c` does); ends
+ * an uncaught MemoryError as the embedded runtime does. */
 static const char wrapper[] =
     "import sys, os\n"
     "with os.fdopen(3, 'rb') as f:\n"
     "    src = f.read()\n"
-    "import linecache\n"
-    "linecache.cache['<main>'] = (len(src), None,"
-    " src.decode('utf-8', 'replace').splitlines(True), '<main>')\n"
     "def hook(t, v, tb):\n"
+    "    import linecache, traceback\n"
+    "    linecache.cache['<main>'] = (len(src), None,"
+    " src.decode('utf-8', 'replace').splitlines(True), '<main>')\n"
     "    while tb is not None and tb.tb_frame.f_code.co_filename == '<string>':\n"
     "        tb = tb.tb_next\n"
-    "    import traceback\n"
     "    traceback.print_exception(t, v, tb)\n"
     "    if issubclass(t, MemoryError):\n"
     "        import signal\n"
@@ -55,10 +55,9 @@ static const char wrapper[] =
     "        os.kill(os.getpid(), signal.SIGRTMAX)\n"
     "sys.excepthook = hook\n"
     "sys.argv = ['']\n"
-    "del f, hook\n"
-    "code = compile(src, '<main>', 'exec', dont_inherit=True)\n"
-    "del src\n"
-    "exec(code, {'__name__': '__main__', '__builtins__': __builtins__})\n";
+    "del f\n"
+    "exec(compile(src, '<main>', 'exec', dont_inherit=True),"
+    " {'__name__': '__main__', '__builtins__': __builtins__})\n";
 
 struct py3 {
     int root_fd;
