@@ -284,42 +284,6 @@ static double throughput(struct sbx_backend *b, int callers, double seconds, lon
 
 /* --- memory: what an idle worker does not share with the template ------------ */
 
-static pid_t child_named(pid_t parent, const char *comm, pid_t *all, int max, int *n)
-{
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    pid_t first = 0;
-
-    *n = 0;
-    while (d && (e = readdir(d))) {
-        char path[300], buf[512];
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[len] = '\0';
-        char *open_paren = strchr(buf, '('), *close_paren = strrchr(buf, ')');
-        int ppid;
-        if (!open_paren || !close_paren || sscanf(close_paren + 2, "%*c %d", &ppid) != 1)
-            continue;
-        *close_paren = '\0';
-        if (ppid != parent || strcmp(open_paren + 1, comm) != 0)
-            continue;
-        pid_t pid = atoi(e->d_name);
-        if (!first)
-            first = pid;
-        if (*n < max)
-            all[(*n)++] = pid;
-    }
-    if (d)
-        closedir(d);
-    return first;
-}
-
 static long private_kb(pid_t pid)
 {
     char path[64], line[256];
@@ -451,10 +415,11 @@ int main(int argc, char **argv)
     usleep(500000); /* let the pool fill */
 
     /* Idle workers' private memory. */
-    pid_t workers[64];
-    int n_workers = 0;
-    pid_t template_pid = child_named(getpid(), "pysbx-template", workers, 64, &n_workers);
-    child_named(template_pid, "pysbx-worker", workers, 64, &n_workers);
+    pid_t workers[64], template_pid = 0;
+    proc_children(getpid(), "pysbx-template", &template_pid, 1, NULL);
+    int n_workers = proc_children(template_pid, "pysbx-worker", workers, 64, NULL);
+    if (n_workers > 64)
+        n_workers = 64;
     struct samples priv = {0};
     for (int i = 0; i < n_workers; i++) {
         long kb = private_kb(workers[i]);

@@ -5,31 +5,14 @@
 #include "util.h"
 
 #include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-__attribute__((format(printf, 3, 4))) static int bad(struct sbx_error *err,
-                                                     enum sbx_error_code code,
-                                                     const char *format, ...)
-{
-    va_list ap;
-
-    if (err) {
-        err->code = code;
-        va_start(ap, format);
-        vsnprintf(err->message, sizeof(err->message), format, ap);
-        va_end(ap);
-    }
-    return -EINVAL;
-}
-
 static int number(json_t *v, const char *name, double *out, struct sbx_error *err)
 {
     if (!json_is_number(v))
-        return bad(err, SBX_ERR_INVALID_LIMIT, "limit %s must be a number", name);
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "limit %s must be a number", name);
     *out = json_number_value(v);
     return 0;
 }
@@ -37,8 +20,8 @@ static int number(json_t *v, const char *name, double *out, struct sbx_error *er
 static int count(json_t *v, const char *name, uint64_t *out, struct sbx_error *err)
 {
     if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return bad(err, SBX_ERR_INVALID_LIMIT, "limit %s must be a whole number, 0 or more",
-                   name);
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
+                        "limit %s must be a whole number, 0 or more", name);
     *out = (uint64_t)json_integer_value(v);
     return 0;
 }
@@ -51,7 +34,8 @@ static int parse_limits(json_t *l, struct sbx_limits *out, struct sbx_error *err
 
     if (!json_is_object(l))
         return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "limits must be an object");
-    json_object_foreach(l, k, v) {
+    json_object_foreach(l, k, v)
+    {
         if (strcmp(k, "wall_seconds") == 0)
             rc = number(v, k, &out->wall_seconds, err);
         else if (strcmp(k, "cpu_seconds") == 0)
@@ -69,7 +53,7 @@ static int parse_limits(json_t *l, struct sbx_limits *out, struct sbx_error *err
         else if (strcmp(k, "max_artifacts") == 0)
             rc = count(v, k, &out->max_artifacts, err);
         else
-            rc = bad(err, SBX_ERR_INVALID_LIMIT, "unknown limit '%s'", k);
+            rc = sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "unknown limit '%s'", k);
         if (rc < 0)
             return rc;
     }
@@ -85,14 +69,16 @@ static int parse_files(json_t *o, bool b64, struct json_request *r, struct sbx_e
     if (!o)
         return 0;
     if (!json_is_object(o))
-        return bad(err, SBX_ERR_INVALID_REQUEST, "%s must be an object of name: content",
-                   b64 ? "files_base64" : "files");
-    json_object_foreach(o, name, v) {
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "%s must be an object of name: content", b64 ? "files_base64" : "files");
+    json_object_foreach(o, name, v)
+    {
         if (!json_is_string(v))
-            return bad(err, SBX_ERR_INVALID_FILE, "file %s: content must be a string", name);
+            return sbx_fail(err, SBX_ERR_INVALID_FILE, -EINVAL, "file %s: content must be a string",
+                            name);
         for (size_t i = 0; i < r->n_files; i++)
             if (strcmp(r->files[i].name, name) == 0)
-                return bad(err, SBX_ERR_INVALID_FILE, "file %s is given twice", name);
+                return sbx_fail(err, SBX_ERR_INVALID_FILE, -EINVAL, "file %s is given twice", name);
         struct sbx_file *f = realloc(r->files, (r->n_files + 1) * sizeof(*f));
         if (!f)
             return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
@@ -106,7 +92,8 @@ static int parse_files(json_t *o, bool b64, struct json_request *r, struct sbx_e
             data = base64_decode(json_string_value(v), json_string_length(v), &len);
             if (!data && errno == EINVAL) {
                 free(nm);
-                return bad(err, SBX_ERR_INVALID_FILE, "file %s: not valid base64", name);
+                return sbx_fail(err, SBX_ERR_INVALID_FILE, -EINVAL, "file %s: not valid base64",
+                                name);
             }
         } else {
             len = json_string_length(v);
@@ -137,7 +124,8 @@ int json_request_from(json_t *o, struct json_request *r, struct sbx_error *err)
         r->id = json_null();
     code = json_object_get(o, "code");
     if (!json_is_string(code))
-        return bad(err, SBX_ERR_INVALID_REQUEST, "%s", "a request needs \"code\", a string");
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "a request needs \"code\", a string");
     json_t *limits = json_object_get(o, "limits");
     if (limits && (rc = parse_limits(limits, &r->req.limits, err)) < 0)
         return rc;
@@ -152,8 +140,7 @@ int json_request_from(json_t *o, struct json_request *r, struct sbx_error *err)
     return sbx_request_check(&r->req, err);
 }
 
-int json_request_parse(const char *text, size_t len, struct json_request *r,
-                       struct sbx_error *err)
+int json_request_parse(const char *text, size_t len, struct json_request *r, struct sbx_error *err)
 {
     json_error_t jerr;
     json_t *o = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);
@@ -168,7 +155,7 @@ int json_request_parse(const char *text, size_t len, struct json_request *r,
     if (!json_is_object(o)) {
         json_decref(o);
         r->id = json_null();
-        return bad(err, SBX_ERR_INVALID_REQUEST, "%s", "a request is a JSON object");
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "a request is a JSON object");
     }
     rc = json_request_from(o, r, err);
     r->doc = o; /* it holds the code string */

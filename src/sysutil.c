@@ -229,3 +229,44 @@ const char *beside_self(const char *name, char *buf, size_t cap)
         return NULL;
     return access(buf, X_OK) == 0 ? buf : NULL;
 }
+
+int proc_children(pid_t parent, const char *comm, pid_t *out, int max, int *zombies)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+
+    if (zombies)
+        *zombies = 0;
+    while (d && (e = readdir(d))) {
+        char path[300], buf[512];
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t len = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (len <= 0)
+            continue;
+        buf[len] = '\0';
+        /* "pid (comm) state ppid ...": comm may hold spaces and parentheses. */
+        char *open_paren = strchr(buf, '('), *close_paren = strrchr(buf, ')');
+        char state;
+        int ppid;
+        if (!open_paren || !close_paren || sscanf(close_paren + 2, "%c %d", &state, &ppid) != 2)
+            continue;
+        *close_paren = '\0';
+        if (ppid != parent || (comm && strcmp(open_paren + 1, comm) != 0))
+            continue;
+        if (n < max)
+            out[n] = (pid_t)atoi(e->d_name);
+        n++;
+        if (zombies && state == 'Z')
+            (*zombies)++;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}

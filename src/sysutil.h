@@ -35,4 +35,9 @@ int remove_tree_at(int parent_fd, const char *name);
  * tree. Returns |buf| or NULL. */
 const char *beside_self(const char *name, char *buf, size_t cap);
 
+/* The children of |parent| whose name (comm) is |comm|, or all when NULL:
+ * up to |max| of their pids in |out|. Returns how many there are, and how
+ * many of those are zombies in *zombies (may be NULL). */
+int proc_children(pid_t parent, const char *comm, pid_t *out, int max, int *zombies);
+
 #endif

@@ -6,6 +6,8 @@
 #define _GNU_SOURCE
 #include "helpers.h"
 
+#include "sysutil.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -329,29 +331,9 @@ static int memory_holds(pid_t pid, const char *needle)
 
 static pid_t template_pid(void)
 {
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    pid_t found = -1;
-    while (d && found < 0 && (e = readdir(d))) {
-        char path[300], buf[256];
-        if (e->d_name[0] < '1' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        int ppid;
-        char *c = strrchr(buf, ')');
-        if (c && sscanf(c + 2, "%*c %d", &ppid) == 1 && ppid == getpid() &&
-            strstr(buf, "(pysbx-template)"))
-            found = atoi(e->d_name);
-    }
-    if (d)
-        closedir(d);
-    return found;
+    pid_t pid = -1;
+    proc_children(getpid(), "pysbx-template", &pid, 1, NULL);
+    return pid;
 }
 
 struct secret_run {

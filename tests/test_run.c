@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "helpers.h"
 
+#include "sysutil.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -644,44 +646,14 @@ static void a_work_root_workers_cannot_pass_is_refused(void **state)
 
 /* --- many runs ------------------------------------------------------------ */
 
-static int count_template_children(pid_t *zombies)
+/* Our only child is the template; its children are the workers. */
+static int count_template_children(int *zombies)
 {
-    /* Our only child is the template; its children are the workers. */
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    pid_t self = getpid(), tmpl = 0;
-    int n = 0;
-    char path[300], buf[512];
-
+    pid_t tmpl = 0;
     *zombies = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        rewinddir(d);
-        while ((e = readdir(d))) {
-            if (e->d_name[0] < '0' || e->d_name[0] > '9')
-                continue;
-            snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-            FILE *f = fopen(path, "r");
-            if (!f)
-                continue;
-            size_t len = fread(buf, 1, sizeof(buf) - 1, f);
-            fclose(f);
-            buf[len] = '\0';
-            char *p = strrchr(buf, ')');
-            char st;
-            int ppid;
-            if (!p || sscanf(p + 2, "%c %d", &st, &ppid) != 2)
-                continue;
-            if (pass == 0 && ppid == self)
-                tmpl = atoi(e->d_name);
-            if (pass == 1 && tmpl && ppid == tmpl) {
-                n++;
-                if (st == 'Z')
-                    (*zombies)++;
-            }
-        }
-    }
-    closedir(d);
-    return n;
+    if (proc_children(getpid(), "pysbx-template", &tmpl, 1, NULL) < 1)
+        return 0;
+    return proc_children(tmpl, NULL, NULL, 0, zombies);
 }
 
 static void a_thousand_runs_leave_nothing_behind(void **state)
@@ -708,7 +680,7 @@ static void a_thousand_runs_leave_nothing_behind(void **state)
     }
     struct mallinfo2 after = mallinfo2();
     assert_int_equal(count_fds(), fds);
-    pid_t zombies;
+    int zombies;
     int workers = count_template_children(&zombies);
     assert_int_equal(zombies, 0);
     assert_true(workers <= 64);
