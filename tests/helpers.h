@@ -31,6 +31,9 @@ struct sbx_result *run_code(struct sbx *sbx, const char *code);
 
 /* Asserts |res| completed with exit code |code|, printing its output if not. */
 void expect_completed(const struct sbx_result *res, int code);
+/* Runs |code| with default limits; asserts it completed with exit code 0 and
+ * printed exactly |want|. */
+void expect_stdout(struct sbx *sbx, const char *code, const char *want);
 
 /* Entries in a directory, "." and ".." aside; -1 if it cannot be opened. */
 int count_entries(const char *dir);

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SBX(state) (((struct fixture *)*(state))->sbx)
+#define SBX(state)  (((struct fixture *)*(state))->sbx)
 #define ROOT(state) (((struct fixture *)*(state))->root)
 
 static struct sbx_limits limits(double wall, double cpu)
@@ -94,17 +94,15 @@ static void sys_exit_code_is_the_exit_code(void **state)
 
 static void threads_are_joined_and_atexit_runs(void **state)
 {
-    struct sbx_result *r = run_code(SBX(state),
-                                    "import threading, time, atexit\n"
-                                    "atexit.register(lambda: print('atexit'))\n"
-                                    "def work():\n"
-                                    "    time.sleep(0.05)\n"
-                                    "    print('thread done')\n"
-                                    "threading.Thread(target=work).start()\n"
-                                    "print('main done')\n");
-    expect_completed(r, 0);
-    assert_string_equal(r->stdout_text, "main done\nthread done\natexit\n");
-    sbx_result_free(r);
+    expect_stdout(SBX(state),
+                  "import threading, time, atexit\n"
+                  "atexit.register(lambda: print('atexit'))\n"
+                  "def work():\n"
+                  "    time.sleep(0.05)\n"
+                  "    print('thread done')\n"
+                  "threading.Thread(target=work).start()\n"
+                  "print('main done')\n",
+                  "main done\nthread done\natexit\n");
 }
 
 static void output_over_limit_is_cut_and_flagged(void **state)
@@ -112,8 +110,9 @@ static void output_over_limit_is_cut_and_flagged(void **state)
     struct sbx_limits l = limits(10, 5);
     l.max_output_chars = 100;
     /* 200 two-byte characters: the cut is in characters. */
-    struct sbx_result *r = run_with(SBX(state), "print('\\u00e9' * 200)\nimport sys\n"
-                                                "print('e' * 5, file=sys.stderr)\n",
+    struct sbx_result *r = run_with(SBX(state),
+                                    "print('\\u00e9' * 200)\nimport sys\n"
+                                    "print('e' * 5, file=sys.stderr)\n",
                                     &l, NULL, 0);
     expect_completed(r, 0);
     assert_true(r->stdout_truncated);
@@ -165,10 +164,9 @@ static void flood_that_ends_completes_with_a_bounded_result(void **state)
 
 static void invalid_utf8_output_is_replaced(void **state)
 {
-    struct sbx_result *r = run_code(SBX(state), "import sys\nsys.stdout.buffer.write(b'a\\xffb')\n");
-    expect_completed(r, 0);
-    assert_string_equal(r->stdout_text, "a\xef\xbf\xbd" "b");
-    sbx_result_free(r);
+    expect_stdout(SBX(state), "import sys\nsys.stdout.buffer.write(b'a\\xffb')\n",
+                  "a\xef\xbf\xbd"
+                  "b");
 }
 
 /* --- ceilings ------------------------------------------------------------- */
@@ -176,9 +174,8 @@ static void invalid_utf8_output_is_replaced(void **state)
 static void wall_limit_fires_with_partial_output(void **state)
 {
     struct sbx_limits l = limits(0.5, 10);
-    struct sbx_result *r = run_with(SBX(state),
-                                    "import time\nprint('before', flush=True)\ntime.sleep(30)\n",
-                                    &l, NULL, 0);
+    struct sbx_result *r = run_with(
+        SBX(state), "import time\nprint('before', flush=True)\ntime.sleep(30)\n", &l, NULL, 0);
     assert_int_equal(r->status, SBX_TIMEOUT);
     assert_int_equal(r->limit, SBX_LIMIT_WALL);
     assert_int_equal(r->exit_code, -1);
@@ -246,19 +243,18 @@ static void memory_limit_fires_for_growth(void **state)
 {
     struct sbx_limits l = limits(20, 20);
     l.memory_bytes = 128 << 20;
-    struct sbx_result *r = run_with(SBX(state), "x = []\nwhile True:\n    x.append(' ' * 100000)\n",
-                                    &l, NULL, 0);
+    struct sbx_result *r =
+        run_with(SBX(state), "x = []\nwhile True:\n    x.append(' ' * 100000)\n", &l, NULL, 0);
     assert_int_equal(r->status, SBX_MEMORY_LIMIT);
     sbx_result_free(r);
 }
 
 static void caught_memory_error_is_just_a_result(void **state)
 {
-    struct sbx_result *r = run_code(SBX(state), "try:\n    bytearray(2**40)\n"
-                                                "except MemoryError:\n    print('caught')\n");
-    expect_completed(r, 0);
-    assert_string_equal(r->stdout_text, "caught\n");
-    sbx_result_free(r);
+    expect_stdout(SBX(state),
+                  "try:\n    bytearray(2**40)\n"
+                  "except MemoryError:\n    print('caught')\n",
+                  "caught\n");
 }
 
 static void crash_reports_the_signal(void **state)
@@ -323,14 +319,13 @@ static void inputs_are_readable_and_come_back_only_if_changed(void **state)
 
 static void links_and_fifos_are_skipped(void **state)
 {
-    struct sbx_result *r = run_code(SBX(state),
-                                    "import os\n"
-                                    "os.symlink('/etc/passwd', 'passwd')\n"
-                                    "os.symlink('/etc', 'etc')\n"
-                                    "os.mkfifo('fifo')\n"
-                                    "open('real', 'w').write('ok')\n"
-                                    "os.link('real', 'real2')\n"
-                                    "open('plain', 'w').write('p')\n");
+    struct sbx_result *r = run_code(SBX(state), "import os\n"
+                                                "os.symlink('/etc/passwd', 'passwd')\n"
+                                                "os.symlink('/etc', 'etc')\n"
+                                                "os.mkfifo('fifo')\n"
+                                                "open('real', 'w').write('ok')\n"
+                                                "os.link('real', 'real2')\n"
+                                                "open('plain', 'w').write('p')\n");
     expect_completed(r, 0);
     /* Two names for one file could be a host file linked in: neither is
      * read. The FIFO has no writer: opening it would have hung. */
@@ -342,9 +337,8 @@ static void links_and_fifos_are_skipped(void **state)
 static void artifacts_are_not_returned_from_a_stopped_run(void **state)
 {
     struct sbx_limits l = limits(0.5, 5);
-    struct sbx_result *r = run_with(SBX(state),
-                                    "open('x', 'w').write('x')\nimport time\ntime.sleep(10)\n", &l,
-                                    NULL, 0);
+    struct sbx_result *r = run_with(
+        SBX(state), "open('x', 'w').write('x')\nimport time\ntime.sleep(10)\n", &l, NULL, 0);
     assert_int_equal(r->status, SBX_TIMEOUT);
     assert_int_equal(r->n_artifacts, 0);
     sbx_result_free(r);
@@ -355,11 +349,11 @@ static void workspace_is_deleted_on_every_outcome(void **state)
     static const char *endings[] = {
         "pass\n",
         "raise RuntimeError\n",
-        "import time\ntime.sleep(10)\n",                 /* wall */
-        "while True: pass\n",                             /* cpu */
-        "bytearray(2**40)\n",                             /* memory */
+        "import time\ntime.sleep(10)\n",                             /* wall */
+        "while True: pass\n",                                        /* cpu */
+        "bytearray(2**40)\n",                                        /* memory */
         "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", /* crash */
-        "os.chmod('.', 0)\n",                              /* hostile permissions */
+        "os.chmod('.', 0)\n",                                        /* hostile permissions */
     };
     struct sbx_limits l = limits(0.5, 0.3);
     for (size_t i = 0; i < sizeof(endings) / sizeof(endings[0]); i++) {
@@ -395,28 +389,27 @@ static void each_run_starts_in_a_fresh_empty_workspace(void **state)
 
 static void environment_holds_no_host_variables(void **state)
 {
-    struct sbx_result *r = run_code(SBX(state),
-                                    "import os\n"
-                                    "print(sorted(os.environ))\n"
-                                    /* Unreadable once the worker drops to its own
-                                     * uid (it is not dumpable); empty otherwise. */
-                                    "def read(p):\n"
-                                    "    try:\n"
-                                    "        return open(p, 'rb').read()\n"
-                                    "    except PermissionError:\n"
-                                    "        return b''\n"
-                                    "e = read('/proc/self/environ')\n"
-                                    "c = read('/proc/self/cmdline')\n"
-                                    "print(b'PYSBX_TEST_SECRET' in e, b'PYSBX_TEST_SECRET' in c)\n"
-                                    "print(b'hunter2' in e + c)\n");
-    expect_completed(r, 0);
-    assert_string_equal(r->stdout_text, "['HOME', 'LANG', 'TMPDIR']\nFalse False\nFalse\n");
-    sbx_result_free(r);
+    expect_stdout(SBX(state),
+                  "import os\n"
+                  "print(sorted(os.environ))\n"
+                  /* Unreadable once the worker drops to its own
+                   * uid (it is not dumpable); empty otherwise. */
+                  "def read(p):\n"
+                  "    try:\n"
+                  "        return open(p, 'rb').read()\n"
+                  "    except PermissionError:\n"
+                  "        return b''\n"
+                  "e = read('/proc/self/environ')\n"
+                  "c = read('/proc/self/cmdline')\n"
+                  "print(b'PYSBX_TEST_SECRET' in e, b'PYSBX_TEST_SECRET' in c)\n"
+                  "print(b'hunter2' in e + c)\n",
+                  "['HOME', 'LANG', 'TMPDIR']\nFalse False\nFalse\n");
 }
 
 static void only_its_own_descriptors_are_open(void **state)
 {
-    struct sbx_result *r = run_code(SBX(state), "import os\nprint(sorted(os.listdir('/proc/self/fd')))\n");
+    struct sbx_result *r =
+        run_code(SBX(state), "import os\nprint(sorted(os.listdir('/proc/self/fd')))\n");
     expect_completed(r, 0);
     /* 0-2, and the descriptor listdir itself uses. */
     assert_string_equal(r->stdout_text, "['0', '1', '2', '3']\n");
@@ -428,32 +421,30 @@ static void only_its_own_descriptors_are_open(void **state)
 
 static void host_packages_are_not_importable(void **state)
 {
-    struct sbx_result *r = run_code(SBX(state),
-                                    "import sys\n"
-                                    "print(sys.flags.no_site, sys.flags.no_user_site,"
-                                    " sys.flags.isolated, 'site' in sys.modules)\n"
-                                    "print([p for p in sys.path if 'packages' in p or p in ('', '.')])\n"
-                                    "try:\n    import pysbx_test_planted\n"
-                                    "except ImportError:\n    print('not importable')\n");
-    expect_completed(r, 0);
-    assert_string_equal(r->stdout_text, "1 1 1 False\n[]\nnot importable\n");
-    sbx_result_free(r);
+    expect_stdout(SBX(state),
+                  "import sys\n"
+                  "print(sys.flags.no_site, sys.flags.no_user_site,"
+                  " sys.flags.isolated, 'site' in sys.modules)\n"
+                  "print([p for p in sys.path if 'packages' in p or p in ('', '.')])\n"
+                  "try:\n    import pysbx_test_planted\n"
+                  "except ImportError:\n    print('not importable')\n",
+                  "1 1 1 False\n[]\nnot importable\n");
 }
 
 static void connect_raises_oserror(void **state)
 {
-    struct sbx_result *r = run_code(SBX(state),
-                                    "import socket, _socket\n"
-                                    "for make in (lambda: socket.socket(),\n"
-                                    "             lambda: socket.create_connection(('127.0.0.1', 80)),\n"
-                                    "             lambda: _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM),\n"
-                                    "             lambda: _socket.socket(_socket.AF_UNIX),\n"
-                                    "             lambda: socket.getaddrinfo('example.com', 80)):\n"
-                                    "    try:\n"
-                                    "        make()\n"
-                                    "        print('CONNECTED')\n"
-                                    "    except OSError as e:\n"
-                                    "        print(type(e).__name__)\n");
+    struct sbx_result *r = run_code(
+        SBX(state), "import socket, _socket\n"
+                    "for make in (lambda: socket.socket(),\n"
+                    "             lambda: socket.create_connection(('127.0.0.1', 80)),\n"
+                    "             lambda: _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM),\n"
+                    "             lambda: _socket.socket(_socket.AF_UNIX),\n"
+                    "             lambda: socket.getaddrinfo('example.com', 80)):\n"
+                    "    try:\n"
+                    "        make()\n"
+                    "        print('CONNECTED')\n"
+                    "    except OSError as e:\n"
+                    "        print(type(e).__name__)\n");
     expect_completed(r, 0);
     assert_null(strstr(r->stdout_text, "CONNECTED"));
     /* create_connection resolves the name first: that fails already. */
@@ -464,15 +455,13 @@ static void connect_raises_oserror(void **state)
 
 static void asyncio_still_runs_without_a_network(void **state)
 {
-    struct sbx_result *r = run_code(SBX(state),
-                                    "import asyncio\n"
-                                    "async def main():\n"
-                                    "    await asyncio.sleep(0.01)\n"
-                                    "    return sum(await asyncio.gather(*(asyncio.sleep(0, i) for i in range(4))))\n"
-                                    "print(asyncio.run(main()))\n");
-    expect_completed(r, 0);
-    assert_string_equal(r->stdout_text, "6\n");
-    sbx_result_free(r);
+    expect_stdout(SBX(state),
+                  "import asyncio\n"
+                  "async def main():\n"
+                  "    await asyncio.sleep(0.01)\n"
+                  "    return sum(await asyncio.gather(*(asyncio.sleep(0, i) for i in range(4))))\n"
+                  "print(asyncio.run(main()))\n",
+                  "6\n");
 }
 
 static void random_state_differs_between_runs(void **state)
@@ -672,8 +661,8 @@ static void a_thousand_runs_leave_nothing_behind(void **state)
     int fds = count_fds();
     struct mallinfo2 before = mallinfo2();
     for (int i = 0; i < 1000; i++) {
-        struct sbx_result *r =
-            run_code(SBX(state), "import os\nos.makedirs('d')\nopen('d/f', 'w').write('x')\nprint(1)\n");
+        struct sbx_result *r = run_code(
+            SBX(state), "import os\nos.makedirs('d')\nopen('d/f', 'w').write('x')\nprint(1)\n");
         expect_completed(r, 0);
         assert_int_equal(r->n_artifacts, 1);
         sbx_result_free(r);
