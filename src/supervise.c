@@ -67,7 +67,8 @@ static int poll_timeout_ms(uint64_t until_ns)
     return ms > 60000 ? 60000 : (int)ms;
 }
 
-/* Keeps the deadline; returns true once the worker was killed for it. */
+/* Keeps the deadline: past it, kills the worker once and allows it a grace
+ * period for its verdict to arrive. */
 static void check_deadline(struct run *r)
 {
     if (!r->killed_for_wall && now_ns() >= r->deadline_ns) {

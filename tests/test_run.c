@@ -199,14 +199,18 @@ static void cpu_limit_fires(void **state)
 
 static void cpu_limit_counts_every_thread(void **state)
 {
+    /* The main thread only sleeps; two others burn CPU outside the GIL
+     * (hashlib releases it for large data). Were only the main thread
+     * counted, this would end at the wall limit instead. */
     struct sbx_limits l = limits(10, 0.4);
     struct sbx_result *r = run_with(SBX(state),
-                                    "import threading\n"
+                                    "import hashlib, threading, time\n"
+                                    "data = b'x' * (1 << 20)\n"
                                     "def spin():\n"
-                                    "    while True: pass\n"
+                                    "    while True: hashlib.sha256(data).digest()\n"
                                     "for _ in range(2):\n"
                                     "    threading.Thread(target=spin, daemon=True).start()\n"
-                                    "spin()\n",
+                                    "time.sleep(30)\n",
                                     &l, NULL, 0);
     assert_int_equal(r->status, SBX_TIMEOUT);
     assert_int_equal(r->limit, SBX_LIMIT_CPU);
