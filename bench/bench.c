@@ -74,17 +74,11 @@ static void add_sample(struct samples *s, double ms)
     s->v[s->n++] = ms;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double quantile(struct samples *s, double q)
 {
     if (s->n == 0)
         return 0;
-    qsort(s->v, s->n, sizeof(double), cmp_double);
+    qsort(s->v, s->n, sizeof(double), cmp_doubles);
     size_t i = (size_t)(q * (double)(s->n - 1) + 0.5);
     return s->v[i];
 }

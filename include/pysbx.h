@@ -95,7 +95,11 @@ enum sbx_layer {
     SBX_LAYER_CAPS = 1u << 8,     /* "caps": no capabilities, no_new_privs */
 };
 #define SBX_LAYER_COUNT 9
+
+/* Defaults and ranges of struct sbx_config. */
 #define SBX_DEFAULT_WORKSPACE_BYTES (128ULL << 20)
+#define SBX_MIN_WORKSPACE_BYTES     (1ULL << 20)
+#define SBX_MAX_POOL_SIZE           1024u
 
 struct sbx_layer_info {
     enum sbx_layer layer;
@@ -323,10 +327,6 @@ struct sbx_backend {
  * |cfg| (may be NULL). Returns 0 or a negative errno with |err| set. */
 PYSBX_API int sbx_backend_open(const char *name, const struct sbx_config *cfg,
                                struct sbx_backend *out, struct sbx_error *err);
-
-/* Parses "256M", "1G", "1048576" (K, M, G, T are powers of 1024).
- * Returns 0 or -EINVAL. */
-PYSBX_API int sbx_parse_size(const char *text, uint64_t *out);
 
 #ifdef __cplusplus
 }

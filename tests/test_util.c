@@ -70,20 +70,20 @@ static void sizes_and_numbers_parse_strictly(void **state)
 {
     (void)state;
     uint64_t v;
-    assert_int_equal(sbx_parse_size("256M", &v), 0);
+    assert_int_equal(parse_size("256M", &v), 0);
     assert_int_equal(v, 256ULL << 20);
-    assert_int_equal(sbx_parse_size("1G", &v), 0);
+    assert_int_equal(parse_size("1G", &v), 0);
     assert_int_equal(v, 1ULL << 30);
-    assert_int_equal(sbx_parse_size("1GiB", &v), 0);
+    assert_int_equal(parse_size("1GiB", &v), 0);
     assert_int_equal(v, 1ULL << 30);
-    assert_int_equal(sbx_parse_size("512k", &v), 0);
+    assert_int_equal(parse_size("512k", &v), 0);
     assert_int_equal(v, 512ULL << 10);
-    assert_int_equal(sbx_parse_size("1048576", &v), 0);
+    assert_int_equal(parse_size("1048576", &v), 0);
     assert_int_equal(v, 1048576);
     static const char *bad[] = {"", "M", "-1", "1.5G", "12Q", "1GG", " 1", "99999999999999999999",
                                 "20000000000T"};
     for (size_t i = 0; i < ARRAY_SIZE(bad); i++)
-        assert_int_equal(sbx_parse_size(bad[i], &v), -EINVAL);
+        assert_int_equal(parse_size(bad[i], &v), -EINVAL);
 
     double s;
     assert_int_equal(parse_seconds("0.5", &s), 0);

@@ -1,7 +1,7 @@
 /* The verdict table: (wait status, started, killed, cpu) -> status, limit. */
 #include "helpers.h"
 
-#include "pyhost.h"
+#include "wire.h"
 #include "verdict.h"
 
 #include <signal.h>
@@ -56,7 +56,7 @@ static void verdicts_follow_the_table(void **state)
         struct sbx_result res;
         memset(&res, 0, sizeof(res));
         struct verdict_input in = {
-            .wait_status = strcmp(r->what, "MemoryError") == 0 ? PYHOST_NOMEM_SIGNAL
+            .wait_status = strcmp(r->what, "MemoryError") == 0 ? WIRE_NOMEM_SIGNAL
                                                                 : r->wait_status,
             .started = r->started,
             .killed_for_wall = r->killed_for_wall,

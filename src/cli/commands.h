@@ -1,0 +1,44 @@
+/* The command's subcommands. Each returns the process's exit status. */
+#ifndef PYSBX_COMMANDS_H
+#define PYSBX_COMMANDS_H
+
+#include "pysbx.h"
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* argv[0] is the subcommand's name. */
+int cmd_run(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
+
+/* The front ends over a backend: serve, mcp, batch. */
+struct serve_opts {
+    struct sbx_backend *backend;
+    size_t max_line_bytes; /* a longer request line is refused, not read */
+    unsigned jobs;         /* requests run at once per input stream */
+    const char *listen_path; /* a UNIX socket instead of stdin/stdout */
+    mode_t socket_mode;
+};
+
+int serve_main(const struct serve_opts *o);
+
+struct mcp_opts {
+    struct sbx_backend *backend;
+    struct sbx_limits limits; /* the tool's limits */
+    size_t max_line_bytes;
+};
+
+int mcp_main(const struct mcp_opts *o);
+
+struct batch_opts {
+    struct sbx_backend *backend;
+    struct sbx_limits limits; /* for programs given as files */
+    const char *source;       /* a directory of .py files, or a JSONL file */
+    const char *out_path;     /* NULL: stdout */
+    unsigned jobs;
+    size_t max_line_bytes;
+};
+
+int batch_main(const struct batch_opts *o);
+
+#endif

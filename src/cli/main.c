@@ -1,0 +1,77 @@
+/* pysbx: the command. Dispatches to run, serve, mcp, batch and doctor. */
+#define _GNU_SOURCE
+#include "commands.h"
+#include "options.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static unsigned cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1;
+}
+
+static int cmd_front(enum cmd cmd, int argc, char **argv)
+{
+    struct opts o;
+    struct sbx_backend b = {0};
+    struct sbx_error err = {0};
+    int status = parse_opts(cmd, argc, argv, &o);
+
+    opts_free(&o); /* only run takes files */
+    if (status != 0)
+        return status < 0 ? 0 : status;
+    if (!o.jobs)
+        o.jobs = 2 * cores();
+    if (open_backend(&o, &b, &err) < 0) {
+        fprintf(stderr, "pysbx %s: cannot start the sandbox: %s\n", cmd_name(cmd), err.message);
+        return EXIT_SANDBOX;
+    }
+    if (cmd == CMD_SERVE) {
+        struct serve_opts so = {&b, o.max_line, o.jobs, o.listen, (mode_t)o.socket_mode};
+        status = serve_main(&so);
+    } else if (cmd == CMD_MCP) {
+        struct mcp_opts mo = {&b, o.limits, o.max_line};
+        status = mcp_main(&mo);
+    } else {
+        struct batch_opts bo = {&b, o.limits, o.target, o.out, o.jobs, o.max_line};
+        status = batch_main(&bo);
+    }
+    b.close(b.self);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    /* The code's output is ours to pass on; a closed pipe downstream must
+     * not kill us before the workspace is cleaned up. */
+    signal(SIGPIPE, SIG_IGN);
+    if (argc < 2) {
+        fputs(main_usage, stderr);
+        return EXIT_USAGE;
+    }
+    const char *c = argv[1];
+    if (strcmp(c, "run") == 0)
+        return cmd_run(argc - 1, argv + 1);
+    if (strcmp(c, "serve") == 0)
+        return cmd_front(CMD_SERVE, argc - 1, argv + 1);
+    if (strcmp(c, "mcp") == 0)
+        return cmd_front(CMD_MCP, argc - 1, argv + 1);
+    if (strcmp(c, "batch") == 0)
+        return cmd_front(CMD_BATCH, argc - 1, argv + 1);
+    if (strcmp(c, "doctor") == 0)
+        return cmd_doctor(argc - 1, argv + 1);
+    if (strcmp(c, "version") == 0 || strcmp(c, "--version") == 0) {
+        printf("pysbx %s\n", PYSBX_VERSION);
+        return 0;
+    }
+    if (strcmp(c, "-h") == 0 || strcmp(c, "--help") == 0 || strcmp(c, "help") == 0) {
+        fputs(main_usage, stdout);
+        return 0;
+    }
+    fprintf(stderr, "pysbx: unknown command '%s'\n\n%s", c, main_usage);
+    return EXIT_USAGE;
+}

@@ -1,0 +1,389 @@
+/*
+ * pysbx mcp: a Model Context Protocol server over stdio (newline-delimited
+ * JSON-RPC 2.0) offering one tool, run_python. Calls run concurrently; a
+ * client's notifications/cancelled cancels the call it names.
+ */
+#define _GNU_SOURCE
+#include "commands.h"
+#include "detach.h"
+#include "lines.h"
+#include "reqjson.h"
+#include "sbxerr.h"
+#include "sysutil.h"
+#include "util.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PROTOCOL_LATEST "2025-06-18"
+
+static const char *const protocols[] = {"2025-06-18", "2025-03-26", "2024-11-05"};
+
+struct call {
+    struct call *next;
+    json_t *id;
+    struct sbx_cancel *cancel;
+};
+
+struct server {
+    const struct mcp_opts *o;
+    pthread_mutex_t lock; /* output lines, calls, inflight */
+    pthread_cond_t idle;
+    unsigned inflight;
+    struct call *calls;
+};
+
+static void send_message(struct server *s, json_t *msg)
+{
+    char *text = json_dumps(msg, JSON_COMPACT | JSON_REAL_PRECISION(10));
+
+    json_decref(msg);
+    if (!text)
+        return;
+    pthread_mutex_lock(&s->lock);
+    (void)write_full(1, text, strlen(text));
+    (void)write_full(1, "\n", 1);
+    pthread_mutex_unlock(&s->lock);
+    free(text);
+}
+
+static void reply(struct server *s, json_t *id, json_t *result)
+{
+    send_message(s, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+}
+
+static void reply_error(struct server *s, json_t *id, int code, const char *message)
+{
+    send_message(s, json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id",
+                              id ? id : json_null(), "error", "code", code, "message", message));
+}
+
+/* --- the tool ---------------------------------------------------------------- */
+
+static json_t *tool_description(const struct sbx_limits *l)
+{
+    char desc[1024];
+    fmt(desc, sizeof(desc),
+        "Run Python 3 code in a sandbox and get back its exit status, stdout, stderr and the "
+        "files it wrote. The sandbox has the standard library only, no network, and an empty "
+        "working directory (the input files, if any, are written there first). Limits: %g s "
+        "of wall time, %g s of CPU, %llu MiB of memory, %llu characters of output per "
+        "stream. Each call is a fresh interpreter: nothing carries over between calls. "
+        "Print what you want to see.",
+        l->wall_seconds, l->cpu_seconds, (unsigned long long)(l->memory_bytes >> 20),
+        (unsigned long long)l->max_output_chars);
+    return json_pack(
+        "{s:s, s:s, s:s, s:{s:s, s:{s:{s:s, s:s}, s:{s:s, s:{s:s}, s:s}}, s:[s]}}", "name",
+        "run_python", "title", "Run Python", "description", desc, "inputSchema", "type",
+        "object", "properties", "code", "type", "string", "description",
+        "Python 3 source code to run", "files", "type", "object", "additionalProperties",
+        "type", "string", "description",
+        "Input files, name to text content, written to the working directory before the "
+        "code runs; names may contain '/'",
+        "required", "code");
+}
+
+static const char *mime_type(const char *name, bool *image)
+{
+    static const struct {
+        const char *ext, *mime;
+        bool image;
+    } types[] = {
+        {".png", "image/png", true},        {".jpg", "image/jpeg", true},
+        {".jpeg", "image/jpeg", true},      {".gif", "image/gif", true},
+        {".webp", "image/webp", true},      {".svg", "image/svg+xml", false},
+        {".csv", "text/csv", false},        {".json", "application/json", false},
+        {".txt", "text/plain", false},      {".md", "text/markdown", false},
+        {".html", "text/html", false},      {".py", "text/x-python", false},
+    };
+    const char *dot = strrchr(name, '.');
+    *image = false;
+    for (size_t i = 0; dot && i < ARRAY_SIZE(types); i++)
+        if (strcasecmp(dot, types[i].ext) == 0) {
+            *image = types[i].image;
+            return types[i].mime;
+        }
+    return NULL;
+}
+
+static json_t *artifact_content(const struct sbx_artifact *a)
+{
+    bool image;
+    const char *mime = mime_type(a->name, &image);
+    bool text = !image && utf8_valid_prefix(a->data, a->data_len) == a->data_len &&
+                !memchr(a->data, '\0', a->data_len);
+    char uri[4200];
+    fmt(uri, sizeof(uri), "pysbx://artifact/%s", a->name);
+    if (image && !a->truncated) {
+        char *b64 = base64_encode(a->data, a->data_len, NULL);
+        json_t *c = b64 ? json_pack("{s:s, s:s, s:s}", "type", "image", "data", b64, "mimeType",
+                                    mime)
+                        : NULL;
+        free(b64);
+        return c;
+    }
+    if (!mime)
+        mime = text ? "text/plain" : "application/octet-stream";
+    if (text)
+        return json_pack("{s:s, s:{s:s, s:s, s:s%}}", "type", "resource", "resource", "uri", uri,
+                         "mimeType", mime, "text", (const char *)a->data, a->data_len);
+    char *b64 = base64_encode(a->data, a->data_len, NULL);
+    json_t *c = b64 ? json_pack("{s:s, s:{s:s, s:s, s:s}}", "type", "resource", "resource", "uri",
+                                uri, "mimeType", mime, "blob", b64)
+                    : NULL;
+    free(b64);
+    return c;
+}
+
+static void add_text(json_t *content, const char *text, size_t len)
+{
+    json_array_append_new(content, json_pack("{s:s, s:s%}", "type", "text", "text", text, len));
+}
+
+/* What the model sees: a status line, stdout, stderr, then the files. */
+static json_t *tool_result(const struct sbx_result *r)
+{
+    json_t *content = json_array();
+    char head[512];
+    bool error = r->status != SBX_COMPLETED || r->exit_code != 0;
+
+    if (r->status == SBX_COMPLETED)
+        fmt(head, sizeof(head), "exit_code: %d%s", r->exit_code,
+            r->exit_code == 1 ? " (an uncaught exception; see stderr)" : "");
+    else if (r->status == SBX_TIMEOUT || r->status == SBX_MEMORY_LIMIT)
+        fmt(head, sizeof(head), "sandbox_limit_exceeded: %s (limit: %s): %s; the output below "
+                                "is what the code wrote before it was stopped",
+            sbx_status_name(r->status), sbx_limit_name(r->limit), r->reason);
+    else
+        fmt(head, sizeof(head), "%s: %s", sbx_status_name(r->status),
+            r->reason ? r->reason : "");
+    add_text(content, head, strlen(head));
+    if (r->stdout_len) {
+        char *t = NULL;
+        if (asprintf(&t, "stdout:\n%.*s", (int)r->stdout_len, r->stdout_text) >= 0)
+            add_text(content, t, strlen(t));
+        free(t);
+    }
+    if (r->stderr_len) {
+        char *t = NULL;
+        if (asprintf(&t, "stderr:\n%.*s", (int)r->stderr_len, r->stderr_text) >= 0)
+            add_text(content, t, strlen(t));
+        free(t);
+    }
+    for (size_t i = 0; i < r->n_artifacts; i++) {
+        const struct sbx_artifact *a = &r->artifacts[i];
+        char note[4300];
+        fmt(note, sizeof(note), "file %s (%llu bytes%s)", a->name, (unsigned long long)a->size,
+            a->truncated ? ", cut to the size limit" : "");
+        add_text(content, note, strlen(note));
+        json_t *c = artifact_content(a);
+        if (c)
+            json_array_append_new(content, c);
+    }
+    if (r->artifacts_dropped) {
+        fmt(head, sizeof(head), "%llu more files not returned (limit on the number of files)",
+            (unsigned long long)r->artifacts_dropped);
+        add_text(content, head, strlen(head));
+    }
+    return json_pack("{s:o, s:b}", "content", content, "isError", error);
+}
+
+struct call_job {
+    struct server *s;
+    json_t *id;
+    json_t *args;
+    struct call call;
+};
+
+static void forget_call(struct server *s, struct call *c)
+{
+    for (struct call **pp = &s->calls; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+}
+
+static void *run_call(void *p)
+{
+    struct call_job *j = p;
+    struct server *s = j->s;
+    struct json_request r;
+    struct sbx_result *res = NULL;
+    struct sbx_error err = {0};
+    json_t *req = json_pack("{s:O, s:O*, s:o}", "code", json_object_get(j->args, "code"),
+                            "files", json_object_get(j->args, "files"), "limits", json_object());
+
+    /* The tool's own limits, whatever the model asks. */
+    if (req && json_request_from(req, &r, &err) == 0) {
+        r.req.limits = s->o->limits;
+        r.req.cancel = j->call.cancel;
+        if (sbx_request_check(&r.req, &err) == 0 &&
+            s->o->backend->run(s->o->backend->self, &r.req, &res, &err) == 0)
+            reply(s, j->id, tool_result(res));
+        else
+            reply(s, j->id,
+                  json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                            err.message, "isError", true));
+    } else
+        reply(s, j->id,
+              json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                        err.message[0] ? err.message : "bad arguments", "isError", true));
+    if (req)
+        json_request_free(&r);
+    json_decref(req);
+    sbx_result_free(res);
+    pthread_mutex_lock(&s->lock);
+    forget_call(s, &j->call);
+    s->inflight--;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->lock);
+    sbx_cancel_free(j->call.cancel);
+    json_decref(j->id);
+    json_decref(j->args);
+    free(j);
+    return NULL;
+}
+
+static void call_tool(struct server *s, json_t *id, json_t *params)
+{
+    const char *name = json_string_value(json_object_get(params, "name"));
+    json_t *args = json_object_get(params, "arguments");
+
+    if (!name || strcmp(name, "run_python") != 0) {
+        reply_error(s, id, -32602, "unknown tool");
+        return;
+    }
+    if (!json_is_object(args) || !json_is_string(json_object_get(args, "code"))) {
+        reply_error(s, id, -32602, "run_python needs {\"code\": string}");
+        return;
+    }
+    json_t *files = json_object_get(args, "files");
+    if (files && !json_is_object(files)) {
+        reply_error(s, id, -32602, "files must be an object of name: text");
+        return;
+    }
+    struct call_job *j = calloc(1, sizeof(*j));
+    if (!j || !(j->call.cancel = sbx_cancel_new())) {
+        free(j);
+        reply_error(s, id, -32603, "out of memory");
+        return;
+    }
+    j->s = s;
+    j->id = json_incref(id);
+    j->args = json_incref(args);
+    j->call.id = j->id;
+    pthread_mutex_lock(&s->lock);
+    j->call.next = s->calls;
+    s->calls = &j->call;
+    s->inflight++;
+    pthread_mutex_unlock(&s->lock);
+    if (start_detached(run_call, j) < 0) {
+        pthread_mutex_lock(&s->lock);
+        forget_call(s, &j->call);
+        s->inflight--;
+        pthread_mutex_unlock(&s->lock);
+        reply_error(s, id, -32603, "cannot start a thread");
+        sbx_cancel_free(j->call.cancel);
+        json_decref(j->id);
+        json_decref(j->args);
+        free(j);
+    }
+}
+
+static void cancel_call(struct server *s, json_t *params)
+{
+    json_t *id = json_object_get(params, "requestId");
+    pthread_mutex_lock(&s->lock);
+    for (struct call *c = s->calls; id && c; c = c->next)
+        if (json_equal(c->id, id))
+            sbx_cancel_fire(c->cancel);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void initialize(struct server *s, json_t *id, json_t *params)
+{
+    const char *asked = json_string_value(json_object_get(params, "protocolVersion"));
+    const char *version = PROTOCOL_LATEST;
+    for (size_t i = 0; asked && i < ARRAY_SIZE(protocols); i++)
+        if (strcmp(asked, protocols[i]) == 0)
+            version = protocols[i];
+    reply(s, id,
+          json_pack("{s:s, s:{s:{s:b}}, s:{s:s, s:s}, s:s}", "protocolVersion", version,
+                    "capabilities", "tools", "listChanged", false, "serverInfo", "name", "pysbx",
+                    "version", PYSBX_VERSION, "instructions",
+                    "run_python runs Python code in a fresh sandbox per call."));
+}
+
+static void dispatch(struct server *s, json_t *msg)
+{
+    json_t *id = json_object_get(msg, "id");
+    const char *method = json_string_value(json_object_get(msg, "method"));
+    json_t *params = json_object_get(msg, "params");
+
+    if (!method) {
+        if (id && (json_object_get(msg, "result") || json_object_get(msg, "error")))
+            return; /* a response to us: we send no requests */
+        reply_error(s, id, -32600, "invalid request");
+        return;
+    }
+    if (!id) { /* a notification */
+        if (strcmp(method, "notifications/cancelled") == 0)
+            cancel_call(s, params);
+        return;
+    }
+    if (strcmp(method, "initialize") == 0)
+        initialize(s, id, params);
+    else if (strcmp(method, "ping") == 0)
+        reply(s, id, json_object());
+    else if (strcmp(method, "tools/list") == 0)
+        reply(s, id, json_pack("{s:[o]}", "tools", tool_description(&s->o->limits)));
+    else if (strcmp(method, "tools/call") == 0)
+        call_tool(s, id, params);
+    else
+        reply_error(s, id, -32601, "method not found");
+}
+
+int mcp_main(const struct mcp_opts *o)
+{
+    struct server s = {.o = o};
+    struct line_reader lr;
+    const char *line;
+    size_t len;
+    enum line_result lres;
+
+    pthread_mutex_init(&s.lock, NULL);
+    pthread_cond_init(&s.idle, NULL);
+    line_reader_init(&lr, 0, o->max_line_bytes);
+    while ((lres = line_next(&lr, &line, &len)) != LINE_END && lres != LINE_ERROR) {
+        if (lres == LINE_TOO_LONG) {
+            reply_error(&s, NULL, -32600, "message too long");
+            continue;
+        }
+        if (len == 0)
+            continue;
+        json_error_t jerr;
+        json_t *msg = json_loadb(line, len, 0, &jerr);
+        if (!msg || !json_is_object(msg)) {
+            reply_error(&s, NULL, msg ? -32600 : -32700, msg ? "invalid request" : "parse error");
+            json_decref(msg);
+            continue;
+        }
+        dispatch(&s, msg);
+        json_decref(msg);
+    }
+    line_reader_free(&lr);
+    /* End of input: answer what is in flight, then go. */
+    pthread_mutex_lock(&s.lock);
+    while (s.inflight > 0)
+        pthread_cond_wait(&s.idle, &s.lock);
+    pthread_mutex_unlock(&s.lock);
+    pthread_mutex_destroy(&s.lock);
+    pthread_cond_destroy(&s.idle);
+    return 0;
+}

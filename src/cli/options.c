@@ -1,0 +1,517 @@
+#define _GNU_SOURCE
+#include "options.h"
+
+#include "util.h"
+#include "sysutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A longer request line is refused, not read into memory. */
+#define DEFAULT_MAX_LINE (64u << 20)
+
+static const char limits_help[] =
+    "  --wall SECONDS          wall-clock limit (default 10)\n"
+    "  --cpu SECONDS           CPU-time limit, all threads (default 5)\n"
+    "  --memory SIZE           address-space limit: bytes, or with K, M, G, T\n"
+    "                          (powers of 1024), e.g. 256M (default 256M)\n"
+    "  --max-output CHARS      characters kept of stdout and of stderr each\n"
+    "                          (default 100000)\n"
+    "  --max-artifact-bytes N  bytes returned of each file (default 4194304)\n"
+    "  --max-artifacts N       files returned, the first by name (default 32)\n";
+
+static const char sandbox_help[] =
+    "  --require LAYER,...     refuse to run unless these layers are active (default:\n"
+    "                          seccomp; 'none' runs with whatever the machine has);\n"
+    "                          layers: seccomp, landlock, netns, mountns, ipcns, utsns,\n"
+    "                          user, rlimits, caps (see pysbx doctor)\n"
+    "  --template PATH         the pysbx-template helper to use\n";
+
+static const char backend_help[] =
+    "  --backend NAME          embedded (the sandbox, default) or python3 (a fresh\n"
+    "                          python3 -I -S per run with the same limits and result,\n"
+    "                          but no confinement: a baseline, never for untrusted code)\n";
+
+static const char run_usage_head[] =
+    "usage: pysbx run [options] FILE|-\n"
+    "\n"
+    "Runs the Python script FILE (or standard input, for -) in a fresh sandboxed\n"
+    "worker. By default prints the code's stdout and stderr as they were and exits\n"
+    "with its exit status; when a limit stops it, prints one line saying which and\n"
+    "exits 124 (time), 125 (memory), 128+N (killed by signal N) or 70 (the sandbox\n"
+    "failed).\n"
+    "\n"
+    "options:\n"
+    "  --json                  print the result object (status, stdout, stderr,\n"
+    "                          artifacts, stats) as one JSON line; exit 0 when a\n"
+    "                          result was printed\n";
+
+static const char run_usage_tail[] =
+    "  --file NAME=PATH        put the file PATH in the workspace as NAME before the\n"
+    "                          code runs (repeatable); NAME is relative, may hold '/',\n"
+    "                          never '..'\n"
+    "  --artifacts-dir DIR     write the files the code left in its workspace to DIR\n"
+    "                          (made if missing)\n"
+    "  --policy-debug          name refused system calls on stderr and let them fail\n"
+    "                          with EPERM instead of applying the policy's kills:\n"
+    "                          for finding what code needs, never for production\n"
+    "  -h, --help              this text\n";
+
+static const char serve_usage[] =
+    "usage: pysbx serve [--listen PATH] [options]\n"
+    "\n"
+    "Answers JSON lines: one request per line on standard input (or on each\n"
+    "connection to the UNIX socket PATH), one answer per line on standard output\n"
+    "(or the same connection), as each run finishes, in any order, each exactly\n"
+    "once. A request:\n"
+    "  {\"id\": any, \"code\": \"...\", \"files\": {\"name\": \"text\"},\n"
+    "   \"files_base64\": {\"name\": \"base64\"}, \"limits\": {\"wall_seconds\": 2,\n"
+    "   \"cpu_seconds\": 1, \"memory_bytes\": 268435456, \"max_output_chars\": 1000,\n"
+    "   \"max_artifact_bytes\": 65536, \"max_artifacts\": 8}}\n"
+    "An answer: the result object of pysbx run --json with the request's id, or\n"
+    "  {\"id\": ..., \"error\": {\"code\": \"...\", \"message\": \"...\"}}.\n"
+    "At the end of input, finishes and answers what is in flight, and exits 0.\n"
+    "With --listen, runs until SIGINT or SIGTERM, then does the same.\n"
+    "\n"
+    "options:\n"
+    "  --listen PATH           serve on a UNIX socket (mode 0600) instead\n"
+    "  --socket-mode MODE      permissions of that socket, octal (default 600)\n"
+    "  --jobs N                requests run at once per input stream (default: two\n"
+    "                          per core)\n"
+    "  --max-line-bytes N      a longer request line is refused, not read into memory\n"
+    "                          (default 67108864)\n";
+
+static const char mcp_usage[] =
+    "usage: pysbx mcp [options]\n"
+    "\n"
+    "A Model Context Protocol server over stdio offering one tool, run_python\n"
+    "(code, and optional files: name -> text). Its result shows the exit status,\n"
+    "stdout, stderr and each file the code wrote (PNG images as images); when a\n"
+    "limit stops the code it is an error result that says sandbox_limit_exceeded\n"
+    "and which limit. The limits below are the tool's: the model cannot raise them.\n"
+    "\n"
+    "options:\n";
+
+static const char batch_usage[] =
+    "usage: pysbx batch DIR|FILE.jsonl [options]\n"
+    "\n"
+    "Runs many programs, --jobs at a time: every .py file of DIR (in name order,\n"
+    "with the limits below), or every request line of FILE.jsonl (the form pysbx\n"
+    "serve reads, with its own limits). Writes one JSON result line per program,\n"
+    "with \"program\" (the file name, or \"line N\"), as each finishes; shows a\n"
+    "progress bar on a terminal; ends with a summary on stderr (counts by status,\n"
+    "p50 and p99 latency, total time). Exits 0 when every program was run, 1 when\n"
+    "the sandbox failed or refused some, 2 on bad usage.\n"
+    "\n"
+    "options:\n"
+    "  --jobs N                programs run at once (default: two per core)\n"
+    "  --out FILE              write the result lines to FILE instead of stdout\n";
+
+const char main_usage[] =
+    "usage: pysbx COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  run [options] FILE|-   run a Python script in the sandbox\n"
+    "  serve [options]        answer JSON-lines requests (stdin/stdout or a UNIX socket)\n"
+    "  mcp [options]          a Model Context Protocol server with a run_python tool\n"
+    "  batch DIR|FILE.jsonl   run many programs, N at a time, with a summary\n"
+    "  doctor [--json] [--require LAYER,...]\n"
+    "                         say which layers of confinement are active here, and why\n"
+    "                         not where they are not\n"
+    "  version                print the version\n"
+    "\n"
+    "pysbx COMMAND --help documents each. pysbx runs untrusted Python in a forked,\n"
+    "embedded CPython: no network, no host environment or files, bounded time,\n"
+    "memory and output.\n";
+
+const char *cmd_name(enum cmd c)
+{
+    switch (c) {
+    case CMD_RUN: return "run";
+    case CMD_SERVE: return "serve";
+    case CMD_MCP: return "mcp";
+    case CMD_BATCH: return "batch";
+    case CMD_DOCTOR: return "doctor";
+    }
+    return "?";
+}
+
+int usage_error(enum cmd c, const char *format, ...)
+{
+    va_list ap;
+
+    fputs("pysbx: ", stderr);
+    va_start(ap, format);
+    vfprintf(stderr, format, ap);
+    va_end(ap);
+    fprintf(stderr, "\n(see pysbx %s --help)\n", cmd_name(c));
+    return EXIT_USAGE;
+}
+
+static void print_usage(enum cmd c)
+{
+    switch (c) {
+    case CMD_RUN:
+        printf("%s%s%s%s", run_usage_head, limits_help, sandbox_help, run_usage_tail);
+        break;
+    case CMD_SERVE:
+        printf("%s%s%s  -h, --help              this text\n", serve_usage, backend_help,
+               sandbox_help);
+        break;
+    case CMD_MCP:
+        printf("%s%s%s%s  -h, --help              this text\n", mcp_usage, limits_help,
+               backend_help, sandbox_help);
+        break;
+    case CMD_BATCH:
+        printf("%s%s%s%s  -h, --help              this text\n", batch_usage, limits_help,
+               backend_help, sandbox_help);
+        break;
+    case CMD_DOCTOR:
+        fputs("usage: pysbx doctor [--json] [--require LAYER,...] [--template PATH]\n"
+              "Starts a sandbox as `pysbx run` would and says which layers are active.\n"
+              "Exits 1 when a required layer (default: seccomp) is not.\n",
+              stdout);
+        break;
+    }
+}
+
+/* Reads a whole file (or stdin for "-"), refusing more than |max| bytes. */
+int slurp(const char *path, uint64_t max, char **data, size_t *len)
+{
+    int fd = strcmp(path, "-") == 0 ? dup(0) : open(path, O_RDONLY | O_CLOEXEC);
+    size_t cap = 65536, n = 0;
+    char *buf = NULL;
+    int rc = 0;
+
+    if (fd < 0)
+        return -errno;
+    buf = malloc(cap);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (;;) {
+        if (n == cap) {
+            if (cap > max) {
+                rc = -EFBIG;
+                goto out;
+            }
+            char *b = realloc(buf, cap * 2);
+            if (!b) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            buf = b;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = -errno;
+            goto out;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+        if (n > max) {
+            rc = -EFBIG;
+            goto out;
+        }
+    }
+    *data = buf;
+    *len = n;
+    buf = NULL;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+static int add_file(struct opts *o, const char *spec)
+{
+    const char *eq = strchr(spec, '=');
+    char *name, *data = NULL;
+    size_t len = 0;
+    const char *why;
+    int rc;
+
+    if (!eq || eq == spec || !eq[1])
+        return usage_error(o->cmd, "--file wants NAME=PATH, not '%s'", spec);
+    name = strndup(spec, (size_t)(eq - spec));
+    if (!name)
+        return usage_error(o->cmd, "out of memory");
+    why = name_problem(name, strlen(name));
+    if (why) {
+        rc = usage_error(o->cmd, "--file %s: %s", name, why);
+        free(name);
+        return rc;
+    }
+    rc = slurp(eq + 1, SBX_MAX_REQUEST_BYTES, &data, &len);
+    if (rc < 0) {
+        int e = usage_error(o->cmd, "--file %s: %s: %s", name, eq + 1,
+                            rc == -EFBIG ? "file too large" : strerror(-rc));
+        free(name);
+        return e;
+    }
+    struct sbx_file *f = realloc(o->files, (o->n_files + 1) * sizeof(*f));
+    if (!f) {
+        free(name);
+        free(data);
+        return usage_error(o->cmd, "out of memory");
+    }
+    o->files = f;
+    o->files[o->n_files++] = (struct sbx_file){.name = name, .data = data, .len = len};
+    return 0;
+}
+
+/* "seccomp,landlock" or "none". */
+static int parse_layers(const char *text, unsigned *out)
+{
+    char buf[256];
+    unsigned set = 0;
+
+    if (strcmp(text, "none") == 0) {
+        *out = 0;
+        return 0;
+    }
+    if (strlen(text) >= sizeof(buf))
+        return -EINVAL;
+    strcpy(buf, text);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        enum sbx_layer l = sbx_layer_from_name(tok);
+        if (!l)
+            return -EINVAL;
+        set |= l;
+    }
+    if (!set)
+        return -EINVAL;
+    *out = set;
+    return 0;
+}
+
+enum {
+    O_JSON = 256, O_WALL, O_CPU, O_MEM, O_OUT, O_ABYTES, O_ARTS, O_FILE, O_DIR, O_TMPL,
+    O_REQUIRE, O_DEBUG, O_BACKEND, O_LISTEN, O_MODE, O_JOBS, O_LINE, O_OUTFILE,
+};
+
+#define LIMITS (CMD_RUN | CMD_MCP | CMD_BATCH)
+#define SANDBOX (CMD_RUN | CMD_SERVE | CMD_MCP | CMD_BATCH | CMD_DOCTOR)
+#define FRONTS (CMD_SERVE | CMD_MCP | CMD_BATCH)
+
+static const struct {
+    struct option opt;
+    unsigned cmds;
+} options[] = {
+    {{"json", no_argument, NULL, O_JSON}, CMD_RUN | CMD_DOCTOR},
+    {{"wall", required_argument, NULL, O_WALL}, LIMITS},
+    {{"cpu", required_argument, NULL, O_CPU}, LIMITS},
+    {{"memory", required_argument, NULL, O_MEM}, LIMITS},
+    {{"max-output", required_argument, NULL, O_OUT}, LIMITS},
+    {{"max-artifact-bytes", required_argument, NULL, O_ABYTES}, LIMITS},
+    {{"max-artifacts", required_argument, NULL, O_ARTS}, LIMITS},
+    {{"file", required_argument, NULL, O_FILE}, CMD_RUN},
+    {{"artifacts-dir", required_argument, NULL, O_DIR}, CMD_RUN},
+    {{"template", required_argument, NULL, O_TMPL}, SANDBOX},
+    {{"require", required_argument, NULL, O_REQUIRE}, SANDBOX},
+    {{"policy-debug", no_argument, NULL, O_DEBUG}, CMD_RUN},
+    {{"backend", required_argument, NULL, O_BACKEND}, FRONTS},
+    {{"listen", required_argument, NULL, O_LISTEN}, CMD_SERVE},
+    {{"socket-mode", required_argument, NULL, O_MODE}, CMD_SERVE},
+    {{"jobs", required_argument, NULL, O_JOBS}, CMD_SERVE | CMD_BATCH},
+    {{"max-line-bytes", required_argument, NULL, O_LINE}, FRONTS},
+    {{"out", required_argument, NULL, O_OUTFILE}, CMD_BATCH},
+    {{"help", no_argument, NULL, 'h'}, SANDBOX},
+};
+
+int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
+{
+    struct option longopts[ARRAY_SIZE(options) + 1];
+    uint64_t n;
+    int c, rc;
+
+    for (size_t i = 0; i < ARRAY_SIZE(options); i++)
+        longopts[i] = options[i].opt;
+    memset(&longopts[ARRAY_SIZE(options)], 0, sizeof(struct option));
+    memset(o, 0, sizeof(*o));
+    o->cmd = cmd;
+    sbx_limits_init(&o->limits);
+    o->required = SBX_LAYER_SECCOMP;
+    o->max_line = DEFAULT_MAX_LINE;
+    o->socket_mode = 0600;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        for (size_t i = 0; c != ':' && c != '?' && i < ARRAY_SIZE(options); i++)
+            if (options[i].opt.val == c && !(options[i].cmds & cmd))
+                return usage_error(cmd, "%s does not take %s", cmd_name(cmd), argv[optind - 1]);
+        switch (c) {
+        case 'h':
+            print_usage(cmd);
+            return -1; /* done: exit 0 */
+        case O_JSON:
+            o->json = true;
+            break;
+        case O_WALL:
+            if (parse_seconds(optarg, &o->limits.wall_seconds) < 0)
+                return usage_error(cmd, "--wall wants a number of seconds above 0, not '%s'",
+                                   optarg);
+            break;
+        case O_CPU:
+            if (parse_seconds(optarg, &o->limits.cpu_seconds) < 0)
+                return usage_error(cmd, "--cpu wants a number of seconds above 0, not '%s'",
+                                   optarg);
+            break;
+        case O_MEM:
+            if (parse_size(optarg, &o->limits.memory_bytes) < 0)
+                return usage_error(cmd, "--memory wants a size such as 256M, 1G or 268435456, "
+                                        "not '%s'", optarg);
+            break;
+        case O_OUT:
+            if (parse_u64(optarg, &o->limits.max_output_chars) < 0)
+                return usage_error(cmd, "--max-output wants a whole number, not '%s'", optarg);
+            break;
+        case O_ABYTES:
+            if (parse_u64(optarg, &o->limits.max_artifact_bytes) < 0)
+                return usage_error(cmd, "--max-artifact-bytes wants a whole number, not '%s'",
+                                   optarg);
+            break;
+        case O_ARTS:
+            if (parse_u64(optarg, &o->limits.max_artifacts) < 0)
+                return usage_error(cmd, "--max-artifacts wants a whole number, not '%s'",
+                                   optarg);
+            break;
+        case O_FILE:
+            if ((rc = add_file(o, optarg)) != 0)
+                return rc;
+            break;
+        case O_DIR:
+            o->artifacts_dir = optarg;
+            break;
+        case O_TMPL:
+            o->template_path = optarg;
+            break;
+        case O_REQUIRE:
+            if (parse_layers(optarg, &o->required) < 0)
+                return usage_error(cmd, "--require wants layer names separated by commas (or "
+                                        "'none'), not '%s'", optarg);
+            break;
+        case O_DEBUG:
+            o->policy_debug = true;
+            break;
+        case O_BACKEND:
+            if (strcmp(optarg, "embedded") != 0 && strcmp(optarg, "python3") != 0)
+                return usage_error(cmd, "--backend is embedded or python3, not '%s'", optarg);
+            o->backend = optarg;
+            break;
+        case O_LISTEN:
+            o->listen = optarg;
+            break;
+        case O_MODE: {
+            char *end;
+            unsigned long m = strtoul(optarg, &end, 8);
+            if (!*optarg || *end || m > 0777)
+                return usage_error(cmd, "--socket-mode wants an octal mode such as 600");
+            o->socket_mode = (unsigned)m;
+            break;
+        }
+        case O_JOBS:
+            if (parse_u64(optarg, &n) < 0 || n < 1 || n > 1024)
+                return usage_error(cmd, "--jobs wants a number from 1 to 1024, not '%s'",
+                                   optarg);
+            o->jobs = (unsigned)n;
+            break;
+        case O_LINE:
+            if (parse_u64(optarg, &n) < 0 || n < 1024 || n > (1ULL << 30))
+                return usage_error(cmd, "--max-line-bytes wants a number from 1024 to 2^30");
+            o->max_line = (size_t)n;
+            break;
+        case O_OUTFILE:
+            o->out = optarg;
+            break;
+        case ':':
+            return usage_error(cmd, "%s needs a value", argv[optind - 1]);
+        default:
+            return usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    bool wants_target = cmd == CMD_RUN || cmd == CMD_BATCH;
+    if (wants_target && optind >= argc)
+        return usage_error(cmd, cmd == CMD_RUN ? "no script given (FILE, or - for standard input)"
+                                               : "no programs given (a directory or a .jsonl file)");
+    if (optind + (wants_target ? 1 : 0) < argc)
+        return usage_error(cmd, "unexpected '%s'", argv[optind + (wants_target ? 1 : 0)]);
+    if (wants_target)
+        o->target = argv[optind];
+    if (cmd != CMD_RUN && cmd != CMD_DOCTOR) {
+        struct sbx_request probe;
+        struct sbx_error err;
+        sbx_request_init(&probe);
+        probe.code = "";
+        probe.limits = o->limits;
+        if (sbx_request_check(&probe, &err) < 0)
+            return usage_error(cmd, "%s", err.message);
+    }
+    return 0;
+}
+
+/* The helper next to this executable (a build tree, or an install that keeps
+ * them together), else the library's own default. */
+static const char *find_template(const char *given, char *buf, size_t cap)
+{
+    if (given)
+        return given;
+    if (getenv("PYSBX_TEMPLATE"))
+        return NULL;
+    return beside_self("pysbx-template", buf, cap);
+}
+
+/* The pool a command wants: one worker for one run, else one per job (up to
+ * a bound: a pool that size is already as fast as the machine). */
+#define POOL_FOR_JOBS_MAX 64
+
+void opts_config(const struct opts *o, struct sbx_config *cfg, char *tmpl, size_t tmpl_cap)
+{
+    sbx_config_init(cfg);
+    cfg->template_path = find_template(o->template_path, tmpl, tmpl_cap);
+    cfg->required_layers = o->required;
+    cfg->policy_debug = o->policy_debug;
+    if (o->cmd == CMD_RUN || o->cmd == CMD_DOCTOR)
+        cfg->pool_size = 1;
+    if (o->jobs) {
+        cfg->max_running = o->jobs;
+        cfg->pool_size = o->jobs < POOL_FOR_JOBS_MAX ? o->jobs : POOL_FOR_JOBS_MAX;
+    }
+}
+
+int open_backend(const struct opts *o, struct sbx_backend *b, struct sbx_error *err)
+{
+    struct sbx_config cfg;
+    char tmpl[PATH_MAX];
+
+    opts_config(o, &cfg, tmpl, sizeof(tmpl));
+    if (o->backend && strcmp(o->backend, "python3") == 0)
+        fputs("pysbx: warning: the python3 backend confines nothing; never give it untrusted "
+              "code\n",
+              stderr);
+    return sbx_backend_open(o->backend, &cfg, b, err);
+}
+
+void opts_free(struct opts *o)
+{
+    for (size_t i = 0; i < o->n_files; i++) {
+        free((char *)o->files[i].name);
+        free((void *)o->files[i].data);
+    }
+    free(o->files);
+    o->files = NULL;
+    o->n_files = 0;
+}

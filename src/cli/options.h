@@ -1,0 +1,67 @@
+/*
+ * The command's options: one table of every option with the commands that
+ * take it, the usage texts, and what the commands share (opening a backend).
+ */
+#ifndef PYSBX_OPTIONS_H
+#define PYSBX_OPTIONS_H
+
+#include "pysbx.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Exit statuses of the command. */
+#define EXIT_USAGE   2
+#define EXIT_TIMEOUT 124
+#define EXIT_MEMORY  125
+#define EXIT_SANDBOX 70
+#define EXIT_SIGNAL  128 /* + the signal number */
+
+enum cmd { CMD_RUN = 1, CMD_SERVE = 2, CMD_MCP = 4, CMD_BATCH = 8, CMD_DOCTOR = 16 };
+
+struct opts {
+    enum cmd cmd;
+    bool json;
+    bool policy_debug;
+    unsigned required;
+    const char *template_path;
+    const char *backend;
+    const char *listen;
+    unsigned socket_mode;
+    const char *out;
+    const char *artifacts_dir;
+    const char *target; /* run: the script; batch: the source */
+    unsigned jobs;
+    size_t max_line;
+    struct sbx_file *files;
+    size_t n_files;
+    struct sbx_limits limits;
+};
+
+/* "run", "serve", ... */
+const char *cmd_name(enum cmd c);
+
+/* Prints "pysbx: <message>" and where to find help; returns EXIT_USAGE. */
+int usage_error(enum cmd c, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+/* The top-level usage text. */
+extern const char main_usage[];
+
+/* Parses the options of |cmd| (argv[0] is the command's name). Returns 0,
+ * or the exit status to end with (after --help, or a usage error). Free
+ * with opts_free either way. */
+int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o);
+void opts_free(struct opts *o);
+
+/* Reads a whole file (or stdin for "-"), refusing more than |max| bytes.
+ * Returns 0 with *data (free it) and *len, or -errno (-EFBIG: too large). */
+int slurp(const char *path, uint64_t max, char **data, size_t *len);
+
+/* Fills |cfg| from the options: the template helper beside this program,
+ * required layers, pool size for the command. */
+void opts_config(const struct opts *o, struct sbx_config *cfg, char *tmpl, size_t tmpl_cap);
+
+/* Opens the backend the options name. Returns 0 or -errno with |err|. */
+int open_backend(const struct opts *o, struct sbx_backend *b, struct sbx_error *err);
+
+#endif

@@ -1,0 +1,168 @@
+/* pysbx run: one script, its output passed through, its exit status ours. */
+#define _GNU_SOURCE
+#include "commands.h"
+#include "options.h"
+#include "sysutil.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int save_artifacts(const char *dir, const struct sbx_result *res)
+{
+    int dfd, rc = 0;
+
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+        fprintf(stderr, "pysbx: --artifacts-dir %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        fprintf(stderr, "pysbx: --artifacts-dir %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    for (size_t i = 0; i < res->n_artifacts; i++) {
+        const struct sbx_artifact *a = &res->artifacts[i];
+        /* The name came from the code: it must stay beneath DIR, through no
+         * link that may already be there. */
+        int fd = name_problem(a->name, strlen(a->name))
+                     ? -EINVAL
+                     : open_beneath(dfd, a->name, O_WRONLY | O_CREAT | O_TRUNC, 0644, true);
+        if (fd < 0 || write_full(fd, a->data, a->data_len) < 0) {
+            fprintf(stderr, "pysbx: saving artifact %s: %s\n", a->name,
+                    strerror(fd < 0 ? -fd : errno));
+            rc = -1;
+        }
+        if (fd >= 0)
+            close(fd);
+        if (a->truncated)
+            fprintf(stderr, "pysbx: artifact %s was cut to %zu of %llu bytes\n", a->name,
+                    a->data_len, (unsigned long long)a->size);
+    }
+    if (res->artifacts_dropped)
+        fprintf(stderr, "pysbx: %llu more files were not returned (--max-artifacts)\n",
+                (unsigned long long)res->artifacts_dropped);
+    close(dfd);
+    return rc;
+}
+
+static int report(const struct opts *o, const struct sbx_result *res)
+{
+    if (o->artifacts_dir && res->status == SBX_COMPLETED &&
+        save_artifacts(o->artifacts_dir, res) < 0 && !o->json)
+        return EXIT_SANDBOX;
+    if (o->json) {
+        char *s = sbx_result_to_json(res);
+        if (!s) {
+            fputs("pysbx: out of memory\n", stderr);
+            return EXIT_SANDBOX;
+        }
+        puts(s);
+        free(s);
+        return 0;
+    }
+    fwrite(res->stdout_text, 1, res->stdout_len, stdout);
+    fflush(stdout);
+    fwrite(res->stderr_text, 1, res->stderr_len, stderr);
+    if (!o->artifacts_dir && res->n_artifacts)
+        fprintf(stderr, "pysbx: %zu file%s left in the workspace (save with --artifacts-dir)\n",
+                res->n_artifacts, res->n_artifacts == 1 ? "" : "s");
+    switch (res->status) {
+    case SBX_COMPLETED:
+        return res->exit_code;
+    case SBX_TIMEOUT:
+        fprintf(stderr, "pysbx: timeout: %s\n", res->reason);
+        return EXIT_TIMEOUT;
+    case SBX_MEMORY_LIMIT:
+        fprintf(stderr, "pysbx: memory_limit: %s\n", res->reason);
+        return EXIT_MEMORY;
+    case SBX_CRASHED:
+        fprintf(stderr, "pysbx: crashed: %s\n", res->reason);
+        return EXIT_SIGNAL + res->signal;
+    case SBX_CANCELLED:
+    case SBX_SANDBOX_ERROR:
+        break;
+    }
+    fprintf(stderr, "pysbx: %s: %s\n", sbx_status_name(res->status),
+            res->reason ? res->reason : "");
+    return EXIT_SANDBOX;
+}
+
+/* The sandbox could not start (a required layer missing, or no template):
+ * in --json mode this is still an answer, a sandbox_error result. */
+static int cannot_start(const struct opts *o, const struct sbx_error *err)
+{
+    if (o->json) {
+        struct sbx_result r = {
+            .status = SBX_SANDBOX_ERROR,
+            .exit_code = -1,
+            .stdout_text = "",
+            .stderr_text = "",
+            .partial = true,
+            .reason = (char *)err->message,
+        };
+        char *s = sbx_result_to_json(&r);
+        if (s)
+            puts(s);
+        free(s);
+    } else
+        fprintf(stderr, "pysbx: cannot start the sandbox: %s\n", err->message);
+    return EXIT_SANDBOX;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    struct opts o;
+    struct sbx_backend b = {0};
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+    struct sbx_error err = {0};
+    char *code = NULL;
+    size_t code_len = 0;
+    int status;
+
+    status = parse_opts(CMD_RUN, argc, argv, &o);
+    if (status != 0) {
+        status = status < 0 ? 0 : status;
+        goto out;
+    }
+    int rc = slurp(o.target, SBX_MAX_CODE_BYTES, &code, &code_len);
+    if (rc < 0) {
+        status = usage_error(CMD_RUN, "%s: %s", o.target,
+                             rc == -EFBIG ? "larger than the code limit" : strerror(-rc));
+        goto out;
+    }
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = code_len;
+    req.files = o.files;
+    req.n_files = o.n_files;
+    req.limits = o.limits;
+    /* Refuse a bad request before paying for a template. */
+    if (sbx_request_check(&req, &err) < 0) {
+        status = usage_error(CMD_RUN, "%s", err.message);
+        goto out;
+    }
+    if (open_backend(&o, &b, &err) < 0) {
+        status = cannot_start(&o, &err);
+        goto out;
+    }
+    if (b.run(b.self, &req, &res, &err) < 0) {
+        fprintf(stderr, "pysbx: %s\n", err.message);
+        status = err.code == SBX_ERR_UNAVAILABLE ? EXIT_SANDBOX : EXIT_USAGE;
+        goto out;
+    }
+    status = report(&o, res);
+out:
+    sbx_result_free(res);
+    if (b.close)
+        b.close(b.self);
+    free(code);
+    opts_free(&o);
+    return status;
+}

@@ -1,0 +1,49 @@
+/* Helpers that touch the operating system but know nothing of the sandbox. */
+#ifndef PYSBX_SYSUTIL_H
+#define PYSBX_SYSUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/time.h>
+#include <sys/types.h>
+
+/* Reads until |len| bytes or end of file; returns the count or -errno. */
+ssize_t read_full(int fd, void *buf, size_t len);
+/* Writes all of |buf|, retrying on EINTR; returns 0 or -errno. */
+int write_full(int fd, const void *buf, size_t len);
+
+/* Closes *fd if it is open and sets it to -1. */
+void close_fd(int *fd);
+/* close_fd on each of |n| descriptors (pipe pairs, descriptor tables). */
+void close_fds(int *fds, size_t n);
+
+/* A struct timeval (rusage times) in microseconds. */
+int64_t timeval_us(struct timeval tv);
+
+/* Monotonic clock, nanoseconds. */
+uint64_t now_ns(void);
+
+/* Opens |relpath| beneath |dirfd| without following any symbolic link in
+ * any component (each directory is opened O_NOFOLLOW in turn). With
+ * |make_parents|, missing parent directories are made with mode 0755.
+ * |flags| apply to the last component; O_NOFOLLOW and O_CLOEXEC are added.
+ * |relpath| must have passed name_problem(). Returns an fd or -errno. */
+int open_beneath(int dirfd, const char *relpath, int flags, mode_t mode, bool make_parents);
+
+/* Removes |name| (a directory) beneath |parent_fd| and everything in it,
+ * never following a link, at any depth, with a bounded number of open
+ * descriptors. Returns 0 or -errno (the first failure). */
+int remove_tree_at(int parent_fd, const char *name);
+
+/* |name| in the directory of this program (/proc/self/exe) when it exists
+ * and is executable: how a command finds pysbx-template beside it in a build
+ * tree. Returns |buf| or NULL. */
+const char *beside_self(const char *name, char *buf, size_t cap);
+
+/* The children of |parent| whose name (comm) is |comm|, or all when NULL:
+ * up to |max| of their pids in |out|. Returns how many there are, and how
+ * many of those are zombies in *zombies (may be NULL). */
+int proc_children(pid_t parent, const char *comm, pid_t *out, int max, int *zombies);
+
+#endif

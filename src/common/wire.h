@@ -1,0 +1,138 @@
+/*
+ * The messages between the supervisor (library), the template and a worker.
+ *
+ * Supervisor <-> template: one SOCK_SEQPACKET socket (the control socket).
+ *   supervisor -> template: CONFIG once (JSON text, with the workspace root
+ *   directory descriptor attached), then TAKE each time it takes a worker.
+ *   template -> supervisor: HELLO or FAIL after CONFIG; then WORKER for each
+ *   idle worker (its descriptors attached), or FAIL when one could not be
+ *   made ready.
+ *
+ * Template -> supervisor, one per worker: a status pipe that carries one
+ * struct wire_status once the template has reaped the worker. The template
+ * never ran user code, so this is the only channel whose bytes decide a
+ * verdict.
+ *
+ * Supervisor -> worker: the request socket carries one request (struct
+ * wire_req, the code, then each file), after which the supervisor closes it.
+ */
+#ifndef PYSBX_WIRE_H
+#define PYSBX_WIRE_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define WIRE_VERSION 2
+
+enum wire_msg_type {
+    WIRE_CONFIG = 1,
+    WIRE_HELLO,
+    WIRE_WORKER,
+    WIRE_FAIL,
+    WIRE_TAKE,
+};
+
+/* Descriptors attached to WIRE_WORKER, in this order. */
+enum wire_worker_fd {
+    WFD_REQUEST, /* stream socket: write the request, then close */
+    WFD_STDOUT,  /* pipe, read end */
+    WFD_STDERR,  /* pipe, read end */
+    WFD_STATUS,  /* pipe, read end: one struct wire_status from the template */
+    WFD_PIDFD,   /* pidfd of the worker, to kill it without a pid race */
+    WFD_WORKSPACE, /* the worker's workspace directory */
+    WFD_COUNT,
+};
+
+#define WIRE_TEXT_MAX 1024
+#define WIRE_NAME_MAX 64
+/* The largest message either side sends or receives on the control socket
+ * (CONFIG, a header and JSON text, is the only one near it). */
+#define WIRE_MSG_MAX 65536
+#define WIRE_CONFIG_TEXT_MAX (WIRE_MSG_MAX - sizeof(struct wire_hdr) - 1)
+
+/* A worker whose code ended with an uncaught MemoryError ends by this
+ * signal, so the supervisor can tell it from an exit status the code chose.
+ * The convention is between worker and supervisor; no other signal is
+ * spent on it. */
+#define WIRE_NOMEM_SIGNAL (SIGRTMAX)
+
+struct wire_hdr {
+    uint32_t type;
+    uint32_t version;
+};
+
+#define WIRE_LAYERS 9 /* SBX_LAYER_COUNT */
+#define WIRE_LAYER_DETAIL_MAX 192 /* struct sbx_layer_info's detail */
+
+struct wire_layer {
+    uint32_t active;
+    char detail[WIRE_LAYER_DETAIL_MAX];
+};
+
+struct wire_hello {
+    struct wire_hdr hdr;
+    char python_version[32];
+    char libseccomp_version[32];
+    uint64_t workspace_bytes; /* tmpfs size of each workspace; 0: none */
+    struct wire_layer layers[WIRE_LAYERS]; /* by bit of enum sbx_layer */
+};
+
+struct wire_worker {
+    struct wire_hdr hdr;
+    int32_t pid;
+    char workspace[WIRE_NAME_MAX]; /* name inside the workspace root */
+};
+
+struct wire_fail {
+    struct wire_hdr hdr;
+    char text[WIRE_TEXT_MAX];
+};
+
+#define WIRE_STATUS_MAGIC 0x70737473u /* "psts" */
+
+struct wire_status {
+    uint32_t magic;
+    int32_t wait_status; /* as from wait4() */
+    uint32_t started;    /* the worker said its request was in place: user
+                            code may have run. 0 means it certainly did not. */
+    uint32_t reserved;
+    int64_t utime_us;
+    int64_t stime_us;
+    int64_t maxrss_kb;
+};
+
+#define WIRE_REQ_MAGIC 0x70737271u /* "psrq" */
+
+struct wire_req {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t cpu_ms;
+    uint64_t memory_bytes;
+    uint64_t code_len;
+    uint32_t n_files;
+    uint32_t reserved;
+};
+
+/* Each file follows as: struct wire_file, the name (name_len bytes, no NUL),
+ * then data_len bytes of content. */
+struct wire_file {
+    uint32_t name_len;
+    uint32_t reserved;
+    uint64_t data_len;
+};
+
+#define WIRE_FILE_NAME_MAX 4096
+
+/* Sends one SEQPACKET message with up to |nfds| descriptors attached.
+ * Returns 0 or -errno. */
+int wire_send(int sock, const void *msg, size_t len, const int *fds, int nfds);
+
+/* Receives one message into |buf| (at most |cap| bytes); descriptors are
+ * received close-on-exec into |fds| (at most |maxfds|, the rest closed), and
+ * their count into *nfds. Returns the message length, 0 at end of stream, or
+ * -errno (-EMSGSIZE when the message or its descriptors were cut). */
+ssize_t wire_recv(int sock, void *buf, size_t cap, int *fds, int maxfds, int *nfds);
+
+#endif

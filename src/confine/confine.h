@@ -1,0 +1,29 @@
+/*
+ * The worker's confinement sequence, applied while it is idle, before any
+ * request. Any failure is fatal: a worker never runs half-confined.
+ */
+#ifndef PYSBX_CONFINE_H
+#define PYSBX_CONFINE_H
+
+#include "policy.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct confine_plan {
+    bool switch_user; /* drop to uid/gid (the template is root) */
+    uid_t uid;
+    gid_t gid;
+    int landlock_abi;  /* > 0: restrict with ruleset_fd */
+    int ruleset_fd;
+    const struct policy *policy; /* NULL: no seccomp */
+    bool policy_debug;
+};
+
+/* In order: the capability bounding set, the user, every other capability,
+ * no_new_privs, Landlock, and seccomp last. Returns 0 or -errno with a
+ * message. */
+int confine_self(const struct confine_plan *plan, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,45 @@
+/*
+ * The worker's seccomp policy: a table of rules handed to libseccomp once, in
+ * the template; each worker loads the finished BPF program.
+ */
+#ifndef PYSBX_POLICY_H
+#define PYSBX_POLICY_H
+
+#include <linux/filter.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+/* Stands for the worker's own pid in the program until policy_load()
+ * patches it in. No real pid is this large (pid_max is at most 2^22). */
+#define POLICY_SELF_PID 0x7ffffff0u
+
+struct policy {
+    struct sock_filter *insns;
+    unsigned short len;
+    unsigned rules; /* table rows that went into it */
+};
+
+/* Builds the program. With |debug|, refused calls trap instead (see
+ * policy_debug_install), never for production. Returns 0 or -errno with a
+ * message. */
+int policy_build(struct policy *p, bool debug, char *err, size_t errlen);
+void policy_free(struct policy *p);
+
+/* Copies the program into |out| (BPF_MAXINSNS entries) with |self| in place
+ * of POLICY_SELF_PID. Returns the length. */
+unsigned short policy_patch(const struct policy *p, pid_t self, struct sock_filter *out);
+
+/* In a worker: copies the program with |self| in place of POLICY_SELF_PID
+ * and loads it (no_new_privs must be set). Never calls libseccomp. Returns 0
+ * or -errno. */
+int policy_load(const struct policy *p, pid_t self);
+
+/* For the debug program: a SIGSYS handler that names the refused call on
+ * stderr and makes it fail with EPERM instead of killing. */
+int policy_debug_install(void);
+
+/* "2.5.4" */
+const char *policy_libseccomp_version(void);
+
+#endif

@@ -1,0 +1,19 @@
+/*
+ * A worker's workspace: a directory of its own under the work directory,
+ * made ready before the worker is forked. With the mount namespace it is a
+ * private tmpfs, bounded in bytes and files, so a run cannot fill the host's
+ * disk; it is owned by the worker's user and mode 0700.
+ */
+#ifndef PYSBX_WORKSPACE_H
+#define PYSBX_WORKSPACE_H
+
+#include "jail.h"
+
+#include <stddef.h>
+
+/* Makes workspace |name| beneath |base_fd| (|path| is the same place, for
+ * mount(2) and messages). Returns 0 or -errno with a message. */
+int workspace_make(const struct jail *j, int base_fd, const char *name, const char *path,
+                   char *err, size_t errlen);
+
+#endif

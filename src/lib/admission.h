@@ -1,0 +1,29 @@
+/*
+ * Admission: at most max_running runs in flight; up to max_queued callers
+ * wait for a place, each until its own deadline or its cancellation.
+ */
+#ifndef PYSBX_ADMISSION_H
+#define PYSBX_ADMISSION_H
+
+#include "pysbx.h"
+
+#include <pthread.h>
+
+struct admission {
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC */
+    unsigned running, waiting, max_running, max_queued;
+};
+
+enum admitted { ADMITTED, REFUSED, CANCELLED };
+
+void admission_init(struct admission *a, unsigned max_running, unsigned max_queued);
+void admission_destroy(struct admission *a);
+
+/* Waits for a place for |req| (its queue_timeout_seconds and cancel token).
+ * REFUSED fills |err| (SBX_ERR_BUSY); only ADMITTED must be left. */
+enum admitted admission_enter(struct admission *a, const struct sbx_request *req,
+                              struct sbx_error *err);
+void admission_leave(struct admission *a);
+
+#endif

@@ -1,0 +1,228 @@
+/*
+ * The embedded backend: one run on a worker of the template. Take an idle
+ * worker, hand it the request, and let supervise.c read its output and
+ * outcome.
+ */
+#define _GNU_SOURCE
+#include "control.h"
+#include "sandbox.h"
+#include "sbxerr.h"
+#include "supervise.h"
+#include "sysutil.h"
+#include "util.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* A program up to this size goes in one write with the request header: the
+ * worker wakes once. */
+#define SMALL_CODE_BYTES 16384
+
+/* Reads the template's status message; on end of stream the template is
+ * gone. */
+static void read_status(struct supervision *sv)
+{
+    struct wire_status st;
+    ssize_t n = read_full(sv->done_fd, &st, sizeof(st));
+
+    sv->end_ns = now_ns();
+    if (n == (ssize_t)sizeof(st) && st.magic == WIRE_STATUS_MAGIC) {
+        sv->outcome = (struct run_outcome){
+            .wait_status = st.wait_status,
+            .started = st.started != 0,
+            .utime_us = st.utime_us,
+            .stime_us = st.stime_us,
+            .maxrss_kb = st.maxrss_kb,
+        };
+        sv->have_outcome = true;
+    } else {
+        sv->lost = true;
+        sv->lost_reason = "the template process ended unexpectedly";
+        supervise_kill(sv);
+    }
+    close_fd(&sv->done_fd);
+}
+
+struct segment {
+    const void *p;
+    size_t len;
+};
+
+static int send_segment(struct supervision *sv, int fd, struct segment s)
+{
+    const char *p = s.p;
+
+    while (s.len > 0) {
+        ssize_t n = send(fd, p, s.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            s.len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno != EAGAIN)
+            return -errno; /* the worker is gone; its status will say why */
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        uint64_t now = now_ns();
+        if (now >= sv->deadline_ns) {
+            supervise_kill_for_wall(sv);
+            return -ETIMEDOUT;
+        }
+        int ms = (int)((sv->deadline_ns - now) / 1000000) + 1;
+        if (poll(&pfd, 1, ms > 1000 ? 1000 : ms) < 0 && errno != EINTR)
+            return -errno;
+    }
+    return 0;
+}
+
+static int send_request(struct supervision *sv, int *fdp)
+{
+    const struct sbx_request *req = sv->req;
+    int fd = *fdp;
+    struct wire_req h = {
+        .magic = WIRE_REQ_MAGIC,
+        .version = WIRE_VERSION,
+        .cpu_ms = (uint64_t)(req->limits.cpu_seconds * 1000.0 + 0.5),
+        .memory_bytes = req->limits.memory_bytes,
+        .code_len = req->code_len,
+        .n_files = (uint32_t)req->n_files,
+    };
+    int rc;
+
+    if (h.cpu_ms == 0)
+        h.cpu_ms = 1;
+    /* Header and a small program in one write: the worker wakes once. */
+    if (req->code_len <= SMALL_CODE_BYTES) {
+        char first[sizeof(h) + SMALL_CODE_BYTES];
+        memcpy(first, &h, sizeof(h));
+        memcpy(first + sizeof(h), req->code, req->code_len);
+        rc = send_segment(sv, fd, (struct segment){first, sizeof(h) + req->code_len});
+    } else {
+        rc = send_segment(sv, fd, (struct segment){&h, sizeof(h)});
+        if (rc == 0)
+            rc = send_segment(sv, fd, (struct segment){req->code, req->code_len});
+    }
+    for (size_t i = 0; rc == 0 && i < req->n_files; i++) {
+        const struct sbx_file *f = &req->files[i];
+        struct wire_file fh = {.name_len = (uint32_t)strlen(f->name), .data_len = f->len};
+        rc = send_segment(sv, fd, (struct segment){&fh, sizeof(fh)});
+        if (rc == 0)
+            rc = send_segment(sv, fd, (struct segment){f->name, fh.name_len});
+        if (rc == 0)
+            rc = send_segment(sv, fd, (struct segment){f->data, f->len});
+    }
+    /* Closing our end also discards anything the code might send back on
+     * it, descriptors included, so nothing of the worker outlives it here. */
+    close_fd(fdp);
+    return rc;
+}
+
+static bool workspace_name_ok(const char *name)
+{
+    if (name[0] != 'w' || name[1] == '\0')
+        return false;
+    for (const char *p = name + 1; *p; p++)
+        if (*p < '0' || *p > '9')
+            return false;
+    return true;
+}
+
+static int check_fits(const struct sbx *sbx, const struct sbx_request *req, struct sbx_error *err)
+{
+    uint64_t in = 0;
+
+    if (!sbx->workspace_bytes)
+        return 0;
+    for (size_t i = 0; i < req->n_files; i++)
+        in += req->files[i].len;
+    if (in > sbx->workspace_bytes)
+        return sbx_fail(err, SBX_ERR_TOO_LARGE, -E2BIG,
+                        "input files (%llu bytes) do not fit the workspace (%llu bytes)",
+                        (unsigned long long)in, (unsigned long long)sbx->workspace_bytes);
+    return 0;
+}
+
+/* Runs |req| on a worker taken from the pool. Returns 0 or -ENOMEM; every
+ * other failure is a result. */
+static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_result *res)
+{
+    struct taken_worker w;
+    char why[WIRE_TEXT_MAX];
+    int req_fd;
+    int rc;
+
+    if (control_take_worker(sbx, &w, why, sizeof(why)) < 0)
+        return supervise_refuse(sv, res, SBX_SANDBOX_ERROR, why);
+    /* Each descriptor to one owner: the supervision closes its five; the
+     * request socket is closed once the request is sent. */
+    req_fd = w.fds[WFD_REQUEST];
+    sv->out_fd = w.fds[WFD_STDOUT];
+    sv->err_fd = w.fds[WFD_STDERR];
+    sv->done_fd = w.fds[WFD_STATUS];
+    sv->pidfd = w.fds[WFD_PIDFD];
+    sv->ws_fd = w.fds[WFD_WORKSPACE];
+    sv->on_done = read_status;
+    if (!workspace_name_ok(w.workspace)) {
+        close_fd(&req_fd);
+        supervise_kill(sv);
+        return supervise_refuse(sv, res, SBX_SANDBOX_ERROR,
+                                "malformed workspace name from the template");
+    }
+    /* The wall limit is the code's: it starts once a worker is ours. */
+    supervise_start_clock(sv);
+    (void)send_request(sv, &req_fd); /* a failure shows in the outcome */
+    supervise_run(sv);
+    rc = supervise_finish(sv, res);
+    /* A tmpfs workspace goes with its mount, detached by the template's
+     * sweeper; a plain directory is ours to delete. */
+    if (!sbx->workspace_bytes)
+        (void)remove_tree_at(sbx->work.fd, w.workspace);
+    return rc;
+}
+
+int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
+            struct sbx_error *err)
+{
+    struct supervision sv;
+    struct sbx_result *res;
+    enum admitted a;
+    int rc;
+
+    *out = NULL;
+    if (!sbx)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "no sandbox");
+    rc = sbx_request_check(req, err);
+    if (rc == 0)
+        rc = check_fits(sbx, req, err);
+    if (rc < 0)
+        return rc;
+    a = admission_enter(&sbx->admission, req, err);
+    if (a == REFUSED)
+        return -EBUSY;
+    res = calloc(1, sizeof(*res));
+    if (!res) {
+        if (a == ADMITTED)
+            admission_leave(&sbx->admission);
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    }
+    res->exit_code = -1;
+    supervise_init(&sv, req);
+    if (a == CANCELLED || sbx_cancel_fired(req->cancel))
+        rc = supervise_refuse(&sv, res, SBX_CANCELLED, "cancelled before it started");
+    else
+        rc = run_on_worker(sbx, &sv, res);
+    if (a == ADMITTED)
+        admission_leave(&sbx->admission);
+    supervise_free(&sv);
+    if (rc < 0) {
+        sbx_result_free(res);
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "out of memory");
+    }
+    *out = res;
+    return 0;
+}

@@ -1,0 +1,152 @@
+/* Opening and closing a sandbox, and what it reports of itself. */
+#define _GNU_SOURCE
+#include "control.h"
+#include "sandbox.h"
+#include "sbxerr.h"
+#include "util.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef PYSBX_TEMPLATE_DEFAULT
+#error "PYSBX_TEMPLATE_DEFAULT must name the installed pysbx-template"
+#endif
+
+#define DEFAULT_MAX_QUEUED 1024
+
+void sbx_config_init(struct sbx_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->required_layers = SBX_LAYER_SECCOMP;
+    cfg->worker_uid = -1;
+    cfg->worker_gid = -1;
+}
+
+static const char *const layer_names[SBX_LAYER_COUNT] = {
+    "seccomp", "landlock", "netns", "mountns", "ipcns", "utsns", "user", "rlimits", "caps",
+};
+
+const char *sbx_layer_name(enum sbx_layer layer)
+{
+    unsigned i = layer ? (unsigned)__builtin_ctz(layer) : SBX_LAYER_COUNT;
+    return i < SBX_LAYER_COUNT && layer == (1u << i) ? layer_names[i] : NULL;
+}
+
+enum sbx_layer sbx_layer_from_name(const char *name)
+{
+    for (unsigned i = 0; name && i < SBX_LAYER_COUNT; i++)
+        if (strcmp(name, layer_names[i]) == 0)
+            return (enum sbx_layer)(1u << i);
+    return (enum sbx_layer)0;
+}
+
+int sbx_layers(const struct sbx *sbx, struct sbx_layer_info out[SBX_LAYER_COUNT])
+{
+    for (unsigned i = 0; i < SBX_LAYER_COUNT; i++) {
+        out[i].layer = (enum sbx_layer)(1u << i);
+        out[i].name = layer_names[i];
+        out[i].active = sbx->layers[i].active != 0;
+        fmt(out[i].detail, sizeof(out[i].detail), "%s", sbx->layers[i].detail);
+    }
+    return SBX_LAYER_COUNT;
+}
+
+const char *sbx_python_version(const struct sbx *sbx)
+{
+    return sbx->python_version;
+}
+
+const char *sbx_libseccomp_version(const struct sbx *sbx)
+{
+    return sbx->libseccomp_version;
+}
+
+static unsigned default_pool_size(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+    if (n < 1)
+        n = 1;
+    return n > 16 ? 32 : (unsigned)n * 2;
+}
+
+static const char *template_path(const struct sbx_config *cfg)
+{
+    const char *env;
+
+    if (cfg->template_path)
+        return cfg->template_path;
+    env = getenv("PYSBX_TEMPLATE");
+    return env && *env ? env : PYSBX_TEMPLATE_DEFAULT;
+}
+
+/* Fail closed: a layer the caller requires and this machine lacks stops
+ * the sandbox from opening at all. */
+static int check_required(const struct sbx *sbx, unsigned required, struct sbx_error *err)
+{
+    for (unsigned i = 0; i < SBX_LAYER_COUNT; i++)
+        if ((required & (1u << i)) && !sbx->layers[i].active)
+            return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EPERM,
+                            "required layer %s is not available: %s", layer_names[i],
+                            sbx->layers[i].detail);
+    return 0;
+}
+
+int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error *err)
+{
+    struct sbx_config cfg;
+    struct sbx *sbx;
+    int rc;
+
+    *out = NULL;
+    if (given)
+        cfg = *given;
+    else
+        sbx_config_init(&cfg);
+    if (cfg.pool_size > SBX_MAX_POOL_SIZE)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "pool_size must be at most %u",
+                        SBX_MAX_POOL_SIZE);
+    if (cfg.required_layers >> SBX_LAYER_COUNT)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "unknown layer in required_layers");
+    if (cfg.workspace_bytes && (cfg.workspace_bytes < SBX_MIN_WORKSPACE_BYTES ||
+                                cfg.workspace_bytes > SBX_MAX_MEMORY_BYTES))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "workspace_bytes must be between 1 MiB and 1 TiB");
+    if (!cfg.pool_size)
+        cfg.pool_size = default_pool_size();
+    if (!cfg.workspace_bytes)
+        cfg.workspace_bytes = SBX_DEFAULT_WORKSPACE_BYTES;
+    sbx = calloc(1, sizeof(*sbx));
+    if (!sbx)
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    sbx->ctl = -1;
+    sbx->template_pid = -1;
+    pthread_mutex_init(&sbx->ctl_lock, NULL);
+    admission_init(&sbx->admission, cfg.max_running ? cfg.max_running : default_pool_size(),
+                   cfg.max_queued ? cfg.max_queued : DEFAULT_MAX_QUEUED);
+
+    rc = workdir_make(&sbx->work, cfg.work_root, "pysbx-", geteuid() == 0, err);
+    if (rc == 0)
+        rc = control_start(sbx, template_path(&cfg), &cfg, err);
+    if (rc == 0)
+        rc = check_required(sbx, cfg.required_layers, err);
+    if (rc < 0) {
+        sbx_close(sbx);
+        return rc;
+    }
+    *out = sbx;
+    return 0;
+}
+
+void sbx_close(struct sbx *sbx)
+{
+    if (!sbx)
+        return;
+    control_stop(sbx);
+    workdir_remove(&sbx->work);
+    pthread_mutex_destroy(&sbx->ctl_lock);
+    admission_destroy(&sbx->admission);
+    free(sbx);
+}

@@ -1,0 +1,137 @@
+/*
+ * The embedded interpreter in the template: initialised once, with the
+ * socket shim in place and the warm modules imported, then forked for each
+ * worker.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "interp.h"
+#include "prefault.h"
+#include "pyrun.h"
+#include "shim.h"
+#include "util.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+const char *const interp_default_warm_modules[] = {
+    "json",      "re",         "math",      "collections", "itertools", "functools",
+    "datetime",  "decimal",    "fractions", "statistics",  "random",    "string",
+    "textwrap",  "csv",        "io",        "base64",      "hashlib",   "typing",
+    "dataclasses", "enum",     "traceback", "linecache",   "socket",
+    NULL,
+};
+
+static char version[32];
+
+static int status_message(PyStatus st, const char *what, char *err, size_t errlen)
+{
+    return errmsg(err, errlen, -EIO, "%s: %s%s%s", what, st.func ? st.func : "",
+                  st.func ? ": " : "", st.err_msg ? st.err_msg : "failed");
+}
+
+static PyStatus append_path(PyConfig *cfg, const char *dir)
+{
+    wchar_t *w = Py_DecodeLocale(dir, NULL);
+    PyStatus st;
+
+    if (!w)
+        return PyStatus_NoMemory();
+    st = PyWideStringList_Append(&cfg->module_search_paths, w);
+    PyMem_RawFree(w);
+    return st;
+}
+
+int interp_start(const struct interp_config *c, char *err, size_t errlen)
+{
+    PyPreConfig pre;
+    PyConfig cfg;
+    PyStatus st;
+    char *const argv[] = {"", NULL};
+    const char *const *warm = c->warm_modules ? c->warm_modules : interp_default_warm_modules;
+
+    if (shim_install() < 0)
+        return errmsg(err, errlen, -ENOMEM, "out of memory installing the socket shim");
+
+    /* UTF-8 whatever the locale, as `python3 -X utf8`: the worker's locale
+     * is C.UTF-8 and its streams must not fall back to ASCII. */
+    PyPreConfig_InitIsolatedConfig(&pre);
+    pre.utf8_mode = 1;
+    st = Py_PreInitialize(&pre);
+    if (PyStatus_Exception(st))
+        return status_message(st, "Python pre-initialisation", err, errlen);
+
+    PyConfig_InitIsolatedConfig(&cfg);
+    cfg.site_import = 0;            /* -S: no site, no site-packages */
+    cfg.user_site_directory = 0;    /* -s */
+    cfg.safe_path = 1;              /* -P: no script directory on the path */
+    cfg.write_bytecode = 0;         /* never write .pyc from a worker */
+    cfg.parse_argv = 0;
+    cfg.pathconfig_warnings = 0;
+    cfg.install_signal_handlers = 1; /* as python3: SIGPIPE and SIGXFSZ ignored */
+    cfg.buffered_stdio = 1;
+    st = PyConfig_SetBytesString(&cfg, &cfg.program_name, "python3");
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(&cfg, &cfg.home, PYSBX_PY_PREFIX);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesArgv(&cfg, 1, argv);
+    /* The path is ours, not computed: the standard library and what the
+     * caller named, nothing from the environment or the disk around us. */
+    cfg.module_search_paths_set = 1;
+    if (!PyStatus_Exception(st))
+        st = append_path(&cfg, PYSBX_PY_STDLIB);
+    if (!PyStatus_Exception(st))
+        st = append_path(&cfg, PYSBX_PY_DYNLOAD);
+    for (const char *const *d = c->module_dirs; d && *d && !PyStatus_Exception(st); d++)
+        st = append_path(&cfg, *d);
+    if (!PyStatus_Exception(st))
+        st = Py_InitializeFromConfig(&cfg);
+    PyConfig_Clear(&cfg);
+    if (PyStatus_Exception(st))
+        return status_message(st, "Python initialisation", err, errlen);
+
+    for (; *warm; warm++) {
+        PyObject *m = PyImport_ImportModule(*warm);
+        if (!m) {
+            char what[128];
+            fmt(what, sizeof(what), "importing warm module %s", *warm);
+            return pyrun_error_text(what, err, errlen);
+        }
+        Py_DECREF(m);
+    }
+    /* Every object that exists now is shared with every worker. Keep the
+     * collector from ever walking them: a walk writes to each object's
+     * header, and each write copies a page into the worker. */
+    PyObject *gc = PyImport_ImportModule("gc");
+    PyObject *r = gc ? PyObject_CallMethod(gc, "freeze", NULL) : NULL;
+    Py_XDECREF(gc);
+    if (!r)
+        return pyrun_error_text("gc.freeze", err, errlen);
+    Py_DECREF(r);
+    /* The running library's version, which may differ from the headers'. */
+    fmt(version, sizeof(version), "%.*s", (int)strcspn(Py_GetVersion(), " "), Py_GetVersion());
+    return 0;
+}
+
+const char *interp_version(void)
+{
+    return version;
+}
+
+int interp_fork(const struct prefault *plan)
+{
+    int pid;
+
+    PyOS_BeforeFork();
+    pid = fork();
+    if (pid == 0) {
+        if (plan)
+            prefault_apply(plan);
+        PyOS_AfterFork_Child();
+    }
+    else
+        PyOS_AfterFork_Parent();
+    return pid;
+}

@@ -1,0 +1,35 @@
+/*
+ * The embedded interpreter in the template: initialised once, then forked
+ * for each worker.
+ */
+#ifndef PYSBX_INTERP_H
+#define PYSBX_INTERP_H
+
+#include <stddef.h>
+
+struct interp_config {
+    const char *const *warm_modules; /* NULL-terminated; NULL: defaults */
+    const char *const *module_dirs;  /* NULL-terminated extra sys.path dirs */
+};
+
+/* The modules imported in the template when the caller names none. */
+extern const char *const interp_default_warm_modules[];
+
+/* Initialises CPython (isolated, UTF-8 mode, no site, the path set to the
+ * standard library and |cfg->module_dirs|), with the socket shim in place of
+ * the built-in _socket, and imports the warm modules. Returns 0, or -errno
+ * with a message in |err|. Call once, in the template. */
+int interp_start(const struct interp_config *cfg, char *err, size_t errlen);
+
+/* "3.11.2" */
+const char *interp_version(void);
+
+struct prefault;
+
+/* fork() keeping the interpreter consistent on both sides (PyOS_BeforeFork
+ * / AfterFork_Parent / AfterFork_Child). The child first copies the pages in
+ * |plan| (may be NULL), before the interpreter's after-fork work writes to
+ * them one fault at a time. */
+int interp_fork(const struct prefault *plan);
+
+#endif

@@ -1,0 +1,45 @@
+/* The layer report: what is active in this template, and why not where it
+ * is not. `pysbx doctor` prints it; sbx_open holds it against the caller's
+ * required layers. */
+#define _GNU_SOURCE
+#include "interp.h"
+#include "pysbx.h"
+#include "template.h"
+#include "util.h"
+#include "worker_limits.h"
+
+#include <string.h>
+
+static void layer(struct wire_hello *h, enum sbx_layer which, bool active, const char *detail)
+{
+    int i = __builtin_ctz(which);
+    h->layers[i].active = active;
+    fmt(h->layers[i].detail, sizeof(h->layers[i].detail), "%s", detail);
+}
+
+void layers_describe(const struct tmpl *t, struct wire_hello *h)
+{
+    const struct jail *j = &t->jail;
+    char rl[WIRE_LAYER_DETAIL_MAX];
+
+    memset(h, 0, sizeof(*h));
+    h->hdr = (struct wire_hdr){WIRE_HELLO, WIRE_VERSION};
+    fmt(h->python_version, sizeof(h->python_version), "%s", interp_version());
+    fmt(h->libseccomp_version, sizeof(h->libseccomp_version), "%s",
+        policy_libseccomp_version());
+    h->workspace_bytes = j->mount_ns ? j->workspace_bytes : 0;
+    layer(h, SBX_LAYER_SECCOMP, t->seccomp, t->seccomp_why);
+    layer(h, SBX_LAYER_LANDLOCK, t->landlock > 0, t->landlock_why);
+    layer(h, SBX_LAYER_NETNS, j->net_ns, j->net_why);
+    layer(h, SBX_LAYER_MOUNTNS, j->mount_ns, j->mount_why);
+    layer(h, SBX_LAYER_IPCNS, j->ipc_ns, j->ipc_why);
+    layer(h, SBX_LAYER_UTSNS, j->uts_ns, j->uts_why);
+    layer(h, SBX_LAYER_USER, j->switch_user, j->user_why);
+    fmt(rl, sizeof(rl),
+        "CPU (timer + RLIMIT_CPU), address space, file size %llu MiB, %d descriptors, no "
+        "core%s",
+        (unsigned long long)(WORKER_FSIZE_LIMIT >> 20), WORKER_NOFILE_LIMIT,
+        j->switch_user ? ", " PYSBX_STR(WORKER_NPROC_LIMIT) " threads for the workers' uid" : "");
+    layer(h, SBX_LAYER_RLIMITS, true, rl);
+    layer(h, SBX_LAYER_CAPS, true, "every capability dropped (bounding set too), no_new_privs");
+}

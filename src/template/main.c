@@ -1,0 +1,172 @@
+/*
+ * pysbx-template: the process in which CPython is initialised, once, and from
+ * which every worker is forked. It never runs user code and holds nothing of
+ * the host: the supervisor starts it by exec with an empty environment and
+ * only the control socket open (as TEMPLATE_CTL_FD). It is single-threaded.
+ */
+#define _GNU_SOURCE
+#include "interp.h"
+#include "pysbx.h"
+#include "sysutil.h"
+#include "template.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <malloc.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+/* glibc gives each new thread a malloc arena of 64 MiB of address space;
+ * under RLIMIT_AS that, not the memory used, would cap a worker at a
+ * handful of threads. Two arenas are plenty under the GIL. */
+#define WORKER_MALLOC_ARENAS 2
+
+static char **string_list(json_t *arr)
+{
+    size_t n = json_array_size(arr);
+    char **list = calloc(n + 1, sizeof(char *));
+
+    for (size_t i = 0; list && i < n; i++) {
+        const char *s = json_string_value(json_array_get(arr, i));
+        list[i] = strdup(s ? s : "");
+        if (!list[i])
+            return NULL;
+    }
+    return list;
+}
+
+/* Reads CONFIG from the supervisor. Returns 0 or -errno with a message. */
+static int read_config(struct tmpl *t, char *err, size_t errlen)
+{
+    static char buf[WIRE_MSG_MAX];
+    int fds[1];
+    int nfds = 0;
+    ssize_t n = wire_recv(t->ctl, buf, sizeof(buf) - 1, fds, 1, &nfds);
+    json_error_t jerr;
+    json_t *cfg = NULL;
+    const struct wire_hdr *h = (const struct wire_hdr *)buf;
+    int rc = -EPROTO;
+
+    if (n < (ssize_t)sizeof(*h) || h->type != WIRE_CONFIG || h->version != WIRE_VERSION ||
+        nfds != 1) {
+        errmsg(err, errlen, rc, "template: no valid configuration from the supervisor");
+        goto out;
+    }
+    t->base_fd = fds[0];
+    nfds = 0;
+    buf[n] = '\0';
+    cfg = json_loads(buf + sizeof(*h), 0, &jerr);
+    const char *base = cfg ? json_string_value(json_object_get(cfg, "work_dir")) : NULL;
+    json_int_t pool = cfg ? json_integer_value(json_object_get(cfg, "pool_size")) : 0;
+    if (!base || pool < 1 || pool > SBX_MAX_POOL_SIZE) {
+        errmsg(err, errlen, rc, "template: bad configuration");
+        goto out;
+    }
+    t->base_path = strdup(base);
+    t->pool_size = (unsigned)pool;
+    t->uid = (long)json_integer_value(json_object_get(cfg, "worker_uid"));
+    t->gid = (long)json_integer_value(json_object_get(cfg, "worker_gid"));
+    t->workspace_bytes = (uint64_t)json_integer_value(json_object_get(cfg, "workspace_bytes"));
+    t->policy_debug = json_is_true(json_object_get(cfg, "policy_debug"));
+    if (t->workspace_bytes < SBX_MIN_WORKSPACE_BYTES) {
+        errmsg(err, errlen, rc, "template: bad workspace size");
+        goto out;
+    }
+    json_t *warm = json_object_get(cfg, "warm_modules");
+    if (json_is_array(warm))
+        t->warm = string_list(warm);
+    t->module_dirs = string_list(json_object_get(cfg, "module_dirs"));
+    if (!t->base_path || (json_is_array(warm) && !t->warm) || !t->module_dirs) {
+        rc = errmsg(err, errlen, -ENOMEM, "template: out of memory");
+        goto out;
+    }
+    rc = 0;
+out:
+    close_fds(fds, (size_t)nfds);
+    json_decref(cfg);
+    return rc;
+}
+
+int main(void)
+{
+    struct tmpl t = {.ctl = TEMPLATE_CTL_FD, .sigfd = -1, .base_fd = -1, .devnull = -1,
+                     .sweeper = {.fd = -1, .pid = -1}};
+    char err[WIRE_TEXT_MAX];
+    sigset_t chld;
+    struct rlimit no_core = {0, 0};
+
+    t.pid = getpid();
+    prctl(PR_SET_NAME, "pysbx-template");
+    mallopt(M_ARENA_MAX, WORKER_MALLOC_ARENAS);
+    setrlimit(RLIMIT_CORE, &no_core);
+    if (chdir("/") < 0 || fcntl(TEMPLATE_CTL_FD, F_SETFD, FD_CLOEXEC) < 0)
+        return 1;
+
+    if (read_config(&t, err, sizeof(err)) < 0)
+        goto fail;
+    t.devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (t.devnull < 0) {
+        errmsg(err, sizeof(err), -errno, "template: /dev/null: %s", strerror(errno));
+        goto fail;
+    }
+    /* Namespaces first: everything after, and every worker, lives in them. */
+    jail_setup(&t.jail, t.uid, t.gid, t.workspace_bytes);
+    if (t.jail.mount_ns && sweeper_start(&t.sweeper, t.base_path, t.base_fd, err, sizeof(err)) < 0)
+        goto fail;
+
+    struct interp_config py = {
+        .warm_modules = (const char *const *)t.warm,
+        .module_dirs = (const char *const *)t.module_dirs,
+    };
+    if (interp_start(&py, err, sizeof(err)) < 0)
+        goto fail;
+
+    /* The seccomp program, built once; workers load the finished BPF. */
+    t.seccomp = policy_build(&t.policy, t.policy_debug, t.seccomp_why, sizeof(t.seccomp_why)) == 0;
+    if (t.seccomp)
+        fmt(t.seccomp_why, sizeof(t.seccomp_why),
+            "%u rules, default EPERM, exploit primitives kill%s", t.policy.rules,
+            t.policy_debug ? " (DEBUG: refusals trap and are named; never for production)"
+                           : "");
+    t.landlock = landlock_abi();
+    /* A module directory that cannot be confined is the caller's error. */
+    if (t.landlock > 0 && landlock_base_open(&t.ll_base, t.landlock,
+                                             (const char *const *)t.module_dirs, err,
+                                             sizeof(err)) < 0)
+        goto fail;
+    if (t.landlock > 0)
+        fmt(t.landlock_why, sizeof(t.landlock_why),
+            "ABI %d: workspace read-write; standard library, module dirs, shared libraries, "
+            "time zones read-only%s",
+            t.landlock, t.landlock >= 6 ? "; signals and abstract sockets scoped" : "");
+    else
+        fmt(t.landlock_why, sizeof(t.landlock_why), "not available in this kernel: %s",
+            strerror(-t.landlock));
+
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (sigprocmask(SIG_BLOCK, &chld, NULL) < 0 ||
+        (t.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
+        errmsg(err, sizeof(err), -errno, "template: signalfd: %s", strerror(errno));
+        goto fail;
+    }
+
+    struct wire_hello hello;
+    layers_describe(&t, &hello);
+    if (wire_send(t.ctl, &hello, sizeof(hello), NULL, 0) < 0)
+        return 1;
+    pool_run(&t);
+    sweeper_stop(&t.sweeper);
+    return 0;
+
+fail:
+    template_send_fail(&t, err);
+    return 1;
+}

@@ -1,0 +1,373 @@
+/*
+ * The template's loop: keep |pool_size| workers idle and announced, fork a
+ * replacement when one is taken, and reap each worker, sending its exit
+ * status and resource use to the supervisor.
+ */
+#define _GNU_SOURCE
+#include "interp.h"
+#include "sysutil.h"
+#include "template.h"
+#include "util.h"
+#include "worker.h"
+#include "workspace.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+struct worker_rec {
+    struct worker_rec *next;
+    pid_t pid;
+    int ready_fd;           /* read end of the worker's ready pipe */
+    int status_fd;          /* write end of the supervisor's status pipe */
+    int sup_fds[WFD_COUNT]; /* the supervisor's ends, held until announced */
+    bool announced;         /* a WORKER or FAIL message was sent for it */
+    bool started;
+    char name[WIRE_NAME_MAX];
+};
+
+void template_send_fail(struct tmpl *t, const char *text)
+{
+    struct wire_fail m = {.hdr = {WIRE_FAIL, WIRE_VERSION}};
+
+    fmt(m.text, sizeof(m.text), "%s", text);
+    (void)wire_send(t->ctl, &m, sizeof(m), NULL, 0);
+}
+
+static void close_sup_fds(struct worker_rec *w)
+{
+    close_fds(w->sup_fds, WFD_COUNT);
+}
+
+static void spawn_worker(struct tmpl *t)
+{
+    struct worker_rec *w = calloc(1, sizeof(*w));
+    int req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+    int status[2] = {-1, -1}, ready[2] = {-1, -1};
+    int ws = -1, ruleset = -1;
+    char path[4096];
+    char why[256];
+    pid_t pid;
+
+    t->outstanding++;
+    if (!w) {
+        template_send_fail(t, "template: out of memory");
+        return;
+    }
+    for (int i = 0; i < WFD_COUNT; i++)
+        w->sup_fds[i] = -1;
+    w->ready_fd = w->status_fd = -1;
+    fmt(w->name, sizeof(w->name), "w%u", t->next_id++);
+    fmt(path, sizeof(path), "%s/%s", t->base_path, w->name);
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 ||
+        pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
+        pipe2(status, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0) {
+        fmt(why, sizeof(why), "template: making a worker's pipes: %s", strerror(errno));
+        goto fail;
+    }
+    if (workspace_make(&t->jail, t->base_fd, w->name, path, why, sizeof(why)) < 0)
+        goto fail;
+    /* By path, in our own mount namespace: through the supervisor's
+     * descriptor, the lookup would stay in the host's and find the
+     * directory under the tmpfs instead of the tmpfs. */
+    ws = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (ws < 0) {
+        fmt(why, sizeof(why), "template: opening workspace %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (t->landlock > 0) {
+        ruleset = landlock_ruleset_for(&t->ll_base, ws, why, sizeof(why));
+        if (ruleset < 0)
+            goto fail;
+    }
+    pid = interp_fork(&t->prefault);
+    if (pid < 0) {
+        fmt(why, sizeof(why), "template: fork: %s", strerror(errno));
+        goto fail;
+    }
+    if (pid == 0) {
+        struct worker_args a = {
+            .template_pid = t->pid,
+            .req_fd = req[1],
+            .out_fd = out[1],
+            .err_fd = err[1],
+            .ready_fd = ready[1],
+            .ws_fd = ws,
+            .devnull_fd = t->devnull,
+            .ws_path = path,
+            .plan = {
+                .switch_user = t->jail.switch_user,
+                .uid = t->jail.uid,
+                .gid = t->jail.gid,
+                .landlock_abi = t->landlock,
+                .ruleset_fd = ruleset,
+                .policy = t->seccomp ? &t->policy : NULL,
+                .policy_debug = t->policy_debug,
+            },
+        };
+        worker_main(&a);
+    }
+    close_fd(&ruleset);
+    w->pid = pid;
+    close(req[1]);
+    close(out[1]);
+    close(err[1]);
+    close(ready[1]);
+    w->sup_fds[WFD_REQUEST] = req[0];
+    w->sup_fds[WFD_STDOUT] = out[0];
+    w->sup_fds[WFD_STDERR] = err[0];
+    w->sup_fds[WFD_STATUS] = status[0];
+    w->sup_fds[WFD_WORKSPACE] = ws;
+    w->status_fd = status[1];
+    w->ready_fd = ready[0];
+    w->sup_fds[WFD_PIDFD] = pidfd_open(pid, 0);
+    if (w->sup_fds[WFD_PIDFD] < 0) {
+        /* The supervisor could not kill it safely: do not hand it out. */
+        fmt(why, sizeof(why), "template: pidfd_open: %s", strerror(errno));
+        kill(pid, SIGKILL);
+        template_send_fail(t, why);
+        w->announced = true;
+        close_sup_fds(w);
+    }
+    w->next = t->workers;
+    t->workers = w;
+    t->n_workers++;
+    return;
+
+fail:
+    close_fds(req, 2);
+    close_fds(out, 2);
+    close_fds(err, 2);
+    close_fds(status, 2);
+    close_fds(ready, 2);
+    if (ws >= 0) {
+        if (t->jail.mount_ns)
+            sweeper_release(&t->sweeper, w->name);
+        else
+            (void)unlinkat(t->base_fd, w->name, AT_REMOVEDIR);
+    }
+    close_fd(&ws);
+    close_fd(&ruleset);
+    free(w);
+    template_send_fail(t, why);
+}
+
+/* Brings the workers not yet taken (ready or getting ready) up to |to|. */
+static void refill(struct tmpl *t, unsigned to)
+{
+    while (t->outstanding < to)
+        spawn_worker(t);
+}
+
+static void announce(struct tmpl *t, struct worker_rec *w)
+{
+    struct wire_worker m = {.hdr = {WIRE_WORKER, WIRE_VERSION}, .pid = w->pid};
+
+    fmt(m.workspace, sizeof(m.workspace), "%s", w->name);
+    if (wire_send(t->ctl, &m, sizeof(m), w->sup_fds, WFD_COUNT) < 0)
+        kill(w->pid, SIGKILL); /* nobody to hand it to */
+    w->announced = true;
+    close_sup_fds(w);
+}
+
+/* A worker that could not get ready: pass on what it said, if anything. */
+static void report_setup_failure(struct tmpl *t, struct worker_rec *w, const char *said)
+{
+    char why[WIRE_TEXT_MAX];
+
+    if (said && *said)
+        fmt(why, sizeof(why), "worker setup failed: %s", said);
+    else
+        fmt(why, sizeof(why), "worker %d ended while getting ready", (int)w->pid);
+    template_send_fail(t, why);
+    w->announced = true;
+    close_sup_fds(w);
+}
+
+/* Reads what the worker wrote on its ready pipe. */
+static void on_ready(struct tmpl *t, struct worker_rec *w)
+{
+    char buf[WIRE_TEXT_MAX];
+    ssize_t n = read(w->ready_fd, buf, sizeof(buf) - 1);
+
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n <= 0) {
+        close_fd(&w->ready_fd);
+        if (!w->announced)
+            report_setup_failure(t, w, NULL);
+        return;
+    }
+    buf[n] = '\0';
+    for (ssize_t i = 0; i < n; i++) {
+        if (buf[i] == WORKER_READY && !w->announced) {
+            /* Ready and idle: the pages it copied are what every worker
+             * copies. Learn them once (see prefault.h). */
+            if (t->prefault.recorded == 0)
+                (void)prefault_record(w->pid, &t->prefault);
+            announce(t, w);
+        }
+        else if (buf[i] == WORKER_STARTED)
+            w->started = true;
+        else if (buf[i] == WORKER_FAILED) {
+            if (!w->announced)
+                report_setup_failure(t, w, buf + i + 1);
+            close_fd(&w->ready_fd);
+            return;
+        }
+    }
+}
+
+static void reap(struct tmpl *t)
+{
+    struct signalfd_siginfo si;
+    bool reaped = false;
+
+    while (read(t->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+        ;
+    for (;;) {
+        struct rusage ru;
+        int st;
+        pid_t pid = wait4(-1, &st, WNOHANG, &ru);
+        if (pid <= 0)
+            break;
+        struct worker_rec **pp = &t->workers;
+        while (*pp && (*pp)->pid != pid)
+            pp = &(*pp)->next;
+        struct worker_rec *w = *pp;
+        if (!w)
+            continue;
+        /* What it wrote before it ended is still in the pipe. */
+        if (w->ready_fd >= 0) {
+            fcntl(w->ready_fd, F_SETFL, O_NONBLOCK);
+            while (w->ready_fd >= 0)
+                on_ready(t, w);
+        }
+        if (!w->announced)
+            report_setup_failure(t, w, NULL);
+        struct wire_status s = {
+            .magic = WIRE_STATUS_MAGIC,
+            .wait_status = st,
+            .started = w->started,
+            .utime_us = timeval_us(ru.ru_utime),
+            .stime_us = timeval_us(ru.ru_stime),
+            .maxrss_kb = ru.ru_maxrss,
+        };
+        (void)write_full(w->status_fd, &s, sizeof(s));
+        close_fd(&w->status_fd);
+        close_sup_fds(w);
+        /* After the status: the supervisor is waiting for that, not this. */
+        sweeper_release(&t->sweeper, w->name);
+        reaped = true;
+        *pp = w->next;
+        t->n_workers--;
+        free(w);
+    }
+    /* A run just ended: now is the time to replace the workers taken. */
+    if (reaped)
+        refill(t, t->pool_size);
+}
+
+static void on_control(struct tmpl *t, bool *stop)
+{
+    struct wire_hdr h;
+    int fds[1];
+    int nfds = 0;
+    ssize_t n = wire_recv(t->ctl, &h, sizeof(h), fds, 1, &nfds);
+
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    if (n == -EINTR || n == -EAGAIN)
+        return;
+    if (n <= 0) {
+        *stop = true; /* the supervisor is gone or closed us */
+        return;
+    }
+    if (n == (ssize_t)sizeof(h) && h.type == WIRE_TAKE && t->outstanding > 0)
+        t->outstanding--;
+    /* Forking a replacement costs a worker's whole setup in CPU; done now,
+     * it competes with the run that just took a worker. While at least half
+     * the pool is ready, wait for a run to end (reap) instead. */
+    refill(t, (t->pool_size + 1) / 2);
+}
+
+static void shutdown_workers(struct tmpl *t)
+{
+    for (struct worker_rec *w = t->workers; w; w = w->next)
+        kill(w->pid, SIGKILL);
+    while (t->workers) {
+        struct worker_rec *w = t->workers;
+        waitpid(w->pid, NULL, 0);
+        t->workers = w->next;
+        t->n_workers--;
+        close_fd(&w->ready_fd);
+        close_fd(&w->status_fd);
+        close_sup_fds(w);
+        free(w);
+    }
+}
+
+void pool_run(struct tmpl *t)
+{
+    struct pollfd *pfd = NULL;
+    struct worker_rec **who = NULL;
+    size_t cap = 0;
+    bool stop = false;
+
+    refill(t, t->pool_size);
+    while (!stop) {
+        nfds_t n = 0;
+
+        /* Every worker's ready pipe, however large the pool. */
+        if (cap < t->n_workers + 2) {
+            size_t c = t->n_workers + 2 + 16;
+            struct pollfd *p = realloc(pfd, c * sizeof(*pfd));
+            struct worker_rec **q = p ? realloc(who, c * sizeof(*who)) : NULL;
+            if (p)
+                pfd = p;
+            if (!q)
+                break; /* out of memory: stop, killing the workers */
+            who = q;
+            cap = c;
+        }
+        pfd[n++] = (struct pollfd){.fd = t->ctl, .events = POLLIN};
+        pfd[n++] = (struct pollfd){.fd = t->sigfd, .events = POLLIN};
+        for (struct worker_rec *w = t->workers; w && n < cap; w = w->next) {
+            if (w->ready_fd < 0)
+                continue;
+            who[n] = w;
+            pfd[n++] = (struct pollfd){.fd = w->ready_fd, .events = POLLIN};
+        }
+        if (poll(pfd, n, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        /* Reaping first: it is what a waiting supervisor is blocked on. */
+        if (pfd[1].revents)
+            reap(t);
+        for (nfds_t i = 2; i < n; i++) {
+            if (!pfd[i].revents)
+                continue;
+            /* reap() may have freed it; look it up again. */
+            for (struct worker_rec *w = t->workers; w; w = w->next)
+                if (w == who[i] && w->ready_fd == pfd[i].fd)
+                    on_ready(t, w);
+        }
+        if (pfd[0].revents)
+            on_control(t, &stop);
+    }
+    free(pfd);
+    free(who);
+    shutdown_workers(t);
+}

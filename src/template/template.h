@@ -1,0 +1,65 @@
+/*
+ * The template process's state, shared by its modules: main.c (start,
+ * configuration), pool.c (the pool loop), layers.c (the layer report).
+ */
+#ifndef PYSBX_TEMPLATE_H
+#define PYSBX_TEMPLATE_H
+
+#include "jail.h"
+#include "landlock.h"
+#include "policy.h"
+#include "prefault.h"
+#include "sweeper.h"
+#include "wire.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* The control socket, as the supervisor's posix_spawn placed it. */
+#define TEMPLATE_CTL_FD 3
+
+struct worker_rec;
+
+struct tmpl {
+    int ctl;
+    int sigfd;
+    int base_fd; /* the work directory */
+    int devnull;
+    pid_t pid;
+    char *base_path;
+    unsigned pool_size;
+    unsigned outstanding; /* messages not yet taken + workers getting ready */
+    uint32_t next_id;     /* names workspaces: w<id> */
+    struct worker_rec *workers;
+    unsigned n_workers;
+    char **warm;
+    char **module_dirs;
+    long uid, gid;
+    uint64_t workspace_bytes;
+    bool policy_debug;
+    /* The confinement every worker gets, decided once. */
+    struct jail jail;
+    struct sweeper sweeper;
+    struct policy policy;
+    bool seccomp;
+    char seccomp_why[WIRE_LAYER_DETAIL_MAX];
+    int landlock; /* ABI, or <= 0 */
+    char landlock_why[WIRE_LAYER_DETAIL_MAX];
+    struct landlock_base ll_base;
+    struct prefault prefault; /* learnt from the first worker to get ready */
+};
+
+/* Tells the supervisor that a worker could not be made (or the template
+ * could not start). */
+void template_send_fail(struct tmpl *t, const char *text);
+
+/* Fills the pool, then serves the control socket and the workers until the
+ * supervisor goes away; kills and reaps every worker before it returns. */
+void pool_run(struct tmpl *t);
+
+/* The report the supervisor gets at start: versions, and each layer as
+ * active or not with the reason. */
+void layers_describe(const struct tmpl *t, struct wire_hello *h);
+
+#endif

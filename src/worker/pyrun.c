@@ -1,0 +1,311 @@
+/*
+ * The worker's Python: its environment and rehearsal while idle, then
+ * running the request's code as __main__ and ending the way python3 would.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "pyrun.h"
+#include "util.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define MAIN_FILENAME "<main>"
+
+int pyrun_error_text(const char *what, char *err, size_t errlen)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyObject *text = NULL;
+    const char *s = NULL;
+
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value)
+        text = PyObject_Str(value);
+    if (text)
+        s = PyUnicode_AsUTF8(text);
+    fmt(err, errlen, "%s: %s: %s", what, type ? ((PyTypeObject *)type)->tp_name : "error",
+        s ? s : "?");
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+    return -EIO;
+}
+
+/* linecache has no file to read "<main>" from; give it the source so that
+ * tracebacks and inspect show the lines. Best effort. */
+static void seed_linecache(const char *code, size_t len)
+{
+    PyObject *lc = PyImport_ImportModule("linecache");
+    PyObject *cache = lc ? PyObject_GetAttrString(lc, "cache") : NULL;
+    PyObject *text = PyUnicode_DecodeUTF8(code, (Py_ssize_t)len, "replace");
+    PyObject *lines = text ? PyUnicode_Splitlines(text, 1) : NULL;
+    PyObject *entry = lines ? Py_BuildValue("(nOOs)", (Py_ssize_t)len, Py_None, lines,
+                                            MAIN_FILENAME)
+                            : NULL;
+
+    if (!cache || !entry || !PyDict_Check(cache) ||
+        PyDict_SetItemString(cache, MAIN_FILENAME, entry) < 0)
+        PyErr_Clear();
+    Py_XDECREF(entry);
+    Py_XDECREF(lines);
+    Py_XDECREF(text);
+    Py_XDECREF(cache);
+    Py_XDECREF(lc);
+}
+
+/* compile() on bytes, as for a file: PEP 263 decoding, and a clear error
+ * for NUL bytes or invalid UTF-8 instead of a silently cut C string. */
+static PyObject *compile_source(const char *code, size_t len)
+{
+    PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
+    PyObject *compile = builtins ? PyDict_GetItemString(builtins, "compile") : NULL;
+    PyObject *src = PyBytes_FromStringAndSize(code, (Py_ssize_t)len);
+    PyObject *co = NULL;
+
+    if (compile && src)
+        co = PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, "exec", 0, 1);
+    Py_XDECREF(src);
+    return co;
+}
+
+/* HOME and TMPDIR at the workspace, LANG; nothing else. The template's
+ * environment is empty (it was started by exec with none). Set through
+ * os.environ so that Python's view and the C environment agree. */
+static int set_environment(const char *workspace)
+{
+    PyObject *os = PyImport_ImportModule("os");
+    PyObject *env = os ? PyObject_GetAttrString(os, "environ") : NULL;
+    PyObject *ws = PyUnicode_DecodeFSDefault(workspace);
+    int rc = -1;
+
+    PyObject *cleared = env && ws ? PyObject_CallMethod(env, "clear", NULL) : NULL;
+    if (!cleared)
+        goto out;
+    Py_DECREF(cleared);
+    if (PyMapping_SetItemString(env, "HOME", ws) == 0 &&
+        PyMapping_SetItemString(env, "TMPDIR", ws) == 0) {
+        PyObject *lang = PyUnicode_FromString("C.UTF-8");
+        rc = lang ? PyMapping_SetItemString(env, "LANG", lang) : -1;
+        Py_XDECREF(lang);
+    }
+out:
+    Py_XDECREF(ws);
+    Py_XDECREF(env);
+    Py_XDECREF(os);
+    return rc;
+}
+
+/* What a request will do, done once on a snippet of our own, so that the
+ * pages it touches are copied now and not on the request path: seed
+ * linecache, compile() bytes, run in a namespace like __main__'s, print,
+ * flush. Output goes to |devnull|. */
+static int rehearse(int devnull)
+{
+    static const char snippet[] = "print(1)\n";
+    PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
+    PyObject *ns = main_mod ? PyDict_Copy(PyModule_GetDict(main_mod)) : NULL;
+    PyObject *co = NULL, *res = NULL, *out = NULL, *lc = NULL, *cache = NULL;
+    int saved = -1, rc = -1;
+
+    saved = dup(1);
+    if (!ns || saved < 0 || dup2(devnull, 1) < 0)
+        goto out;
+    seed_linecache(snippet, sizeof(snippet) - 1);
+    co = compile_source(snippet, sizeof(snippet) - 1);
+    res = co ? PyEval_EvalCode(co, ns, ns) : NULL;
+    out = PySys_GetObject("stdout"); /* borrowed */
+    if (res && out) {
+        PyObject *r = PyObject_CallMethod(out, "flush", NULL);
+        Py_XDECREF(r);
+        rc = r ? 0 : -1;
+    }
+    /* Leave no trace of ours for the code to find. */
+    lc = PyImport_ImportModule("linecache");
+    cache = lc ? PyObject_GetAttrString(lc, "cache") : NULL;
+    if (cache && PyDict_Check(cache) && PyDict_DelItemString(cache, MAIN_FILENAME) < 0)
+        PyErr_Clear();
+out:
+    if (saved >= 0) {
+        if (dup2(saved, 1) < 0)
+            rc = -1;
+        close(saved);
+    }
+    Py_XDECREF(cache);
+    Py_XDECREF(lc);
+    Py_XDECREF(res);
+    Py_XDECREF(co);
+    Py_XDECREF(ns);
+    return rc;
+}
+
+int pyrun_prepare(const char *workspace, int devnull, char *err, size_t errlen)
+{
+    if (set_environment(workspace) < 0 || rehearse(devnull) < 0)
+        return pyrun_error_text("preparing the worker", err, errlen);
+    return 0;
+}
+
+/* As CPython's handle_system_exit: None is 0, an int is itself, anything
+ * else is printed to stderr and is 1. */
+static int system_exit_status(void)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyObject *code = NULL;
+    int status = 1;
+
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value && PyExceptionInstance_Check(value))
+        code = PyObject_GetAttrString(value, "code");
+    else if (value) {
+        code = value;
+        Py_INCREF(code);
+    }
+    if (!code || code == Py_None)
+        status = code ? 0 : 1;
+    else if (PyLong_Check(code)) {
+        long v = PyLong_AsLong(code);
+        status = (v == -1 && PyErr_Occurred()) ? -1 : (int)v;
+    } else {
+        PyObject *err = PySys_GetObject("stderr");
+        if (err && err != Py_None) {
+            PyFile_WriteObject(code, err, Py_PRINT_RAW);
+            PyFile_WriteString("\n", err);
+        }
+        status = 1;
+    }
+    PyErr_Clear();
+    Py_XDECREF(code);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return status;
+}
+
+static void call_quietly(const char *module, const char *method)
+{
+    PyObject *name = PyUnicode_FromString(module);
+    PyObject *m = name ? PyImport_GetModule(name) : NULL;
+    Py_XDECREF(name);
+    if (!m) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *r = PyObject_CallMethod(m, method, NULL);
+    if (!r)
+        PyErr_WriteUnraisable(m);
+    Py_XDECREF(r);
+    Py_DECREF(m);
+}
+
+static int flush_stream(const char *name)
+{
+    PyObject *f = PySys_GetObject(name);
+    PyObject *r;
+
+    if (!f || f == Py_None)
+        return 0;
+    r = PyObject_CallMethod(f, "flush", NULL);
+    if (!r) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* As PyErr_Print, but through the traceback module when sys.excepthook is
+ * the default: the C printer reads source lines from files only, and the
+ * code's lines live in linecache. */
+static void print_exception(void)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    PyObject *hook = PySys_GetObject("excepthook");       /* borrowed */
+    PyObject *dflt = PySys_GetObject("__excepthook__");  /* borrowed */
+    PyObject *r = NULL;
+
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (!value) {
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        return;
+    }
+    if (tb)
+        PyException_SetTraceback(value, tb);
+    if (hook && hook != dflt) {
+        r = PyObject_CallFunctionObjArgs(hook, type, value, tb ? tb : Py_None, NULL);
+    } else {
+        PyObject *tbm = PyImport_ImportModule("traceback");
+        r = tbm ? PyObject_CallMethod(tbm, "print_exception", "O", value) : NULL;
+        Py_XDECREF(tbm);
+    }
+    if (!r) {
+        /* Out of memory, or a broken hook: the plain C printer. */
+        PyErr_Clear();
+        PyErr_Display(type, value, tb);
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+_Noreturn static void die_of_memory_error(void)
+{
+    int sig = WIRE_NOMEM_SIGNAL;
+    sigset_t set;
+
+    signal(sig, SIG_DFL);
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+    _exit(1);
+}
+
+_Noreturn void pyrun_main(char *code, size_t len)
+{
+    PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
+    PyObject *globals = main_mod ? PyModule_GetDict(main_mod) : NULL;
+    PyObject *co = NULL;
+    PyObject *res = NULL;
+    bool nomem = false;
+    int status = 0;
+
+    seed_linecache(code, len);
+    co = globals ? compile_source(code, len) : NULL;
+    free(code);
+    if (co)
+        res = PyEval_EvalCode(co, globals, globals);
+    Py_XDECREF(co);
+
+    if (res)
+        Py_DECREF(res);
+    else if (PyErr_ExceptionMatches(PyExc_SystemExit))
+        status = system_exit_status();
+    else {
+        nomem = PyErr_ExceptionMatches(PyExc_MemoryError);
+        print_exception();
+        status = 1;
+    }
+
+    /* What Py_FinalizeEx does that the code can observe, without the rest:
+     * the process is about to vanish. */
+    call_quietly("threading", "_shutdown");
+    call_quietly("atexit", "_run_exitfuncs");
+    if (flush_stream("stdout") < 0 && status == 0)
+        status = 120;
+    flush_stream("stderr");
+    if (nomem)
+        die_of_memory_error();
+    _exit(status & 0xff);
+}

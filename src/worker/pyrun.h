@@ -1,0 +1,27 @@
+/*
+ * The worker's Python: made ready while idle, then running one request's
+ * code and ending the process the way python3 would.
+ */
+#ifndef PYSBX_PYRUN_H
+#define PYSBX_PYRUN_H
+
+#include <stddef.h>
+
+/* In an idle worker, before any request: points HOME and TMPDIR at the
+ * workspace and runs a small snippet of our own so that the copy-on-write
+ * faults it takes are not on the request path. |devnull| receives the
+ * snippet's output. Returns 0 or -errno with a message in |err|. */
+int pyrun_prepare(const char *workspace, int devnull, char *err, size_t errlen);
+
+/* Compiles and runs |code| as __main__, then ends the process the way
+ * python3 would: exit status 0, the sys.exit() code, or 1 after printing an
+ * uncaught exception's traceback; non-daemon threads are joined and atexit
+ * handlers run first. An uncaught MemoryError ends with WIRE_NOMEM_SIGNAL.
+ * Takes ownership of |code| (malloc'd). */
+_Noreturn void pyrun_main(char *code, size_t len);
+
+/* The pending Python exception as "|what|: Type: message" in |err|; clears
+ * it. Returns -EIO, for `return pyrun_error_text(...)`. */
+int pyrun_error_text(const char *what, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,265 @@
+#define _GNU_SOURCE
+#include "worker.h"
+
+#include "confine.h"
+#include "pyrun.h"
+#include "pysbx.h"
+#include "sysutil.h"
+#include "util.h"
+#include "wire.h"
+#include "worker_limits.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* The worker's descriptors once it has set itself up; nothing else is open. */
+enum {
+    FD_STDIN = 0,
+    FD_STDOUT = 1,
+    FD_STDERR = 2,
+    FD_REQUEST = 3,
+    FD_READY = 4,
+    FD_WORKSPACE = 5,
+    FD_RULESET = 6, /* Landlock ruleset, or /dev/null when there is none */
+    FD_FIRST_FREE = 7,
+};
+
+/* Input files are copied from the request socket in pieces of this size. */
+#define FILE_COPY_CHUNK 65536
+/* Without close_range(2), descriptors below this are closed one by one. */
+#define CLOSE_LOOP_MAX 65536
+
+_Noreturn __attribute__((format(printf, 1, 2))) static void fail_idle(const char *format, ...)
+{
+    char msg[WIRE_TEXT_MAX];
+    va_list ap;
+
+    msg[0] = WORKER_FAILED;
+    va_start(ap, format);
+    vsnprintf(msg + 1, sizeof(msg) - 1, format, ap);
+    va_end(ap);
+    (void)write_full(FD_READY, msg, strlen(msg));
+    _exit(126);
+}
+
+/* After the request arrived but before user code: the template has not seen
+ * WORKER_STARTED, so the supervisor knows nothing of ours ran and trusts what
+ * we say on stderr. */
+_Noreturn __attribute__((format(printf, 1, 2))) static void fail_request(const char *format, ...)
+{
+    char msg[WIRE_TEXT_MAX];
+    va_list ap;
+    int n;
+
+    va_start(ap, format);
+    n = vsnprintf(msg, sizeof(msg), format, ap);
+    va_end(ap);
+    if (n > 0)
+        (void)write_full(FD_STDERR, msg, strnlen(msg, sizeof(msg)));
+    _exit(125);
+}
+
+/* Puts |n| descriptors at fixed numbers 0..n-1 whatever numbers they had,
+ * then closes everything else. */
+static int place_fds(const int *src, int n)
+{
+    int tmp[FD_FIRST_FREE];
+
+    for (int i = 0; i < n; i++) {
+        tmp[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 64);
+        if (tmp[i] < 0)
+            return -errno;
+    }
+    for (int i = 0; i < n; i++)
+        if (dup2(tmp[i], i) < 0)
+            return -errno;
+    if (close_range(FD_FIRST_FREE, ~0U, 0) < 0) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+            return -errno;
+        for (rlim_t fd = FD_FIRST_FREE; fd < rl.rlim_cur && fd < CLOSE_LOOP_MAX; fd++)
+            close((int)fd);
+    }
+    return 0;
+}
+
+static int set_limit(int resource, rlim_t soft, rlim_t hard)
+{
+    struct rlimit rl = {.rlim_cur = soft, .rlim_max = hard};
+
+    return setrlimit(resource, &rl) < 0 ? -errno : 0;
+}
+
+/* CPU time: a process CPU-time timer raises SIGXCPU at the exact limit; in
+ * case the code ignores it, RLIMIT_CPU (whole seconds) sends SIGXCPU again
+ * and, a second later at its hard limit, SIGKILL. All threads count. */
+static int set_cpu_limit(uint64_t cpu_ms)
+{
+    struct sigevent sev = {.sigev_notify = SIGEV_SIGNAL, .sigev_signo = SIGXCPU};
+    struct itimerspec its = {
+        .it_value = {.tv_sec = (time_t)(cpu_ms / 1000), .tv_nsec = (long)(cpu_ms % 1000) * 1000000},
+    };
+    struct rusage ru;
+    timer_t timer;
+
+    if (getrusage(RUSAGE_SELF, &ru) < 0)
+        return -errno;
+    double used = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+                  ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+    rlim_t soft = (rlim_t)ceil(used + (double)cpu_ms / 1000.0);
+    int rc = set_limit(RLIMIT_CPU, soft, soft + 1);
+    if (rc < 0)
+        return rc;
+    if (timer_create(CLOCK_PROCESS_CPUTIME_ID, &sev, &timer) < 0 ||
+        timer_settime(timer, 0, &its, NULL) < 0)
+        return -errno;
+    return 0;
+}
+
+static void write_input_files(uint32_t n)
+{
+    char name[WIRE_FILE_NAME_MAX + 1];
+    static char buf[FILE_COPY_CHUNK];
+
+    for (uint32_t i = 0; i < n; i++) {
+        struct wire_file f;
+        ssize_t got = read_full(FD_REQUEST, &f, sizeof(f));
+        if (got != (ssize_t)sizeof(f) || f.name_len == 0 || f.name_len > WIRE_FILE_NAME_MAX)
+            fail_request("pysbx: malformed request (file header)\n");
+        if (read_full(FD_REQUEST, name, f.name_len) != (ssize_t)f.name_len)
+            fail_request("pysbx: malformed request (file name)\n");
+        name[f.name_len] = '\0';
+        const char *why = name_problem(name, f.name_len);
+        if (why)
+            fail_request("pysbx: input file %s: %s\n", name, why);
+        int fd = open_beneath(FD_WORKSPACE, name, O_WRONLY | O_CREAT | O_EXCL, 0644, true);
+        if (fd < 0)
+            fail_request("pysbx: input file %s: %s\n", name, strerror(-fd));
+        uint64_t left = f.data_len;
+        while (left > 0) {
+            size_t want = left < sizeof(buf) ? (size_t)left : sizeof(buf);
+            ssize_t r = read_full(FD_REQUEST, buf, want);
+            if (r != (ssize_t)want)
+                fail_request("pysbx: malformed request (file %s cut short)\n", name);
+            int w = write_full(fd, buf, want);
+            if (w < 0)
+                fail_request("pysbx: input file %s: %s\n", name, strerror(-w));
+            left -= want;
+        }
+        close(fd);
+    }
+}
+
+static char *read_request(struct wire_req *req)
+{
+    char *code;
+    ssize_t got = read_full(FD_REQUEST, req, sizeof(*req));
+
+    if (got == 0)
+        _exit(0); /* the supervisor closed without a request: nothing to do */
+    if (got != (ssize_t)sizeof(*req) || req->magic != WIRE_REQ_MAGIC ||
+        req->version != WIRE_VERSION)
+        fail_request("pysbx: malformed request header\n");
+    if (req->code_len > SBX_MAX_CODE_BYTES)
+        fail_request("pysbx: code too large\n");
+    code = malloc(req->code_len + 1);
+    if (!code)
+        fail_request("pysbx: out of memory reading the code\n");
+    if (read_full(FD_REQUEST, code, req->code_len) != (ssize_t)req->code_len)
+        fail_request("pysbx: malformed request (code cut short)\n");
+    code[req->code_len] = '\0';
+    write_input_files(req->n_files);
+    return code;
+}
+
+_Noreturn void worker_main(const struct worker_args *a)
+{
+    const int fds[FD_FIRST_FREE] = {
+        a->devnull_fd, a->out_fd, a->err_fd, a->req_fd, a->ready_fd, a->ws_fd,
+        a->plan.ruleset_fd >= 0 ? a->plan.ruleset_fd : a->devnull_fd,
+    };
+    struct confine_plan plan = a->plan;
+    char err[WIRE_TEXT_MAX];
+    sigset_t none;
+    struct wire_req req;
+    char *code;
+    int rc;
+
+    prctl(PR_SET_NAME, "pysbx-worker");
+    /* Die with the template, and not a moment later than it. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != a->template_pid)
+        _exit(127);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL); /* the template blocks SIGCHLD */
+    signal(SIGCHLD, SIG_DFL);
+
+    /* 1. Descriptors: /dev/null, our pipes, the request socket, the ready
+     * pipe, the workspace and the Landlock ruleset, at fixed numbers;
+     * nothing else stays open. */
+    rc = place_fds(fds, FD_FIRST_FREE);
+    if (rc < 0)
+        _exit(127); /* cannot even report: the template sees EOF */
+
+    /* 2. A session of its own: no signal for a group reaches the template. */
+    if (setsid() < 0)
+        fail_idle("setsid: %s", strerror(errno));
+
+    /* 3. The workspace is the working directory. */
+    if (fchdir(FD_WORKSPACE) < 0)
+        fail_idle("entering the workspace: %s", strerror(errno));
+    umask(022);
+
+    /* 4. Environment from nothing, and our own warm-up off the request path.
+     * The template was started by exec with an empty environment and a fixed
+     * argv, so /proc/self/environ and cmdline hold no launcher strings. */
+    if (pyrun_prepare(a->ws_path, FD_STDIN, err, sizeof(err)) < 0)
+        fail_idle("%s", err);
+
+    /* 5. Ceilings that do not depend on the request. */
+    if (set_limit(RLIMIT_CORE, 0, 0) < 0 ||
+        set_limit(RLIMIT_NOFILE, WORKER_NOFILE_LIMIT, WORKER_NOFILE_LIMIT) < 0 ||
+        (plan.switch_user &&
+         set_limit(RLIMIT_NPROC, WORKER_NPROC_LIMIT, WORKER_NPROC_LIMIT) < 0))
+        fail_idle("setrlimit: %s", strerror(errno));
+
+    /* 6. Confinement: privileges, then the kernel policies, seccomp last. */
+    plan.ruleset_fd = plan.landlock_abi > 0 ? FD_RULESET : -1;
+    if (confine_self(&plan, err, sizeof(err)) < 0)
+        fail_idle("%s", err);
+    if (plan.landlock_abi <= 0)
+        close(FD_RULESET);
+
+    /* 7. Ready: the template may hand us out. */
+    char ready = WORKER_READY;
+    if (write_full(FD_READY, &ready, 1) < 0)
+        _exit(127);
+
+    /* --- the request path --- */
+    code = read_request(&req);
+    close(FD_REQUEST);
+    close(FD_WORKSPACE);
+
+    if (set_limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT) < 0 ||
+        set_limit(RLIMIT_AS, req.memory_bytes, req.memory_bytes) < 0)
+        fail_request("pysbx: setrlimit: %s\n", strerror(errno));
+    rc = set_cpu_limit(req.cpu_ms);
+    if (rc < 0)
+        fail_request("pysbx: CPU limit: %s\n", strerror(-rc));
+
+    char started = WORKER_STARTED;
+    if (write_full(FD_READY, &started, 1) < 0)
+        _exit(127);
+    close(FD_READY);
+    pyrun_main(code, req.code_len);
+}

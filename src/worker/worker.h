@@ -1,0 +1,35 @@
+/*
+ * A worker: forked from the template, confines itself while idle, then reads
+ * one request, runs it, and ends. Used once.
+ */
+#ifndef PYSBX_WORKER_H
+#define PYSBX_WORKER_H
+
+#include "confine.h"
+
+#include <sys/types.h>
+
+/* Bytes a worker writes on its ready pipe to the template. */
+#define WORKER_READY   'R' /* idle and confined: may be handed out */
+#define WORKER_STARTED 'S' /* the request is in place; user code runs next */
+
+/* Written to the ready pipe, after which the worker exits, when it could not
+ * get ready; the rest of the line says why. */
+#define WORKER_FAILED 'F'
+
+struct worker_args {
+    pid_t template_pid; /* the worker dies with it */
+    int req_fd;     /* request socket, worker's end */
+    int out_fd;     /* stdout pipe, write end */
+    int err_fd;     /* stderr pipe, write end */
+    int ready_fd;   /* ready pipe to the template, write end */
+    int ws_fd;      /* the workspace directory */
+    int devnull_fd; /* /dev/null, read-write */
+    const char *ws_path;
+    struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
+};
+
+/* Runs in the child right after the fork; never returns. */
+_Noreturn void worker_main(const struct worker_args *a);
+
+#endif
