@@ -35,7 +35,7 @@
 #include <unistd.h>
 
 #define PYTHON3 "/usr/bin/python3"
-#define BWRAP "/usr/bin/bwrap"
+#define BWRAP   "/usr/bin/bwrap"
 
 static char input_csv[1024];
 
@@ -171,12 +171,39 @@ static double run_peer(const struct snippet *s, const char *tmp_root, int *statu
         set_rlimit(RLIMIT_CORE, 0);
         /* bwrap itself needs more address space than the code's limit. */
         set_rlimit(RLIMIT_AS, RLIM_INFINITY);
-        char *argv[] = {"bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-                        "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
-                        "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
-                        "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache",
-                        "--proc", "/proc", "--dev", "/dev", "--bind", ws, "/work",
-                        "--chdir", "/work", PYTHON3, "-I", "-S", "-c", (char *)s->code,
+        char *argv[] = {"bwrap",
+                        "--unshare-all",
+                        "--die-with-parent",
+                        "--new-session",
+                        "--ro-bind",
+                        "/usr",
+                        "/usr",
+                        "--symlink",
+                        "usr/lib",
+                        "/lib",
+                        "--symlink",
+                        "usr/lib64",
+                        "/lib64",
+                        "--symlink",
+                        "usr/bin",
+                        "/bin",
+                        "--ro-bind",
+                        "/etc/ld.so.cache",
+                        "/etc/ld.so.cache",
+                        "--proc",
+                        "/proc",
+                        "--dev",
+                        "/dev",
+                        "--bind",
+                        ws,
+                        "/work",
+                        "--chdir",
+                        "/work",
+                        PYTHON3,
+                        "-I",
+                        "-S",
+                        "-c",
+                        (char *)s->code,
                         NULL};
         execve(BWRAP, argv, envp);
         _exit(127);
@@ -287,7 +314,8 @@ static long private_kb(pid_t pid)
     if (!f)
         return -1;
     while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "Private_Clean: %ld", &v) == 1 || sscanf(line, "Private_Dirty: %ld", &v) == 1)
+        if (sscanf(line, "Private_Clean: %ld", &v) == 1 ||
+            sscanf(line, "Private_Dirty: %ld", &v) == 1)
             total += v;
     fclose(f);
     return total;
@@ -306,8 +334,8 @@ static void machine(FILE *out)
     if (f)
         fclose(f);
     uname(&u);
-    fprintf(out, "machine: %ld cores, %s, %s %s\n", sysconf(_SC_NPROCESSORS_ONLN), model,
-            u.sysname, u.release);
+    fprintf(out, "machine: %ld cores, %s, %s %s\n", sysconf(_SC_NPROCESSORS_ONLN), model, u.sysname,
+            u.release);
 }
 
 static void usage(void)
@@ -499,8 +527,8 @@ int main(int argc, char **argv)
                 if (k != SYS_PYSBX)
                     snprintf(ratio, sizeof(ratio), "%.1fx", p50 / base);
                 fprintf(f, "%-18s %-14s %9.3f %9.3f %9.3f %18s\n", k ? "" : snippets[s].name,
-                        system_names[k], p50, quantile(&lat[k][s], 0.9),
-                        quantile(&lat[k][s], 0.99), ratio);
+                        system_names[k], p50, quantile(&lat[k][s], 0.9), quantile(&lat[k][s], 0.99),
+                        ratio);
             }
         }
         fprintf(f, "\nthroughput, print(1), default pool (2 idle workers per core): ");
@@ -508,8 +536,9 @@ int main(int argc, char **argv)
             fprintf(f, "%d caller%s %.0f runs/s%s", levels[i], levels[i] > 1 ? "s" : "", tp[i],
                     i < 2 ? ", " : "\n");
         fprintf(f, "template start (sbx_open): median %.1f ms of 3\n", quantile(&open_ms, 0.5));
-        fprintf(f, "idle worker private memory (Private_Clean + Private_Dirty): median %.0f KiB "
-                   "of %zu workers\n",
+        fprintf(f,
+                "idle worker private memory (Private_Clean + Private_Dirty): median %.0f KiB "
+                "of %zu workers\n",
                 quantile(&priv, 0.5), priv.n);
         fprintf(f, "failed runs: pysbx %ld, python3 %ld, bwrap %ld; throughput %ld\n",
                 failures[SYS_PYSBX], failures[SYS_PYTHON3], failures[SYS_BWRAP],
@@ -545,20 +574,22 @@ int main(int argc, char **argv)
         snprintf(path, sizeof(path), "%s/latency.gp", out_dir);
         FILE *gp = fopen(path, "w");
         if (gp) {
-            fprintf(gp, "set terminal png size 1100,560\nset output '%s/latency.png'\n"
-                        "set title 'pysbx-bench: wall time per run (box p25-p75, whiskers "
-                        "p10-p90, bar p50)' noenhanced\n"
-                        "set ylabel 'ms (log scale)'\nset logscale y\nset grid ytics\n"
-                        "set boxwidth 0.25\nset style fill solid 0.4\nset key top left "
-                        "noenhanced\nset xrange [-0.6:%d.6]\nset xtics (",
+            fprintf(gp,
+                    "set terminal png size 1100,560\nset output '%s/latency.png'\n"
+                    "set title 'pysbx-bench: wall time per run (box p25-p75, whiskers "
+                    "p10-p90, bar p50)' noenhanced\n"
+                    "set ylabel 'ms (log scale)'\nset logscale y\nset grid ytics\n"
+                    "set boxwidth 0.25\nset style fill solid 0.4\nset key top left "
+                    "noenhanced\nset xrange [-0.6:%d.6]\nset xtics (",
                     out_dir, N_SNIPPETS - 1);
             for (int s = 0; s < N_SNIPPETS; s++)
                 fprintf(gp, "%s'%s' %d", s ? ", " : "", snippets[s].name, s);
-            fprintf(gp, ") noenhanced\nnames = 'pysbx python3 bwrap'\n"
-                        "plot for [k=0:2] '%s/quantiles.dat' using ($2==k ? $1+(k-1)*0.3 : "
-                        "1/0):5:4:8:7 with candlesticks whiskerbars lw 1.5 title word(names,k+1), "
-                        "\\\n  for [k=0:2] '' using ($2==k ? $1+(k-1)*0.3 : 1/0):6:6:6:6 "
-                        "with candlesticks lt -1 lw 2 notitle\n",
+            fprintf(gp,
+                    ") noenhanced\nnames = 'pysbx python3 bwrap'\n"
+                    "plot for [k=0:2] '%s/quantiles.dat' using ($2==k ? $1+(k-1)*0.3 : "
+                    "1/0):5:4:8:7 with candlesticks whiskerbars lw 1.5 title word(names,k+1), "
+                    "\\\n  for [k=0:2] '' using ($2==k ? $1+(k-1)*0.3 : 1/0):6:6:6:6 "
+                    "with candlesticks lt -1 lw 2 notitle\n",
                     out_dir);
             fclose(gp);
             char cmd[700];

@@ -67,12 +67,12 @@ extern "C" {
 
 /* Ranges accepted by sbx_run; anything outside is refused with
  * SBX_ERR_INVALID_LIMIT before anything runs. */
-#define SBX_MAX_SECONDS            86400.0
-#define SBX_MIN_MEMORY_BYTES       (32ULL << 20)
-#define SBX_MAX_MEMORY_BYTES       (1ULL << 40)
-#define SBX_MAX_OUTPUT_CHARS_LIMIT (16ULL << 20)
+#define SBX_MAX_SECONDS              86400.0
+#define SBX_MIN_MEMORY_BYTES         (32ULL << 20)
+#define SBX_MAX_MEMORY_BYTES         (1ULL << 40)
+#define SBX_MAX_OUTPUT_CHARS_LIMIT   (16ULL << 20)
 #define SBX_MAX_ARTIFACT_BYTES_LIMIT (256ULL << 20)
-#define SBX_MAX_ARTIFACTS_LIMIT    100000ULL
+#define SBX_MAX_ARTIFACTS_LIMIT      100000ULL
 /* Size limits of a request: the code, and the code plus all input files. */
 #define SBX_MAX_CODE_BYTES    (64ULL << 20)
 #define SBX_MAX_REQUEST_BYTES (256ULL << 20)
@@ -225,7 +225,7 @@ struct sbx_result {
     size_t stderr_len;
     bool stdout_truncated;
     bool stderr_truncated;
-    bool partial; /* output is what came before the sandbox stopped the run */
+    bool partial;                   /* output is what came before the sandbox stopped the run */
     struct sbx_artifact *artifacts; /* only for SBX_COMPLETED */
     size_t n_artifacts;
     uint64_t artifacts_dropped;
@@ -266,7 +266,7 @@ PYSBX_API int sbx_open(const struct sbx_config *cfg, struct sbx **out, struct sb
  * -ENOMEM with |err| filled in and *out left NULL. Does not keep pointers
  * into |req| after it returns. */
 PYSBX_API int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
-            struct sbx_error *err);
+                      struct sbx_error *err);
 
 /* Checks |req| the way sbx_run does, without running it. */
 PYSBX_API int sbx_request_check(const struct sbx_request *req, struct sbx_error *err);
@@ -298,8 +298,8 @@ PYSBX_API void sbx_close(struct sbx *sbx);
  * free() it. NULL only when out of memory. */
 PYSBX_API char *sbx_result_to_json(const struct sbx_result *res);
 
-PYSBX_API const char *sbx_status_name(enum sbx_status status);     /* "completed", ... */
-PYSBX_API const char *sbx_limit_name(enum sbx_limit_kind limit);   /* "wall", ... or NULL */
+PYSBX_API const char *sbx_status_name(enum sbx_status status);       /* "completed", ... */
+PYSBX_API const char *sbx_limit_name(enum sbx_limit_kind limit);     /* "wall", ... or NULL */
 PYSBX_API const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid_limit", ... */
 
 /*

@@ -107,8 +107,7 @@ void expect_stdout(struct sbx *sbx, const char *code, const char *want)
     struct sbx_result *r = run_code(sbx, code);
     expect_completed(r, 0);
     if (strcmp(r->stdout_text, want) != 0)
-        fail_msg("stdout:\n%s\nexpected:\n%s\nstderr:\n%s", r->stdout_text, want,
-                 r->stderr_text);
+        fail_msg("stdout:\n%s\nexpected:\n%s\nstderr:\n%s", r->stdout_text, want, r->stderr_text);
     sbx_result_free(r);
 }
 

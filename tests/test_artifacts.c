@@ -197,7 +197,7 @@ static void unchanged_inputs_are_not_returned(void **state)
 {
     struct ws *w = *state;
     put(w, "in/same.csv", "a,b\n");
-    put(w, "in/changed.csv", "a,c\n");   /* same size, other bytes */
+    put(w, "in/changed.csv", "a,c\n"); /* same size, other bytes */
     put(w, "in/grown.csv", "a,b\nc,d\n");
     put(w, "new.txt", "n");
     const struct sbx_file inputs[] = {
@@ -241,14 +241,10 @@ static void too_deep_and_odd_names(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(files_come_back_sorted_by_name_bytewise),
-        T(count_cap_keeps_the_first_by_name),
-        T(byte_cap_cuts_and_reports_the_real_size),
-        T(huge_sparse_file_costs_only_the_cap),
-        T(ten_thousand_files_keep_only_the_cap),
-        T(links_fifos_and_hardlinks_are_never_read),
-        T(unchanged_inputs_are_not_returned),
-        T(too_deep_and_odd_names),
+        T(files_come_back_sorted_by_name_bytewise), T(count_cap_keeps_the_first_by_name),
+        T(byte_cap_cuts_and_reports_the_real_size), T(huge_sparse_file_costs_only_the_cap),
+        T(ten_thousand_files_keep_only_the_cap),    T(links_fifos_and_hardlinks_are_never_read),
+        T(unchanged_inputs_are_not_returned),       T(too_deep_and_odd_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

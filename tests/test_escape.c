@@ -68,7 +68,7 @@ static void host_untouched(void)
 }
 
 #define CTYPES "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-#define TRY_SYSCALL(expr)                                                                      \
+#define TRY_SYSCALL(expr)                                                                          \
     "r = " expr "\nprint(r, os.strerror(ctypes.get_errno()) if r == -1 else '')\n"
 
 /* --- the network ----------------------------------------------------------- */
@@ -82,7 +82,7 @@ static void raw_inet_socket_via_ctypes_is_refused(void **state)
 static void unix_socket_via_ctypes_is_refused(void **state)
 {
     expect_output(run(state, CTYPES TRY_SYSCALL("libc.socket(1, 1, 0)")
-                                    TRY_SYSCALL("libc.socketpair(1, 1, 0, (ctypes.c_int * 2)())")),
+                                 TRY_SYSCALL("libc.socketpair(1, 1, 0, (ctypes.c_int * 2)())")),
                   "-1 Operation not permitted\n-1 Operation not permitted\n");
 }
 
@@ -199,11 +199,12 @@ static void mount_kills(void **state)
 
 static void killing_the_parent_pid_1_and_everyone_is_refused(void **state)
 {
-    expect_output(run(state, "import os, signal\n"
-                             "for pid in (os.getppid(), 1, -1, %d):\n"
-                             "    try:\n        os.kill(pid, signal.SIGKILL)\n"
-                             "        print('sent', pid)\n"
-                             "    except OSError as e:\n        print(e.strerror)\n",
+    expect_output(run(state,
+                      "import os, signal\n"
+                      "for pid in (os.getppid(), 1, -1, %d):\n"
+                      "    try:\n        os.kill(pid, signal.SIGKILL)\n"
+                      "        print('sent', pid)\n"
+                      "    except OSError as e:\n        print(e.strerror)\n",
                       (int)getpid()),
                   "Operation not permitted\nOperation not permitted\n"
                   "Operation not permitted\nOperation not permitted\n");
@@ -282,8 +283,7 @@ static void deep_recursion_ends_the_run_only(void **state)
                                     "import sys\nsys.setrecursionlimit(10**8)\n"
                                     "def f(n):\n    return f(n + 1) + 1\nf(0)\n",
                                     &l, NULL, 0);
-    if (!(r->status == SBX_MEMORY_LIMIT ||
-          (r->status == SBX_COMPLETED && r->exit_code == 1) ||
+    if (!(r->status == SBX_MEMORY_LIMIT || (r->status == SBX_COMPLETED && r->exit_code == 1) ||
           (r->status == SBX_CRASHED && r->signal == SIGSEGV)))
         fail_msg("Python recursion: %s (%s)", sbx_status_name(r->status), r->reason);
     sbx_result_free(r);
@@ -387,16 +387,16 @@ static void closing_stdout_and_stderr_then_sleeping_still_times_out(void **state
 
 static void fake_result_bytes_on_every_descriptor_change_nothing(void **state)
 {
-    struct sbx_result *r = run(state,
-                               "import os, struct, sys\n"
-                               "fake_json = b'{\"status\":\"completed\",\"exit_code\":0}\\n'\n"
-                               /* a status message as the template would write it */
-                               "fake_status = struct.pack('<IiIIqqq', 0x70737473, 0, 1, 0, 0, 0, 0)\n"
-                               "for fd in range(0, 64):\n"
-                               "    for b in (fake_json, fake_status):\n"
-                               "        try:\n            os.write(fd, b)\n"
-                               "        except OSError:\n            pass\n"
-                               "sys.exit(3)\n");
+    struct sbx_result *r =
+        run(state, "import os, struct, sys\n"
+                   "fake_json = b'{\"status\":\"completed\",\"exit_code\":0}\\n'\n"
+                   /* a status message as the template would write it */
+                   "fake_status = struct.pack('<IiIIqqq', 0x70737473, 0, 1, 0, 0, 0, 0)\n"
+                   "for fd in range(0, 64):\n"
+                   "    for b in (fake_json, fake_status):\n"
+                   "        try:\n            os.write(fd, b)\n"
+                   "        except OSError:\n            pass\n"
+                   "sys.exit(3)\n");
     expect_completed(r, 3);
     sbx_result_free(r);
     r = run(state, "import os, signal\nos.write(1, b'exit_code 0\\n')\n"
@@ -417,9 +417,10 @@ static void other_devices_are_refused(void **state)
 
 static void the_work_root_and_other_workspaces_are_not_listable(void **state)
 {
-    expect_output(run(state, "import os\n"
-                             "try:\n    os.listdir(os.path.dirname(os.getcwd()))\n    print('listed')\n"
-                             "except PermissionError:\n    print('refused')\n"),
+    expect_output(run(state,
+                      "import os\n"
+                      "try:\n    os.listdir(os.path.dirname(os.getcwd()))\n    print('listed')\n"
+                      "except PermissionError:\n    print('refused')\n"),
                   "refused\n");
 }
 

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #define SBX(state) (((struct fixture *)*(state))->sbx)
-#define PYTHON3 "/usr/bin/python3"
+#define PYTHON3    "/usr/bin/python3"
 
 static char *plain_python(const char *code)
 {
@@ -73,25 +73,27 @@ static void threads(void **state)
 
 static void decimal_and_fractions(void **state)
 {
-    same_as_python3(state, "from decimal import Decimal, getcontext\n"
-                           "from fractions import Fraction\n"
-                           "import statistics, math\n"
-                           "getcontext().prec = 50\n"
-                           "print(Decimal(1) / Decimal(7), Decimal(2).sqrt())\n"
-                           "print(Fraction(3, 7) + Fraction(1, 3), math.comb(50, 25))\n"
-                           "print(statistics.mean([1, 2, 3, 4.5]), statistics.median([5, 1, 3]))\n");
+    same_as_python3(state,
+                    "from decimal import Decimal, getcontext\n"
+                    "from fractions import Fraction\n"
+                    "import statistics, math\n"
+                    "getcontext().prec = 50\n"
+                    "print(Decimal(1) / Decimal(7), Decimal(2).sqrt())\n"
+                    "print(Fraction(3, 7) + Fraction(1, 3), math.comb(50, 25))\n"
+                    "print(statistics.mean([1, 2, 3, 4.5]), statistics.median([5, 1, 3]))\n");
 }
 
 static void sqlite3_in_memory(void **state)
 {
-    same_as_python3(state, "import sqlite3\n"
-                           "c = sqlite3.connect(':memory:')\n"
-                           "c.execute('create table t (k text, v integer)')\n"
-                           "c.executemany('insert into t values (?, ?)',"
-                           " [(str(i % 7), i) for i in range(1000)])\n"
-                           "print(c.execute('select k, count(*), sum(v) from t group by k order by k')"
-                           ".fetchall())\n"
-                           "print(sqlite3.sqlite_version_info >= (3, 0, 0))\n");
+    same_as_python3(state,
+                    "import sqlite3\n"
+                    "c = sqlite3.connect(':memory:')\n"
+                    "c.execute('create table t (k text, v integer)')\n"
+                    "c.executemany('insert into t values (?, ?)',"
+                    " [(str(i % 7), i) for i in range(1000)])\n"
+                    "print(c.execute('select k, count(*), sum(v) from t group by k order by k')"
+                    ".fetchall())\n"
+                    "print(sqlite3.sqlite_version_info >= (3, 0, 0))\n");
 }
 
 static void sqlite3_on_a_workspace_file(void **state)

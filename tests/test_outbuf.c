@@ -51,21 +51,24 @@ static void limit_counts_characters_not_bytes(void **state)
     bool cut;
     char *s = capture(3, in, 3, &len, &cut);
     assert_true(cut);
-    assert_memory_equal(s, "\xc3\xa9\xc3\xa9\xf0\x9f\x98\x80\n[pysbx: output cut, 1 more characters]\n",
-                        len);
+    assert_memory_equal(
+        s, "\xc3\xa9\xc3\xa9\xf0\x9f\x98\x80\n[pysbx: output cut, 1 more characters]\n", len);
     free(s);
 }
 
 static void invalid_bytes_become_replacement_characters(void **state)
 {
     (void)state;
-    const char *in[] = {"a\xff" "b\xc3(" "\xe2\x82"};
+    const char *in[] = {"a\xff"
+                        "b\xc3("
+                        "\xe2\x82"};
     size_t len;
     bool cut;
     char *s = capture(100, in, 1, &len, &cut);
     /* 0xff alone, 0xc3 cut short by '(', and a dangling 0xe2 0x82 at the end
      * each become one U+FFFD. */
-    assert_string_equal(s, "a\xef\xbf\xbd" "b\xef\xbf\xbd(\xef\xbf\xbd");
+    assert_string_equal(s, "a\xef\xbf\xbd"
+                           "b\xef\xbf\xbd(\xef\xbf\xbd");
     assert_false(cut);
     free(s);
 }

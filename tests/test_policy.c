@@ -56,24 +56,49 @@ static uint32_t eval(const struct sock_filter *f, unsigned len, const struct sec
             break;
         case BPF_ALU:
             switch (BPF_OP(i->code)) {
-            case BPF_AND: A &= src; break;
-            case BPF_OR: A |= src; break;
-            case BPF_ADD: A += src; break;
-            case BPF_SUB: A -= src; break;
-            case BPF_RSH: A >>= src; break;
-            case BPF_LSH: A <<= src; break;
-            default: fail_msg("unsupported alu 0x%x at %u", i->code, pc);
+            case BPF_AND:
+                A &= src;
+                break;
+            case BPF_OR:
+                A |= src;
+                break;
+            case BPF_ADD:
+                A += src;
+                break;
+            case BPF_SUB:
+                A -= src;
+                break;
+            case BPF_RSH:
+                A >>= src;
+                break;
+            case BPF_LSH:
+                A <<= src;
+                break;
+            default:
+                fail_msg("unsupported alu 0x%x at %u", i->code, pc);
             }
             break;
         case BPF_JMP: {
             bool t;
             switch (BPF_OP(i->code)) {
-            case BPF_JA: pc += i->k; continue;
-            case BPF_JEQ: t = A == src; break;
-            case BPF_JGT: t = A > src; break;
-            case BPF_JGE: t = A >= src; break;
-            case BPF_JSET: t = (A & src) != 0; break;
-            default: fail_msg("unsupported jump 0x%x at %u", i->code, pc); t = false;
+            case BPF_JA:
+                pc += i->k;
+                continue;
+            case BPF_JEQ:
+                t = A == src;
+                break;
+            case BPF_JGT:
+                t = A > src;
+                break;
+            case BPF_JGE:
+                t = A >= src;
+                break;
+            case BPF_JSET:
+                t = (A & src) != 0;
+                break;
+            default:
+                fail_msg("unsupported jump 0x%x at %u", i->code, pc);
+                t = false;
             }
             pc += t ? i->jt : i->jf;
             break;
@@ -95,8 +120,8 @@ static uint32_t eval(const struct sock_filter *f, unsigned len, const struct sec
 }
 
 #define ALLOWED SECCOMP_RET_ALLOW
-#define KILLED SECCOMP_RET_KILL_PROCESS
-#define ERR(e) (SECCOMP_RET_ERRNO | (e))
+#define KILLED  SECCOMP_RET_KILL_PROCESS
+#define ERR(e)  (SECCOMP_RET_ERRNO | (e))
 
 struct row {
     const char *what;
@@ -107,8 +132,8 @@ struct row {
 };
 
 #define X86 AUDIT_ARCH_X86_64
-#define THREAD_FLAGS                                                                            \
-    (CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM |         \
+#define THREAD_FLAGS                                                                               \
+    (CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM |            \
      CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID)
 
 static const struct row rows[] = {
@@ -127,9 +152,11 @@ static const struct row rows[] = {
     {"pthread_create's clone", X86, SYS_clone, {THREAD_FLAGS}, ALLOWED},
     {"fork's clone", X86, SYS_clone, {SIGCHLD}, ERR(EPERM)},
     {"posix_spawn's clone", X86, SYS_clone, {CLONE_VM | CLONE_VFORK | SIGCHLD}, ERR(EPERM)},
-    {"thread in a new user namespace", X86, SYS_clone, {THREAD_FLAGS | CLONE_NEWUSER},
-     ERR(EPERM)},
-    {"thread in a new network namespace", X86, SYS_clone, {THREAD_FLAGS | CLONE_NEWNET},
+    {"thread in a new user namespace", X86, SYS_clone, {THREAD_FLAGS | CLONE_NEWUSER}, ERR(EPERM)},
+    {"thread in a new network namespace",
+     X86,
+     SYS_clone,
+     {THREAD_FLAGS | CLONE_NEWNET},
      ERR(EPERM)},
     {"clone3", X86, SYS_clone3, {0}, ERR(ENOSYS)},
     {"fork", X86, SYS_fork, {0}, ERR(EPERM)},

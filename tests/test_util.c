@@ -11,8 +11,8 @@
 static void names_that_escape_or_are_malformed_are_refused(void **state)
 {
     (void)state;
-    static const char *bad[] = {"", "/etc/passwd", "..", "../x", "a/../b", "a/..", ".", "./a",
-                                "a//b", "a/", "a/./b", "\xff.txt"};
+    static const char *bad[] = {"",  "/etc/passwd", "..",   "../x", "a/../b", "a/..",
+                                ".", "./a",         "a//b", "a/",   "a/./b",  "\xff.txt"};
     for (size_t i = 0; i < ARRAY_SIZE(bad); i++)
         assert_non_null(name_problem(bad[i], strlen(bad[i])));
     assert_non_null(name_problem("a\0b", 3));
@@ -25,8 +25,8 @@ static void names_that_escape_or_are_malformed_are_refused(void **state)
 static void ordinary_names_are_accepted(void **state)
 {
     (void)state;
-    static const char *good[] = {"a", "data.csv", "plots/a.png", "a/b/c/d.txt", ".hidden",
-                                 "..x", "x..", "caf\xc3\xa9.txt", "a b/c d"};
+    static const char *good[] = {"a",   "data.csv", "plots/a.png",     "a/b/c/d.txt", ".hidden",
+                                 "..x", "x..",      "caf\xc3\xa9.txt", "a b/c d"};
     for (size_t i = 0; i < ARRAY_SIZE(good); i++)
         assert_null(name_problem(good[i], strlen(good[i])));
 }
@@ -36,9 +36,10 @@ static void utf8_prefix_stops_at_the_first_invalid_byte(void **state)
     (void)state;
     assert_int_equal(utf8_valid_prefix((const unsigned char *)"abc", 3), 3);
     assert_int_equal(utf8_valid_prefix((const unsigned char *)"a\xc3\xa9", 3), 3);
-    assert_int_equal(utf8_valid_prefix((const unsigned char *)"a\xc3", 2), 1);     /* cut */
-    assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xc0\x80", 2), 0);  /* overlong */
-    assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xed\xa0\x80", 3), 0); /* surrogate */
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"a\xc3", 2), 1);    /* cut */
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xc0\x80", 2), 0); /* overlong */
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xed\xa0\x80", 3),
+                     0); /* surrogate */
     assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xf4\x90\x80\x80", 4), 0);
     assert_int_equal(utf8_valid_prefix((const unsigned char *)"\xf0\x9f\x98\x80!", 5), 5);
 }
@@ -80,8 +81,8 @@ static void sizes_and_numbers_parse_strictly(void **state)
     assert_int_equal(v, 512ULL << 10);
     assert_int_equal(parse_size("1048576", &v), 0);
     assert_int_equal(v, 1048576);
-    static const char *bad[] = {"", "M", "-1", "1.5G", "12Q", "1GG", " 1", "99999999999999999999",
-                                "20000000000T"};
+    static const char *bad[] = {
+        "", "M", "-1", "1.5G", "12Q", "1GG", " 1", "99999999999999999999", "20000000000T"};
     for (size_t i = 0; i < ARRAY_SIZE(bad); i++)
         assert_int_equal(parse_size(bad[i], &v), -EINVAL);
 

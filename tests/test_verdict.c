@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EXITED(c) ((c) << 8)
+#define EXITED(c)   ((c) << 8)
 #define SIGNALED(s) (s)
 
 struct row {
@@ -31,21 +31,21 @@ static void verdicts_follow_the_table(void **state)
         {"wall kill", SIGNALED(SIGKILL), true, true, 10, SBX_TIMEOUT, SBX_LIMIT_WALL, -1, 0},
         {"wall kill before start", SIGNALED(SIGKILL), false, true, 1, SBX_TIMEOUT, SBX_LIMIT_WALL,
          -1, 0},
-        {"exit just as the deadline hit", EXITED(0), true, true, 10, SBX_COMPLETED,
-         SBX_LIMIT_NONE, 0, 0},
+        {"exit just as the deadline hit", EXITED(0), true, true, 10, SBX_COMPLETED, SBX_LIMIT_NONE,
+         0, 0},
         {"SIGXCPU at limit", SIGNALED(SIGXCPU), true, false, 1000, SBX_TIMEOUT, SBX_LIMIT_CPU, -1,
          0},
         {"hard CPU limit", SIGNALED(SIGKILL), true, false, 2000, SBX_TIMEOUT, SBX_LIMIT_CPU, -1, 0},
         {"self-sent SIGXCPU", SIGNALED(SIGXCPU), true, false, 5, SBX_CRASHED, SBX_LIMIT_NONE, -1,
          SIGXCPU},
-        {"unexplained SIGKILL", SIGNALED(SIGKILL), true, false, 5, SBX_CRASHED, SBX_LIMIT_NONE,
-         -1, SIGKILL},
+        {"unexplained SIGKILL", SIGNALED(SIGKILL), true, false, 5, SBX_CRASHED, SBX_LIMIT_NONE, -1,
+         SIGKILL},
         {"MemoryError", 0, true, false, 5, SBX_MEMORY_LIMIT, SBX_LIMIT_MEMORY, -1, 0},
         {"segfault", SIGNALED(SIGSEGV), true, false, 5, SBX_CRASHED, SBX_LIMIT_NONE, -1, SIGSEGV},
         {"policy", SIGNALED(SIGSYS), true, false, 5, SBX_CRASHED, SBX_LIMIT_NONE, -1, SIGSYS},
         {"died in setup", EXITED(125), false, false, 1, SBX_SANDBOX_ERROR, SBX_LIMIT_NONE, -1, 0},
-        {"killed in setup", SIGNALED(SIGSEGV), false, false, 1, SBX_SANDBOX_ERROR,
-         SBX_LIMIT_NONE, -1, 0},
+        {"killed in setup", SIGNALED(SIGSEGV), false, false, 1, SBX_SANDBOX_ERROR, SBX_LIMIT_NONE,
+         -1, 0},
     };
     struct sbx_limits l;
     sbx_limits_init(&l);
@@ -56,8 +56,7 @@ static void verdicts_follow_the_table(void **state)
         struct sbx_result res;
         memset(&res, 0, sizeof(res));
         struct verdict_input in = {
-            .wait_status = strcmp(r->what, "MemoryError") == 0 ? WIRE_NOMEM_SIGNAL
-                                                                : r->wait_status,
+            .wait_status = strcmp(r->what, "MemoryError") == 0 ? WIRE_NOMEM_SIGNAL : r->wait_status,
             .started = r->started,
             .killed_for_wall = r->killed_for_wall,
             .cpu_ms = r->cpu_ms,

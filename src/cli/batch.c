@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 struct program {
-    char *label;  /* file name, or "line N" */
-    char *text;   /* the code, or the request line */
+    char *label; /* file name, or "line N" */
+    char *text;  /* the code, or the request line */
     size_t len;
     bool is_request;
 };
@@ -74,8 +74,7 @@ static int load_dir(struct batch *b, const char *dir)
         if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
             (uint64_t)st.st_size <= SBX_MAX_CODE_BYTES) {
             b->p[b->n].text = malloc((size_t)st.st_size + 1);
-            ssize_t got = b->p[b->n].text ? read_full(fd, b->p[b->n].text, (size_t)st.st_size)
-                                           : -1;
+            ssize_t got = b->p[b->n].text ? read_full(fd, b->p[b->n].text, (size_t)st.st_size) : -1;
             b->p[b->n].len = got > 0 ? (size_t)got : 0;
         }
         if (fd >= 0)
@@ -137,14 +136,12 @@ static void progress(struct batch *b, bool final)
     for (int i = 0; i < width; i++)
         bar[i] = i < fill ? '=' : ' ';
     bar[width] = '\0';
-    fprintf(stderr, "\r[%s] %zu/%zu  completed %zu  stopped %zu  %.1f runs/s%s", bar, b->done,
-            b->n, b->by_status[SBX_COMPLETED],
-            b->done - b->by_status[SBX_COMPLETED] - b->refused, secs > 0 ? b->done / secs : 0.0,
-            final ? "\n" : "");
+    fprintf(stderr, "\r[%s] %zu/%zu  completed %zu  stopped %zu  %.1f runs/s%s", bar, b->done, b->n,
+            b->by_status[SBX_COMPLETED], b->done - b->by_status[SBX_COMPLETED] - b->refused,
+            secs > 0 ? b->done / secs : 0.0, final ? "\n" : "");
 }
 
-static void record(struct batch *b, size_t i, char *line, const struct sbx_result *res,
-                   double ms)
+static void record(struct batch *b, size_t i, char *line, const struct sbx_result *res, double ms)
 {
     pthread_mutex_lock(&b->lock);
     if (line)
@@ -276,17 +273,18 @@ int batch_main(const struct batch_opts *o)
         if (b.wall_ms[i] >= 0)
             b.wall_ms[ran++] = b.wall_ms[i];
     qsort(b.wall_ms, ran, sizeof(double), cmp_doubles);
-    fprintf(stderr, "pysbx batch: %zu programs in %.2f s (%.1f/s), %u at a time, backend %s\n",
-            b.n, total, total > 0 ? (double)b.n / total : 0.0, jobs, o->backend->name);
-    fprintf(stderr, "  completed %zu (%zu with a non-zero exit code), timeout %zu, "
-                    "memory_limit %zu, crashed %zu, cancelled %zu, sandbox_error %zu, "
-                    "refused %zu\n",
+    fprintf(stderr, "pysbx batch: %zu programs in %.2f s (%.1f/s), %u at a time, backend %s\n", b.n,
+            total, total > 0 ? (double)b.n / total : 0.0, jobs, o->backend->name);
+    fprintf(stderr,
+            "  completed %zu (%zu with a non-zero exit code), timeout %zu, "
+            "memory_limit %zu, crashed %zu, cancelled %zu, sandbox_error %zu, "
+            "refused %zu\n",
             b.by_status[SBX_COMPLETED], b.failed_code, b.by_status[SBX_TIMEOUT],
             b.by_status[SBX_MEMORY_LIMIT], b.by_status[SBX_CRASHED], b.by_status[SBX_CANCELLED],
             b.by_status[SBX_SANDBOX_ERROR], b.refused);
     if (ran)
-        fprintf(stderr, "  latency per program: p50 %.2f ms, p99 %.2f ms\n",
-                b.wall_ms[ran / 2], b.wall_ms[(size_t)((double)(ran - 1) * 0.99)]);
+        fprintf(stderr, "  latency per program: p50 %.2f ms, p99 %.2f ms\n", b.wall_ms[ran / 2],
+                b.wall_ms[(size_t)((double)(ran - 1) * 0.99)]);
     rc = b.by_status[SBX_SANDBOX_ERROR] || b.refused ? 1 : 0;
     for (size_t i = 0; i < b.n; i++) {
         free(b.p[i].label);

@@ -14,8 +14,8 @@ int cmd_doctor(int argc, char **argv);
 /* The front ends over a backend: serve, mcp, batch. */
 struct serve_opts {
     struct sbx_backend *backend;
-    size_t max_line_bytes; /* a longer request line is refused, not read */
-    unsigned jobs;         /* requests run at once per input stream */
+    size_t max_line_bytes;   /* a longer request line is refused, not read */
+    unsigned jobs;           /* requests run at once per input stream */
     const char *listen_path; /* a UNIX socket instead of stdin/stdout */
     mode_t socket_mode;
 };

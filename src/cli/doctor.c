@@ -36,14 +36,14 @@ int cmd_doctor(int argc, char **argv)
     uname(&u);
     if (json) {
         json_t *doc = json_pack("{s:s, s:s, s:s, s:s}", "pysbx", PYSBX_VERSION, "python",
-                              sbx_python_version(sbx), "libseccomp", sbx_libseccomp_version(sbx),
-                              "kernel", u.release);
+                                sbx_python_version(sbx), "libseccomp", sbx_libseccomp_version(sbx),
+                                "kernel", u.release);
         json_t *l = json_object();
         for (int i = 0; i < SBX_LAYER_COUNT; i++)
             json_object_set_new(l, layers[i].name,
-                                json_pack("{s:b, s:b, s:s}", "active", layers[i].active,
-                                          "required", (required & layers[i].layer) != 0,
-                                          "detail", layers[i].detail));
+                                json_pack("{s:b, s:b, s:s}", "active", layers[i].active, "required",
+                                          (required & layers[i].layer) != 0, "detail",
+                                          layers[i].detail));
         json_object_set_new(doc, "layers", l);
         char *text = json_dumps(doc, JSON_INDENT(2));
         if (text)
@@ -55,8 +55,8 @@ int cmd_doctor(int argc, char **argv)
                PYSBX_VERSION, sbx_python_version(sbx), sbx_libseccomp_version(sbx), u.sysname,
                u.release);
         for (int i = 0; i < SBX_LAYER_COUNT; i++)
-            printf("%-9s %-12s %s\n", layers[i].name,
-                   layers[i].active ? "active" : "UNAVAILABLE", layers[i].detail);
+            printf("%-9s %-12s %s\n", layers[i].name, layers[i].active ? "active" : "UNAVAILABLE",
+                   layers[i].detail);
     }
     for (int i = 0; i < SBX_LAYER_COUNT; i++) {
         if ((required & layers[i].layer) && !layers[i].active) {

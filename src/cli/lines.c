@@ -22,8 +22,8 @@ enum line_result line_next(struct line_reader *lr, const char **line, size_t *le
 {
     for (;;) {
         /* A whole line in the buffer? */
-        char *nl = lr->len > lr->start ? memchr(lr->buf + lr->start, '\n', lr->len - lr->start)
-                                       : NULL;
+        char *nl =
+            lr->len > lr->start ? memchr(lr->buf + lr->start, '\n', lr->len - lr->start) : NULL;
         if (nl) {
             size_t n = (size_t)(nl - (lr->buf + lr->start));
             *line = lr->buf + lr->start;

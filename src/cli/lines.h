@@ -8,7 +8,7 @@
 
 struct line_reader {
     int fd;
-    size_t max;  /* longest line accepted, in bytes */
+    size_t max; /* longest line accepted, in bytes */
     char *buf;
     size_t len, cap, start;
     bool discarding, eof;

@@ -79,10 +79,9 @@ static json_t *tool_description(const struct sbx_limits *l)
         (unsigned long long)l->max_output_chars);
     return json_pack(
         "{s:s, s:s, s:s, s:{s:s, s:{s:{s:s, s:s}, s:{s:s, s:{s:s}, s:s}}, s:[s]}}", "name",
-        "run_python", "title", "Run Python", "description", desc, "inputSchema", "type",
-        "object", "properties", "code", "type", "string", "description",
-        "Python 3 source code to run", "files", "type", "object", "additionalProperties",
-        "type", "string", "description",
+        "run_python", "title", "Run Python", "description", desc, "inputSchema", "type", "object",
+        "properties", "code", "type", "string", "description", "Python 3 source code to run",
+        "files", "type", "object", "additionalProperties", "type", "string", "description",
         "Input files, name to text content, written to the working directory before the "
         "code runs; names may contain '/'",
         "required", "code");
@@ -94,12 +93,12 @@ static const char *mime_type(const char *name, bool *image)
         const char *ext, *mime;
         bool image;
     } types[] = {
-        {".png", "image/png", true},        {".jpg", "image/jpeg", true},
-        {".jpeg", "image/jpeg", true},      {".gif", "image/gif", true},
-        {".webp", "image/webp", true},      {".svg", "image/svg+xml", false},
-        {".csv", "text/csv", false},        {".json", "application/json", false},
-        {".txt", "text/plain", false},      {".md", "text/markdown", false},
-        {".html", "text/html", false},      {".py", "text/x-python", false},
+        {".png", "image/png", true},   {".jpg", "image/jpeg", true},
+        {".jpeg", "image/jpeg", true}, {".gif", "image/gif", true},
+        {".webp", "image/webp", true}, {".svg", "image/svg+xml", false},
+        {".csv", "text/csv", false},   {".json", "application/json", false},
+        {".txt", "text/plain", false}, {".md", "text/markdown", false},
+        {".html", "text/html", false}, {".py", "text/x-python", false},
     };
     const char *dot = strrchr(name, '.');
     *image = false;
@@ -121,9 +120,9 @@ static json_t *artifact_content(const struct sbx_artifact *a)
     fmt(uri, sizeof(uri), "pysbx://artifact/%s", a->name);
     if (image && !a->truncated) {
         char *b64 = base64_encode(a->data, a->data_len, NULL);
-        json_t *c = b64 ? json_pack("{s:s, s:s, s:s}", "type", "image", "data", b64, "mimeType",
-                                    mime)
-                        : NULL;
+        json_t *c =
+            b64 ? json_pack("{s:s, s:s, s:s}", "type", "image", "data", b64, "mimeType", mime)
+                : NULL;
         free(b64);
         return c;
     }
@@ -156,12 +155,12 @@ static json_t *tool_result(const struct sbx_result *r)
         fmt(head, sizeof(head), "exit_code: %d%s", r->exit_code,
             r->exit_code == 1 ? " (an uncaught exception; see stderr)" : "");
     else if (r->status == SBX_TIMEOUT || r->status == SBX_MEMORY_LIMIT)
-        fmt(head, sizeof(head), "sandbox_limit_exceeded: %s (limit: %s): %s; the output below "
-                                "is what the code wrote before it was stopped",
+        fmt(head, sizeof(head),
+            "sandbox_limit_exceeded: %s (limit: %s): %s; the output below "
+            "is what the code wrote before it was stopped",
             sbx_status_name(r->status), sbx_limit_name(r->limit), r->reason);
     else
-        fmt(head, sizeof(head), "%s: %s", sbx_status_name(r->status),
-            r->reason ? r->reason : "");
+        fmt(head, sizeof(head), "%s: %s", sbx_status_name(r->status), r->reason ? r->reason : "");
     add_text(content, head, strlen(head));
     if (r->stdout_len) {
         char *t = NULL;
@@ -216,8 +215,8 @@ static void *run_call(void *p)
     struct json_request r;
     struct sbx_result *res = NULL;
     struct sbx_error err = {0};
-    json_t *req = json_pack("{s:O, s:O*, s:o}", "code", json_object_get(j->args, "code"),
-                            "files", json_object_get(j->args, "files"), "limits", json_object());
+    json_t *req = json_pack("{s:O, s:O*, s:o}", "code", json_object_get(j->args, "code"), "files",
+                            json_object_get(j->args, "files"), "limits", json_object());
 
     /* The tool's own limits, whatever the model asks. */
     if (req && json_request_from(req, &r, &err) == 0) {
@@ -228,8 +227,8 @@ static void *run_call(void *p)
             reply(s, j->id, tool_result(res));
         else
             reply(s, j->id,
-                  json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
-                            err.message, "isError", true));
+                  json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", err.message,
+                            "isError", true));
     } else
         reply(s, j->id,
               json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",

@@ -133,14 +133,10 @@ const char main_usage[] =
 
 const char *cmd_name(enum cmd c)
 {
-    switch (c) {
-    case CMD_RUN: return "run";
-    case CMD_SERVE: return "serve";
-    case CMD_MCP: return "mcp";
-    case CMD_BATCH: return "batch";
-    case CMD_DOCTOR: return "doctor";
-    }
-    return "?";
+    static const char *const names[] = {"run", "serve", "mcp", "batch", "doctor"};
+    unsigned i = c ? (unsigned)__builtin_ctz((unsigned)c) : ARRAY_SIZE(names);
+
+    return i < ARRAY_SIZE(names) ? names[i] : "?";
 }
 
 int usage_error(enum cmd c, const char *format, ...)
@@ -299,13 +295,29 @@ static int parse_layers(const char *text, unsigned *out)
 }
 
 enum {
-    O_JSON = 256, O_WALL, O_CPU, O_MEM, O_OUT, O_ABYTES, O_ARTS, O_FILE, O_DIR, O_TMPL,
-    O_REQUIRE, O_DEBUG, O_BACKEND, O_LISTEN, O_MODE, O_JOBS, O_LINE, O_OUTFILE,
+    O_JSON = 256,
+    O_WALL,
+    O_CPU,
+    O_MEM,
+    O_OUT,
+    O_ABYTES,
+    O_ARTS,
+    O_FILE,
+    O_DIR,
+    O_TMPL,
+    O_REQUIRE,
+    O_DEBUG,
+    O_BACKEND,
+    O_LISTEN,
+    O_MODE,
+    O_JOBS,
+    O_LINE,
+    O_OUTFILE,
 };
 
-#define LIMITS (CMD_RUN | CMD_MCP | CMD_BATCH)
+#define LIMITS  (CMD_RUN | CMD_MCP | CMD_BATCH)
 #define SANDBOX (CMD_RUN | CMD_SERVE | CMD_MCP | CMD_BATCH | CMD_DOCTOR)
-#define FRONTS (CMD_SERVE | CMD_MCP | CMD_BATCH)
+#define FRONTS  (CMD_SERVE | CMD_MCP | CMD_BATCH)
 
 static const struct {
     struct option opt;
@@ -331,6 +343,14 @@ static const struct {
     {{"out", required_argument, NULL, O_OUTFILE}, CMD_BATCH},
     {{"help", no_argument, NULL, 'h'}, SANDBOX},
 };
+
+static const char *option_name(int val)
+{
+    for (size_t i = 0; i < ARRAY_SIZE(options); i++)
+        if (options[i].opt.val == val)
+            return options[i].opt.name;
+    return "?";
+}
 
 int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
 {
@@ -361,32 +381,26 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
             o->json = true;
             break;
         case O_WALL:
-            if (parse_seconds(optarg, &o->limits.wall_seconds) < 0)
-                return usage_error(cmd, "--wall wants a number of seconds above 0, not '%s'",
-                                   optarg);
-            break;
         case O_CPU:
-            if (parse_seconds(optarg, &o->limits.cpu_seconds) < 0)
-                return usage_error(cmd, "--cpu wants a number of seconds above 0, not '%s'",
-                                   optarg);
+            if (parse_seconds(optarg,
+                              c == O_WALL ? &o->limits.wall_seconds : &o->limits.cpu_seconds) < 0)
+                return usage_error(cmd, "--%s wants a number of seconds above 0, not '%s'",
+                                   option_name(c), optarg);
             break;
         case O_MEM:
             if (parse_size(optarg, &o->limits.memory_bytes) < 0)
-                return usage_error(cmd, "--memory wants a size such as 256M, 1G or 268435456, "
-                                        "not '%s'", optarg);
-            break;
-        case O_OUT:
-            if (parse_u64(optarg, &o->limits.max_output_chars) < 0)
-                return usage_error(cmd, "--max-output wants a whole number, not '%s'", optarg);
-            break;
-        case O_ABYTES:
-            if (parse_u64(optarg, &o->limits.max_artifact_bytes) < 0)
-                return usage_error(cmd, "--max-artifact-bytes wants a whole number, not '%s'",
+                return usage_error(cmd,
+                                   "--memory wants a size such as 256M, 1G or 268435456, "
+                                   "not '%s'",
                                    optarg);
             break;
+        case O_OUT:
+        case O_ABYTES:
         case O_ARTS:
-            if (parse_u64(optarg, &o->limits.max_artifacts) < 0)
-                return usage_error(cmd, "--max-artifacts wants a whole number, not '%s'",
+            if (parse_u64(optarg, c == O_OUT      ? &o->limits.max_output_chars
+                                  : c == O_ABYTES ? &o->limits.max_artifact_bytes
+                                                  : &o->limits.max_artifacts) < 0)
+                return usage_error(cmd, "--%s wants a whole number, not '%s'", option_name(c),
                                    optarg);
             break;
         case O_FILE:
@@ -401,8 +415,10 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
             break;
         case O_REQUIRE:
             if (parse_layers(optarg, &o->required) < 0)
-                return usage_error(cmd, "--require wants layer names separated by commas (or "
-                                        "'none'), not '%s'", optarg);
+                return usage_error(cmd,
+                                   "--require wants layer names separated by commas (or "
+                                   "'none'), not '%s'",
+                                   optarg);
             break;
         case O_DEBUG:
             o->policy_debug = true;
@@ -425,8 +441,7 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         }
         case O_JOBS:
             if (parse_u64(optarg, &n) < 0 || n < 1 || n > 1024)
-                return usage_error(cmd, "--jobs wants a number from 1 to 1024, not '%s'",
-                                   optarg);
+                return usage_error(cmd, "--jobs wants a number from 1 to 1024, not '%s'", optarg);
             o->jobs = (unsigned)n;
             break;
         case O_LINE:
@@ -445,8 +460,9 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
     }
     bool wants_target = cmd == CMD_RUN || cmd == CMD_BATCH;
     if (wants_target && optind >= argc)
-        return usage_error(cmd, cmd == CMD_RUN ? "no script given (FILE, or - for standard input)"
-                                               : "no programs given (a directory or a .jsonl file)");
+        return usage_error(cmd, cmd == CMD_RUN
+                                    ? "no script given (FILE, or - for standard input)"
+                                    : "no programs given (a directory or a .jsonl file)");
     if (optind + (wants_target ? 1 : 0) < argc)
         return usage_error(cmd, "unexpected '%s'", argv[optind + (wants_target ? 1 : 0)]);
     if (wants_target)

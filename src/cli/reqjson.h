@@ -26,8 +26,7 @@ struct json_request {
 /* Parses one request. Returns 0, or -EINVAL with |err| set (r->id is set
  * whenever the line was a JSON object with an id). Free with
  * json_request_free either way. */
-int json_request_parse(const char *text, size_t len, struct json_request *r,
-                       struct sbx_error *err);
+int json_request_parse(const char *text, size_t len, struct json_request *r, struct sbx_error *err);
 /* Fills an already parsed object (for callers that hold one). */
 int json_request_from(json_t *o, struct json_request *r, struct sbx_error *err);
 void json_request_free(struct json_request *r);

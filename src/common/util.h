@@ -8,7 +8,7 @@
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define PYSBX_STR_(x) #x
-#define PYSBX_STR(x) PYSBX_STR_(x)
+#define PYSBX_STR(x)  PYSBX_STR_(x)
 
 /* Checks an input or artifact name: relative, '/'-separated, valid UTF-8,
  * no NUL, no empty, "." or ".." component, each component at most 255 bytes,

@@ -36,11 +36,11 @@ enum wire_msg_type {
 
 /* Descriptors attached to WIRE_WORKER, in this order. */
 enum wire_worker_fd {
-    WFD_REQUEST, /* stream socket: write the request, then close */
-    WFD_STDOUT,  /* pipe, read end */
-    WFD_STDERR,  /* pipe, read end */
-    WFD_STATUS,  /* pipe, read end: one struct wire_status from the template */
-    WFD_PIDFD,   /* pidfd of the worker, to kill it without a pid race */
+    WFD_REQUEST,   /* stream socket: write the request, then close */
+    WFD_STDOUT,    /* pipe, read end */
+    WFD_STDERR,    /* pipe, read end */
+    WFD_STATUS,    /* pipe, read end: one struct wire_status from the template */
+    WFD_PIDFD,     /* pidfd of the worker, to kill it without a pid race */
     WFD_WORKSPACE, /* the worker's workspace directory */
     WFD_COUNT,
 };
@@ -49,7 +49,7 @@ enum wire_worker_fd {
 #define WIRE_NAME_MAX 64
 /* The largest message either side sends or receives on the control socket
  * (CONFIG, a header and JSON text, is the only one near it). */
-#define WIRE_MSG_MAX 65536
+#define WIRE_MSG_MAX         65536
 #define WIRE_CONFIG_TEXT_MAX (WIRE_MSG_MAX - sizeof(struct wire_hdr) - 1)
 
 /* A worker whose code ended with an uncaught MemoryError ends by this
@@ -63,7 +63,7 @@ struct wire_hdr {
     uint32_t version;
 };
 
-#define WIRE_LAYERS 9 /* SBX_LAYER_COUNT */
+#define WIRE_LAYERS           9   /* SBX_LAYER_COUNT */
 #define WIRE_LAYER_DETAIL_MAX 192 /* struct sbx_layer_info's detail */
 
 struct wire_layer {
@@ -75,7 +75,7 @@ struct wire_hello {
     struct wire_hdr hdr;
     char python_version[32];
     char libseccomp_version[32];
-    uint64_t workspace_bytes; /* tmpfs size of each workspace; 0: none */
+    uint64_t workspace_bytes;              /* tmpfs size of each workspace; 0: none */
     struct wire_layer layers[WIRE_LAYERS]; /* by bit of enum sbx_layer */
 };
 

@@ -19,9 +19,8 @@ static int drop_bounding_set(char *err, size_t errlen)
         return 0;
     for (cap_value_t c = 0; c <= CAP_LAST_CAP; c++)
         if (cap_drop_bound(c) < 0 && errno != EINVAL && errno != EPERM)
-            return errmsg(err, errlen, -errno,
-                          "dropping capability %d from the bounding set: %s", (int)c,
-                          strerror(errno));
+            return errmsg(err, errlen, -errno, "dropping capability %d from the bounding set: %s",
+                          (int)c, strerror(errno));
     return 0;
 }
 

@@ -15,7 +15,7 @@ struct confine_plan {
     bool switch_user; /* drop to uid/gid (the template is root) */
     uid_t uid;
     gid_t gid;
-    int landlock_abi;  /* > 0: restrict with ruleset_fd */
+    int landlock_abi; /* > 0: restrict with ruleset_fd */
     int ruleset_fd;
     const struct policy *policy; /* NULL: no seccomp */
     bool policy_debug;

@@ -72,17 +72,16 @@ void jail_setup(struct jail *j, long uid, long gid, uint64_t workspace_bytes)
         j->switch_user = true;
         j->uid = uid >= 0 ? (uid_t)uid : NOBODY;
         j->gid = gid >= 0 ? (gid_t)gid : NOBODY;
-        fmt(j->user_why, sizeof(j->user_why), "workers run as uid %u, gid %u",
-            (unsigned)j->uid, (unsigned)j->gid);
+        fmt(j->user_why, sizeof(j->user_why), "workers run as uid %u, gid %u", (unsigned)j->uid,
+            (unsigned)j->gid);
     } else
         enter_user_ns(j);
 
     j->net_ns = try_unshare(CLONE_NEWNET, j->net_why, sizeof(j->net_why),
                             "a network namespace with no interface up");
-    j->ipc_ns = try_unshare(CLONE_NEWIPC, j->ipc_why, sizeof(j->ipc_why),
-                            "an IPC namespace of its own");
-    j->uts_ns = try_unshare(CLONE_NEWUTS, j->uts_why, sizeof(j->uts_why),
-                            "hostname \"sandbox\"");
+    j->ipc_ns =
+        try_unshare(CLONE_NEWIPC, j->ipc_why, sizeof(j->ipc_why), "an IPC namespace of its own");
+    j->uts_ns = try_unshare(CLONE_NEWUTS, j->uts_why, sizeof(j->uts_why), "hostname \"sandbox\"");
     if (j->uts_ns && sethostname("sandbox", 7) < 0) {
         j->uts_ns = false;
         fmt(j->uts_why, sizeof(j->uts_why), "sethostname: %s", strerror(errno));
@@ -90,12 +89,10 @@ void jail_setup(struct jail *j, long uid, long gid, uint64_t workspace_bytes)
     if (try_unshare(CLONE_NEWNS, j->mount_why, sizeof(j->mount_why), "")) {
         /* Nothing we mount may propagate back to the host. */
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-            fmt(j->mount_why, sizeof(j->mount_why), "making mounts private: %s",
-                strerror(errno));
+            fmt(j->mount_why, sizeof(j->mount_why), "making mounts private: %s", strerror(errno));
         else {
             j->mount_ns = true;
-            fmt(j->mount_why, sizeof(j->mount_why),
-                "each workspace a private tmpfs of %llu MiB",
+            fmt(j->mount_why, sizeof(j->mount_why), "each workspace a private tmpfs of %llu MiB",
                 (unsigned long long)(workspace_bytes >> 20));
         }
     }

@@ -14,13 +14,13 @@
 
 /* The kernel headers of the build machine may be older than the kernel the
  * worker runs on: spell out what later ABIs add. */
-#define LL_FS_REFER     (1ULL << 13) /* ABI 2 */
-#define LL_FS_TRUNCATE  (1ULL << 14) /* ABI 3 */
-#define LL_FS_IOCTL_DEV (1ULL << 15) /* ABI 5 */
-#define LL_NET_BIND_TCP    (1ULL << 0) /* ABI 4 */
-#define LL_NET_CONNECT_TCP (1ULL << 1) /* ABI 4 */
-#define LL_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0) /* ABI 6 */
-#define LL_SCOPE_SIGNAL               (1ULL << 1) /* ABI 6 */
+#define LL_FS_REFER                   (1ULL << 13) /* ABI 2 */
+#define LL_FS_TRUNCATE                (1ULL << 14) /* ABI 3 */
+#define LL_FS_IOCTL_DEV               (1ULL << 15) /* ABI 5 */
+#define LL_NET_BIND_TCP               (1ULL << 0)  /* ABI 4 */
+#define LL_NET_CONNECT_TCP            (1ULL << 1)  /* ABI 4 */
+#define LL_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0)  /* ABI 6 */
+#define LL_SCOPE_SIGNAL               (1ULL << 1)  /* ABI 6 */
 #ifndef LANDLOCK_CREATE_RULESET_VERSION
 #define LANDLOCK_CREATE_RULESET_VERSION (1U << 0)
 #endif
@@ -39,15 +39,15 @@ struct ll_path_beneath {
 #define LL_RULE_PATH_BENEATH 1
 
 #define FS_READ (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR)
-#define FS_V1_ALL                                                                               \
-    (LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_READ_FILE | \
-     LANDLOCK_ACCESS_FS_READ_DIR | LANDLOCK_ACCESS_FS_REMOVE_DIR |                              \
-     LANDLOCK_ACCESS_FS_REMOVE_FILE | LANDLOCK_ACCESS_FS_MAKE_CHAR |                            \
-     LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG | LANDLOCK_ACCESS_FS_MAKE_SOCK |  \
-     LANDLOCK_ACCESS_FS_MAKE_FIFO | LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM)
+#define FS_V1_ALL                                                                                  \
+    (LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_READ_FILE |   \
+     LANDLOCK_ACCESS_FS_READ_DIR | LANDLOCK_ACCESS_FS_REMOVE_DIR |                                 \
+     LANDLOCK_ACCESS_FS_REMOVE_FILE | LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR | \
+     LANDLOCK_ACCESS_FS_MAKE_REG | LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO |   \
+     LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM)
 /* What a file (not a directory) rule may carry. */
-#define FS_FILE_RIGHTS                                                                          \
-    (LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_READ_FILE | \
+#define FS_FILE_RIGHTS                                                                             \
+    (LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_READ_FILE |   \
      LL_FS_TRUNCATE | LL_FS_IOCTL_DEV)
 
 static uint64_t fs_handled(int abi)
@@ -74,13 +74,13 @@ static const struct {
     const char *path;
     uint64_t access;
 } fixed[] = {
-    {PYSBX_PY_STDLIB, FS_READ},  /* the standard library, lib-dynload within */
-    {PYSBX_PY_LIBDIR, FS_READ},  /* shared libraries extension modules load */
+    {PYSBX_PY_STDLIB, FS_READ},         /* the standard library, lib-dynload within */
+    {PYSBX_PY_LIBDIR, FS_READ},         /* shared libraries extension modules load */
     {"/lib/" PYSBX_MULTIARCH, FS_READ}, /* the same, where /lib is not merged */
     {"/etc/ld.so.cache", LANDLOCK_ACCESS_FS_READ_FILE},
     {"/etc/localtime", LANDLOCK_ACCESS_FS_READ_FILE}, /* time.localtime */
-    {"/usr/share/zoneinfo", FS_READ},                  /* zoneinfo */
-    {"/sys/devices/system/cpu", FS_READ},              /* os.cpu_count */
+    {"/usr/share/zoneinfo", FS_READ},                 /* zoneinfo */
+    {"/sys/devices/system/cpu", FS_READ},             /* os.cpu_count */
     {"/dev/null", LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | LL_FS_TRUNCATE},
     {"/dev/zero", LANDLOCK_ACCESS_FS_READ_FILE},
     {"/dev/urandom", LANDLOCK_ACCESS_FS_READ_FILE},
@@ -124,8 +124,8 @@ int landlock_base_open(struct landlock_base *b, int abi, const char *const *ro_d
         int before = b->n;
         rc = add_place(b, *ro_dirs, FS_READ, err, errlen);
         if (rc == 0 && b->n == before)
-            rc = errmsg(err, errlen, -ENOENT, "module directory %s: %s", *ro_dirs,
-                        strerror(ENOENT));
+            rc =
+                errmsg(err, errlen, -ENOENT, "module directory %s: %s", *ro_dirs, strerror(ENOENT));
     }
     return rc;
 }

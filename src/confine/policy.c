@@ -34,8 +34,8 @@
 
 enum act {
     ALLOW,
-    FAIL,   /* errno given in |err| */
-    KILL,   /* the whole process, never just the thread */
+    FAIL, /* errno given in |err| */
+    KILL, /* the whole process, never just the thread */
 };
 
 struct rule {
@@ -47,6 +47,8 @@ struct rule {
     const char *who; /* who needs it, or what it stops */
 };
 
+/* One rule a line: the table reads as a table, so the formatter keeps out. */
+/* clang-format off */
 #define A(n, cmp, a, b) {.arg = (n), .op = (cmp), .datum_a = (a), .datum_b = (b)}
 #define R_ALLOW(name, who) {SCMP_SYS(name), ALLOW, 0, 0, {{0}}, who}
 #define R_ALLOW_IF(name, who, ...)                                                              \
@@ -62,6 +64,8 @@ struct rule {
 #define CLONE_NS_FLAGS                                                                          \
     (CLONE_NEWNS | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |  \
      CLONE_NEWCGROUP)
+
+/* clang-format on */
 
 static const struct rule table[] = {
     /* --- memory: the allocator, pymalloc, mmap module, ctypes --- */
@@ -364,8 +368,7 @@ int policy_build(struct policy *p, bool debug, char *err, size_t errlen)
         int e = seccomp_rule_add_array(ctx, action, r->nr, r->n_args, r->args);
         if (e < 0) {
             char *name = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, r->nr);
-            rc = errmsg(err, errlen, e, "seccomp rule for %s: %s", name ? name : "?",
-                        strerror(-e));
+            rc = errmsg(err, errlen, e, "seccomp rule for %s: %s", name ? name : "?", strerror(-e));
             free(name);
             goto out;
         }

@@ -15,8 +15,8 @@
 #define WORKSPACE_BYTES_PER_INODE 4096
 #define WORKSPACE_SPARE_INODES    64
 
-int workspace_make(const struct jail *j, int base_fd, const char *name, const char *path,
-                   char *err, size_t errlen)
+int workspace_make(const struct jail *j, int base_fd, const char *name, const char *path, char *err,
+                   size_t errlen)
 {
     char opts[160];
     int rc = 0;
@@ -33,10 +33,8 @@ int workspace_make(const struct jail *j, int base_fd, const char *name, const ch
                                       WORKSPACE_SPARE_INODES),
                  (unsigned)uid, (unsigned)gid);
         if (mount("pysbx", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0)
-            rc = errmsg(err, errlen, -errno, "mounting the workspace tmpfs: %s",
-                        strerror(errno));
-    } else if (j->switch_user &&
-               fchownat(base_fd, name, j->uid, j->gid, AT_SYMLINK_NOFOLLOW) < 0)
+            rc = errmsg(err, errlen, -errno, "mounting the workspace tmpfs: %s", strerror(errno));
+    } else if (j->switch_user && fchownat(base_fd, name, j->uid, j->gid, AT_SYMLINK_NOFOLLOW) < 0)
         rc = errmsg(err, errlen, -errno, "chown of workspace %s: %s", path, strerror(errno));
     if (rc < 0)
         unlinkat(base_fd, name, AT_REMOVEDIR);

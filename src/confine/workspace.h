@@ -13,7 +13,7 @@
 
 /* Makes workspace |name| beneath |base_fd| (|path| is the same place, for
  * mount(2) and messages). Returns 0 or -errno with a message. */
-int workspace_make(const struct jail *j, int base_fd, const char *name, const char *path,
-                   char *err, size_t errlen);
+int workspace_make(const struct jail *j, int base_fd, const char *name, const char *path, char *err,
+                   size_t errlen);
 
 #endif

@@ -107,7 +107,8 @@ static int cmp_entries(const void *a, const void *b)
 }
 
 /* True when the file at |dfd|/|leaf| holds exactly |f|'s bytes. */
-static bool same_as_input(int dfd, const char *leaf, const struct stat *st, const struct sbx_file *f)
+static bool same_as_input(int dfd, const char *leaf, const struct stat *st,
+                          const struct sbx_file *f)
 {
     unsigned char buf[65536];
     size_t off = 0;

@@ -12,8 +12,8 @@
 #define ARTIFACT_MAX_DEPTH 64
 
 struct artifact_spec {
-    uint64_t max_bytes; /* per file returned */
-    uint64_t max_count; /* files returned: the first by name */
+    uint64_t max_bytes;            /* per file returned */
+    uint64_t max_count;            /* files returned: the first by name */
     const struct sbx_file *inputs; /* returned only if changed */
     size_t n_inputs;
 };

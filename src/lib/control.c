@@ -47,11 +47,13 @@ static int send_config(struct sbx *sbx, const struct sbx_config *cfg, struct sbx
     if (!o || json_object_set_new(o, "work_dir", json_string(sbx->work.path)) < 0 ||
         json_object_set_new(o, "pool_size", json_integer(cfg->pool_size)) < 0 ||
         json_object_set_new(o, "warm_modules",
-                            cfg->warm_modules ? string_array(cfg->warm_modules) : json_null()) < 0 ||
+                            cfg->warm_modules ? string_array(cfg->warm_modules) : json_null()) <
+            0 ||
         json_object_set_new(o, "module_dirs", string_array(cfg->module_dirs)) < 0 ||
         json_object_set_new(o, "worker_uid", json_integer(cfg->worker_uid)) < 0 ||
         json_object_set_new(o, "worker_gid", json_integer(cfg->worker_gid)) < 0 ||
-        json_object_set_new(o, "workspace_bytes", json_integer((json_int_t)cfg->workspace_bytes)) < 0 ||
+        json_object_set_new(o, "workspace_bytes", json_integer((json_int_t)cfg->workspace_bytes)) <
+            0 ||
         json_object_set_new(o, "policy_debug", json_boolean(cfg->policy_debug)) < 0)
         goto out;
     text = json_dumps(o, JSON_COMPACT);
@@ -70,8 +72,7 @@ static int send_config(struct sbx *sbx, const struct sbx_config *cfg, struct sbx
     memcpy(msg + sizeof(h), text, tlen);
     rc = wire_send(sbx->ctl, msg, sizeof(h) + tlen, &sbx->work.fd, 1);
     if (rc < 0)
-        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "sending the configuration: %s",
-                      strerror(-rc));
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "sending the configuration: %s", strerror(-rc));
 out:
     if (rc == -ENOMEM)
         sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "out of memory");
@@ -104,8 +105,8 @@ static int spawn_template(struct sbx *sbx, const char *path, int child_end, stru
     posix_spawnattr_setsigmask(&attr, &none);
     posix_spawnattr_setsigdefault(&attr, &all);
     /* Its own session: a terminal's ^C for the host does not reach it. */
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
-                                        POSIX_SPAWN_SETSID);
+    posix_spawnattr_setflags(&attr,
+                             POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSID);
     rc = posix_spawn(&sbx->template_pid, path, &fa, &attr, argv, envp);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
@@ -148,8 +149,7 @@ static int await_hello(struct sbx *sbx, struct sbx_error *err)
     m.hello.python_version[sizeof(m.hello.python_version) - 1] = '\0';
     m.hello.libseccomp_version[sizeof(m.hello.libseccomp_version) - 1] = '\0';
     fmt(sbx->python_version, sizeof(sbx->python_version), "%s", m.hello.python_version);
-    fmt(sbx->libseccomp_version, sizeof(sbx->libseccomp_version), "%s",
-        m.hello.libseccomp_version);
+    fmt(sbx->libseccomp_version, sizeof(sbx->libseccomp_version), "%s", m.hello.libseccomp_version);
     sbx->workspace_bytes = m.hello.workspace_bytes;
     for (int i = 0; i < WIRE_LAYERS; i++) {
         sbx->layers[i] = m.hello.layers[i];
@@ -205,8 +205,7 @@ int control_take_worker(struct sbx *sbx, struct taken_worker *w, char *why, size
     }
     pthread_mutex_unlock(&sbx->ctl_lock);
 
-    if (n > 0 && m.hdr.type == WIRE_WORKER && n == (ssize_t)sizeof(m.worker) &&
-        nfds == WFD_COUNT) {
+    if (n > 0 && m.hdr.type == WIRE_WORKER && n == (ssize_t)sizeof(m.worker) && nfds == WFD_COUNT) {
         m.worker.workspace[sizeof(m.worker.workspace) - 1] = '\0';
         w->pid = m.worker.pid;
         fmt(w->workspace, sizeof(w->workspace), "%s", m.worker.workspace);

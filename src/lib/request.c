@@ -29,8 +29,7 @@ static int check_seconds(const char *what, double v, struct sbx_error *err)
 {
     if (!isfinite(v) || v <= 0 || v > SBX_MAX_SECONDS)
         return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
-                        "%s must be more than 0 and at most %.0f seconds", what,
-                        SBX_MAX_SECONDS);
+                        "%s must be more than 0 and at most %.0f seconds", what, SBX_MAX_SECONDS);
     return 0;
 }
 
@@ -55,8 +54,8 @@ static int check_limits(const struct sbx_limits *l, struct sbx_error *err)
         return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
                         "max_artifact_bytes must be at most %llu", SBX_MAX_ARTIFACT_BYTES_LIMIT);
     if (l->max_artifacts > SBX_MAX_ARTIFACTS_LIMIT)
-        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
-                        "max_artifacts must be at most %llu", SBX_MAX_ARTIFACTS_LIMIT);
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "max_artifacts must be at most %llu",
+                        SBX_MAX_ARTIFACTS_LIMIT);
     return 0;
 }
 

@@ -8,59 +8,45 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const char *const status_names[] = {
+    [SBX_COMPLETED] = "completed",       [SBX_TIMEOUT] = "timeout",
+    [SBX_MEMORY_LIMIT] = "memory_limit", [SBX_CRASHED] = "crashed",
+    [SBX_CANCELLED] = "cancelled",       [SBX_SANDBOX_ERROR] = "sandbox_error",
+};
+
+static const char *const limit_names[] = {
+    [SBX_LIMIT_NONE] = NULL,
+    [SBX_LIMIT_WALL] = "wall",
+    [SBX_LIMIT_CPU] = "cpu",
+    [SBX_LIMIT_MEMORY] = "memory",
+};
+
+static const char *const error_code_names[] = {
+    [SBX_ERR_NONE] = "none",
+    [SBX_ERR_INVALID_REQUEST] = "invalid_request",
+    [SBX_ERR_INVALID_LIMIT] = "invalid_limit",
+    [SBX_ERR_INVALID_FILE] = "invalid_file",
+    [SBX_ERR_TOO_LARGE] = "request_too_large",
+    [SBX_ERR_UNAVAILABLE] = "sandbox_unavailable",
+    [SBX_ERR_BUSY] = "sandbox_busy",
+};
+
+/* An out-of-range value (a caller's cast) gets |fallback|. */
+#define NAME_OF(table, i, fallback) ((unsigned)(i) < ARRAY_SIZE(table) ? (table)[i] : (fallback))
+
 const char *sbx_status_name(enum sbx_status s)
 {
-    switch (s) {
-    case SBX_COMPLETED:
-        return "completed";
-    case SBX_TIMEOUT:
-        return "timeout";
-    case SBX_MEMORY_LIMIT:
-        return "memory_limit";
-    case SBX_CRASHED:
-        return "crashed";
-    case SBX_CANCELLED:
-        return "cancelled";
-    case SBX_SANDBOX_ERROR:
-        return "sandbox_error";
-    }
-    return "sandbox_error";
+    return NAME_OF(status_names, s, "sandbox_error");
 }
 
 const char *sbx_limit_name(enum sbx_limit_kind l)
 {
-    switch (l) {
-    case SBX_LIMIT_WALL:
-        return "wall";
-    case SBX_LIMIT_CPU:
-        return "cpu";
-    case SBX_LIMIT_MEMORY:
-        return "memory";
-    case SBX_LIMIT_NONE:
-        break;
-    }
-    return NULL;
+    return NAME_OF(limit_names, l, NULL);
 }
 
 const char *sbx_error_code_name(enum sbx_error_code c)
 {
-    switch (c) {
-    case SBX_ERR_NONE:
-        return "none";
-    case SBX_ERR_INVALID_REQUEST:
-        return "invalid_request";
-    case SBX_ERR_INVALID_LIMIT:
-        return "invalid_limit";
-    case SBX_ERR_INVALID_FILE:
-        return "invalid_file";
-    case SBX_ERR_TOO_LARGE:
-        return "request_too_large";
-    case SBX_ERR_UNAVAILABLE:
-        return "sandbox_unavailable";
-    case SBX_ERR_BUSY:
-        return "sandbox_busy";
-    }
-    return "invalid_request";
+    return NAME_OF(error_code_names, c, "invalid_request");
 }
 
 static json_t *string_or_null(const char *s)
@@ -71,10 +57,10 @@ static json_t *string_or_null(const char *s)
 static json_t *artifact_json(const struct sbx_artifact *a)
 {
     char *b64 = base64_encode(a->data ? a->data : (const unsigned char *)"", a->data_len, NULL);
-    json_t *o = b64 ? json_pack("{s:s, s:I, s:b, s:s}", "name", a->name, "size",
-                                (json_int_t)a->size, "truncated", a->truncated,
-                                "content_base64", b64)
-                    : NULL;
+    json_t *o =
+        b64 ? json_pack("{s:s, s:I, s:b, s:s}", "name", a->name, "size", (json_int_t)a->size,
+                        "truncated", a->truncated, "content_base64", b64)
+            : NULL;
     free(b64);
     return o;
 }
@@ -97,22 +83,17 @@ static json_t *result_json(const struct sbx_result *r)
         fmt(sigbuf, sizeof(sigbuf), "SIG%d", r->signal);
         sig = sigbuf;
     }
-    o = json_pack("{s:s, s:o, s:o, s:o, s:s%, s:s%, s:b, s:b, s:b, s:o, s:I, s:{s:f, s:f, s:I}, "
-                  "s:o}",
-                  "status", sbx_status_name(r->status),
-                  "limit", string_or_null(sbx_limit_name(r->limit)),
-                  "exit_code", r->status == SBX_COMPLETED ? json_integer(r->exit_code) : json_null(),
-                  "signal", string_or_null(sig),
-                  "stdout", r->stdout_text ? r->stdout_text : "", r->stdout_len,
-                  "stderr", r->stderr_text ? r->stderr_text : "", r->stderr_len,
-                  "stdout_truncated", r->stdout_truncated,
-                  "stderr_truncated", r->stderr_truncated,
-                  "partial", r->partial,
-                  "artifacts", arts,
-                  "artifacts_dropped", (json_int_t)r->artifacts_dropped,
-                  "stats", "wall_ms", r->wall_ms, "cpu_ms", r->cpu_ms,
-                  "max_rss_kb", (json_int_t)r->max_rss_kb,
-                  "reason", string_or_null(r->reason));
+    o = json_pack(
+        "{s:s, s:o, s:o, s:o, s:s%, s:s%, s:b, s:b, s:b, s:o, s:I, s:{s:f, s:f, s:I}, "
+        "s:o}",
+        "status", sbx_status_name(r->status), "limit", string_or_null(sbx_limit_name(r->limit)),
+        "exit_code", r->status == SBX_COMPLETED ? json_integer(r->exit_code) : json_null(),
+        "signal", string_or_null(sig), "stdout", r->stdout_text ? r->stdout_text : "",
+        r->stdout_len, "stderr", r->stderr_text ? r->stderr_text : "", r->stderr_len,
+        "stdout_truncated", r->stdout_truncated, "stderr_truncated", r->stderr_truncated, "partial",
+        r->partial, "artifacts", arts, "artifacts_dropped", (json_int_t)r->artifacts_dropped,
+        "stats", "wall_ms", r->wall_ms, "cpu_ms", r->cpu_ms, "max_rss_kb",
+        (json_int_t)r->max_rss_kb, "reason", string_or_null(r->reason));
     return o;
 }
 

@@ -163,7 +163,8 @@ static void first_line(const char *text, char *buf, size_t cap)
     fmt(buf, cap, "%.*s", (int)n, text);
 }
 
-int supervise_take_texts(struct supervision *s, struct sbx_result *res)
+/* Hands the captured text to |res| (and the rest of it to on_output). */
+static int take_texts(struct supervision *s, struct sbx_result *res)
 {
     res->stdout_text = outbuf_finish(&s->out, &res->stdout_len, &res->stdout_truncated);
     res->stderr_text = outbuf_finish(&s->err, &res->stderr_len, &res->stderr_truncated);
@@ -178,13 +179,13 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
     char setup[512] = "";
     int rc;
 
-    rc = supervise_take_texts(s, res);
+    rc = take_texts(s, res);
     if (rc < 0)
         return rc;
     res->wall_ms = (double)((s->end_ns ? s->end_ns : now_ns()) - s->start_ns) / 1e6;
     if (s->lost)
-        return verdict_stopped(res, SBX_SANDBOX_ERROR, s->lost_reason ? s->lost_reason
-                                                         : "the run's verdict was lost");
+        return verdict_stopped(res, SBX_SANDBOX_ERROR,
+                               s->lost_reason ? s->lost_reason : "the run's verdict was lost");
     res->cpu_ms = (double)(s->outcome.utime_us + s->outcome.stime_us) / 1000.0;
     res->max_rss_kb = (long)s->outcome.maxrss_kb;
     if (!s->outcome.started)
@@ -217,11 +218,10 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
     return 0;
 }
 
-
 int supervise_refuse(struct supervision *s, struct sbx_result *res, enum sbx_status status,
                      const char *reason)
 {
-    int rc = supervise_take_texts(s, res);
+    int rc = take_texts(s, res);
 
     return rc < 0 ? rc : verdict_stopped(res, status, reason);
 }

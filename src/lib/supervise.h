@@ -58,8 +58,6 @@ void supervise_kill_for_wall(struct supervision *s);
 /* Reads both streams until the outcome is in (or lost), keeping the
  * deadline and watching the cancellation token; then drains the streams. */
 void supervise_run(struct supervision *s);
-/* Hands the captured text to |res| (and the rest of it to on_output). */
-int supervise_take_texts(struct supervision *s, struct sbx_result *res);
 /* The whole result: texts, stats, verdict, and the artifacts of a completed
  * run. Returns 0 or -ENOMEM. */
 int supervise_finish(struct supervision *s, struct sbx_result *res);

@@ -17,11 +17,10 @@
 #include <unistd.h>
 
 const char *const interp_default_warm_modules[] = {
-    "json",      "re",         "math",      "collections", "itertools", "functools",
-    "datetime",  "decimal",    "fractions", "statistics",  "random",    "string",
-    "textwrap",  "csv",        "io",        "base64",      "hashlib",   "typing",
-    "dataclasses", "enum",     "traceback", "linecache",   "socket",
-    NULL,
+    "json",        "re",      "math",      "collections", "itertools", "functools",
+    "datetime",    "decimal", "fractions", "statistics",  "random",    "string",
+    "textwrap",    "csv",     "io",        "base64",      "hashlib",   "typing",
+    "dataclasses", "enum",    "traceback", "linecache",   "socket",    NULL,
 };
 
 static char version[32];
@@ -64,10 +63,10 @@ int interp_start(const struct interp_config *c, char *err, size_t errlen)
         return status_message(st, "Python pre-initialisation", err, errlen);
 
     PyConfig_InitIsolatedConfig(&cfg);
-    cfg.site_import = 0;            /* -S: no site, no site-packages */
-    cfg.user_site_directory = 0;    /* -s */
-    cfg.safe_path = 1;              /* -P: no script directory on the path */
-    cfg.write_bytecode = 0;         /* never write .pyc from a worker */
+    cfg.site_import = 0;         /* -S: no site, no site-packages */
+    cfg.user_site_directory = 0; /* -s */
+    cfg.safe_path = 1;           /* -P: no script directory on the path */
+    cfg.write_bytecode = 0;      /* never write .pyc from a worker */
     cfg.parse_argv = 0;
     cfg.pathconfig_warnings = 0;
     cfg.install_signal_handlers = 1; /* as python3: SIGPIPE and SIGXFSZ ignored */
@@ -130,8 +129,7 @@ int interp_fork(const struct prefault *plan)
         if (plan)
             prefault_apply(plan);
         PyOS_AfterFork_Child();
-    }
-    else
+    } else
         PyOS_AfterFork_Parent();
     return pid;
 }

@@ -25,8 +25,7 @@ void layers_describe(const struct tmpl *t, struct wire_hello *h)
     memset(h, 0, sizeof(*h));
     h->hdr = (struct wire_hdr){WIRE_HELLO, WIRE_VERSION};
     fmt(h->python_version, sizeof(h->python_version), "%s", interp_version());
-    fmt(h->libseccomp_version, sizeof(h->libseccomp_version), "%s",
-        policy_libseccomp_version());
+    fmt(h->libseccomp_version, sizeof(h->libseccomp_version), "%s", policy_libseccomp_version());
     h->workspace_bytes = j->mount_ns ? j->workspace_bytes : 0;
     layer(h, SBX_LAYER_SECCOMP, t->seccomp, t->seccomp_why);
     layer(h, SBX_LAYER_LANDLOCK, t->landlock > 0, t->landlock_why);

@@ -96,7 +96,10 @@ out:
 
 int main(void)
 {
-    struct tmpl t = {.ctl = TEMPLATE_CTL_FD, .sigfd = -1, .base_fd = -1, .devnull = -1,
+    struct tmpl t = {.ctl = TEMPLATE_CTL_FD,
+                     .sigfd = -1,
+                     .base_fd = -1,
+                     .devnull = -1,
                      .sweeper = {.fd = -1, .pid = -1}};
     char err[WIRE_TEXT_MAX];
     sigset_t chld;
@@ -133,13 +136,12 @@ int main(void)
     if (t.seccomp)
         fmt(t.seccomp_why, sizeof(t.seccomp_why),
             "%u rules, default EPERM, exploit primitives kill%s", t.policy.rules,
-            t.policy_debug ? " (DEBUG: refusals trap and are named; never for production)"
-                           : "");
+            t.policy_debug ? " (DEBUG: refusals trap and are named; never for production)" : "");
     t.landlock = landlock_abi();
     /* A module directory that cannot be confined is the caller's error. */
-    if (t.landlock > 0 && landlock_base_open(&t.ll_base, t.landlock,
-                                             (const char *const *)t.module_dirs, err,
-                                             sizeof(err)) < 0)
+    if (t.landlock > 0 &&
+        landlock_base_open(&t.ll_base, t.landlock, (const char *const *)t.module_dirs, err,
+                           sizeof(err)) < 0)
         goto fail;
     if (t.landlock > 0)
         fmt(t.landlock_why, sizeof(t.landlock_why),

@@ -69,9 +69,8 @@ static void spawn_worker(struct tmpl *t)
     fmt(w->name, sizeof(w->name), "w%u", t->next_id++);
     fmt(path, sizeof(path), "%s/%s", t->base_path, w->name);
 
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 ||
-        pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
-        pipe2(status, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0) {
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 || pipe2(out, O_CLOEXEC) < 0 ||
+        pipe2(err, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0) {
         fmt(why, sizeof(why), "template: making a worker's pipes: %s", strerror(errno));
         goto fail;
     }
@@ -105,15 +104,16 @@ static void spawn_worker(struct tmpl *t)
             .ws_fd = ws,
             .devnull_fd = t->devnull,
             .ws_path = path,
-            .plan = {
-                .switch_user = t->jail.switch_user,
-                .uid = t->jail.uid,
-                .gid = t->jail.gid,
-                .landlock_abi = t->landlock,
-                .ruleset_fd = ruleset,
-                .policy = t->seccomp ? &t->policy : NULL,
-                .policy_debug = t->policy_debug,
-            },
+            .plan =
+                {
+                    .switch_user = t->jail.switch_user,
+                    .uid = t->jail.uid,
+                    .gid = t->jail.gid,
+                    .landlock_abi = t->landlock,
+                    .ruleset_fd = ruleset,
+                    .policy = t->seccomp ? &t->policy : NULL,
+                    .policy_debug = t->policy_debug,
+                },
         };
         worker_main(&a);
     }
@@ -216,8 +216,7 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
             if (t->prefault.recorded == 0)
                 (void)prefault_record(w->pid, &t->prefault);
             announce(t, w);
-        }
-        else if (buf[i] == WORKER_STARTED)
+        } else if (buf[i] == WORKER_STARTED)
             w->started = true;
         else if (buf[i] == WORKER_FAILED) {
             if (!w->announced)

@@ -13,7 +13,7 @@
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif
 
-#define PM_PRESENT (1ULL << 63)
+#define PM_PRESENT   (1ULL << 63)
 #define PM_EXCLUSIVE (1ULL << 56)
 
 static int add_range(struct prefault *p, uintptr_t start, uintptr_t end, size_t *cap)

@@ -46,8 +46,7 @@ _Noreturn static void sweeper_main(const char *base_path)
     }
 }
 
-int sweeper_start(struct sweeper *sw, const char *base_path, int base_fd, char *err,
-                  size_t errlen)
+int sweeper_start(struct sweeper *sw, const char *base_path, int base_fd, char *err, size_t errlen)
 {
     int p[2];
     pid_t parent = getpid();

@@ -17,8 +17,7 @@ struct sweeper {
 
 /* Starts it for the workspaces under |base_path| (|base_fd|). Returns 0 or
  * -errno with a message. */
-int sweeper_start(struct sweeper *sw, const char *base_path, int base_fd, char *err,
-                  size_t errlen);
+int sweeper_start(struct sweeper *sw, const char *base_path, int base_fd, char *err, size_t errlen);
 
 /* After the worker is gone and its status sent: hands workspace |name| to
  * the sweeper (the supervisor's descriptor keeps the tmpfs readable until it

@@ -47,9 +47,8 @@ static void seed_linecache(const char *code, size_t len)
     PyObject *cache = lc ? PyObject_GetAttrString(lc, "cache") : NULL;
     PyObject *text = PyUnicode_DecodeUTF8(code, (Py_ssize_t)len, "replace");
     PyObject *lines = text ? PyUnicode_Splitlines(text, 1) : NULL;
-    PyObject *entry = lines ? Py_BuildValue("(nOOs)", (Py_ssize_t)len, Py_None, lines,
-                                            MAIN_FILENAME)
-                            : NULL;
+    PyObject *entry =
+        lines ? Py_BuildValue("(nOOs)", (Py_ssize_t)len, Py_None, lines, MAIN_FILENAME) : NULL;
 
     if (!cache || !entry || !PyDict_Check(cache) ||
         PyDict_SetItemString(cache, MAIN_FILENAME, entry) < 0)
@@ -228,8 +227,8 @@ static int flush_stream(const char *name)
 static void print_exception(void)
 {
     PyObject *type = NULL, *value = NULL, *tb = NULL;
-    PyObject *hook = PySys_GetObject("excepthook");       /* borrowed */
-    PyObject *dflt = PySys_GetObject("__excepthook__");  /* borrowed */
+    PyObject *hook = PySys_GetObject("excepthook");     /* borrowed */
+    PyObject *dflt = PySys_GetObject("__excepthook__"); /* borrowed */
     PyObject *r = NULL;
 
     PyErr_Fetch(&type, &value, &tb);

@@ -186,7 +186,12 @@ static char *read_request(struct wire_req *req)
 _Noreturn void worker_main(const struct worker_args *a)
 {
     const int fds[FD_FIRST_FREE] = {
-        a->devnull_fd, a->out_fd, a->err_fd, a->req_fd, a->ready_fd, a->ws_fd,
+        a->devnull_fd,
+        a->out_fd,
+        a->err_fd,
+        a->req_fd,
+        a->ready_fd,
+        a->ws_fd,
         a->plan.ruleset_fd >= 0 ? a->plan.ruleset_fd : a->devnull_fd,
     };
     struct confine_plan plan = a->plan;
@@ -229,8 +234,7 @@ _Noreturn void worker_main(const struct worker_args *a)
     /* 5. Ceilings that do not depend on the request. */
     if (set_limit(RLIMIT_CORE, 0, 0) < 0 ||
         set_limit(RLIMIT_NOFILE, WORKER_NOFILE_LIMIT, WORKER_NOFILE_LIMIT) < 0 ||
-        (plan.switch_user &&
-         set_limit(RLIMIT_NPROC, WORKER_NPROC_LIMIT, WORKER_NPROC_LIMIT) < 0))
+        (plan.switch_user && set_limit(RLIMIT_NPROC, WORKER_NPROC_LIMIT, WORKER_NPROC_LIMIT) < 0))
         fail_idle("setrlimit: %s", strerror(errno));
 
     /* 6. Confinement: privileges, then the kernel policies, seccomp last. */

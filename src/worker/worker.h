@@ -19,12 +19,12 @@
 
 struct worker_args {
     pid_t template_pid; /* the worker dies with it */
-    int req_fd;     /* request socket, worker's end */
-    int out_fd;     /* stdout pipe, write end */
-    int err_fd;     /* stderr pipe, write end */
-    int ready_fd;   /* ready pipe to the template, write end */
-    int ws_fd;      /* the workspace directory */
-    int devnull_fd; /* /dev/null, read-write */
+    int req_fd;         /* request socket, worker's end */
+    int out_fd;         /* stdout pipe, write end */
+    int err_fd;         /* stderr pipe, write end */
+    int ready_fd;       /* ready pipe to the template, write end */
+    int ws_fd;          /* the workspace directory */
+    int devnull_fd;     /* /dev/null, read-write */
     const char *ws_path;
     struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };
