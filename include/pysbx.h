@@ -93,13 +93,23 @@ enum sbx_layer {
     SBX_LAYER_USER = 1u << 6,     /* "user": an unprivileged uid and gid */
     SBX_LAYER_RLIMITS = 1u << 7,  /* "rlimits": time, memory, file size, descriptors */
     SBX_LAYER_CAPS = 1u << 8,     /* "caps": no capabilities, no_new_privs */
+    SBX_LAYER_ROOT = 1u << 9,     /* "root": a private, read-only view of the machine */
+    SBX_LAYER_UIDRUN = 1u << 10,  /* "uidrun": each run its own uid and gid */
 };
-#define SBX_LAYER_COUNT 9
+#define SBX_LAYER_COUNT 11
+/* In required_layers: the default set. seccomp; file-system confinement
+ * (landlock or root, either one); and, when the caller is root, uidrun. */
+#define SBX_LAYERS_DEFAULT (1u << 31)
 
 /* Defaults and ranges of struct sbx_config. */
 #define SBX_DEFAULT_WORKSPACE_BYTES (128ULL << 20)
 #define SBX_MIN_WORKSPACE_BYTES     (1ULL << 20)
 #define SBX_MAX_POOL_SIZE           1024u
+/* A block of ids no distribution assigns (above the 16-bit range and the
+ * ranges systemd and container tools hand out). */
+#define SBX_DEFAULT_WORKER_ID_BASE 2130706432L /* 0x7f000000 */
+#define SBX_DEFAULT_WORKER_IDS     4096u
+#define SBX_MAX_WORKER_IDS         65536u
 
 struct sbx_layer_info {
     enum sbx_layer layer;
@@ -126,11 +136,21 @@ struct sbx_config {
      * after the standard library (a vetted package tree, for example). */
     const char *const *module_dirs;
     /* Layers (enum sbx_layer bits) without which sbx_open fails rather than
-     * run with less. sbx_config_init sets SBX_LAYER_SECCOMP. */
+     * run with less. sbx_config_init sets SBX_LAYERS_DEFAULT; 0 accepts
+     * whatever the machine gives. */
     unsigned required_layers;
-    /* When the caller is root, the workers' uid and gid; -1: 65534. */
+    /* When the caller is root, each worker runs as its own uid and gid,
+     * taken from worker_ids consecutive ids starting at worker_uid and
+     * worker_gid; an id is used again only once its previous worker is dead
+     * and its workspace gone. -1: SBX_DEFAULT_WORKER_ID_BASE; worker_ids 0:
+     * SBX_DEFAULT_WORKER_IDS; worker_ids 1: every worker shares one uid (no
+     * uidrun layer). */
     long worker_uid;
     long worker_gid;
+    unsigned worker_ids;
+    /* For tests of degraded deployments only: layers (enum sbx_layer bits)
+     * the template must not set up even where it could. */
+    unsigned disable_layers;
     /* Size of each workspace tmpfs (when the mount namespace is available);
      * 0: SBX_DEFAULT_WORKSPACE_BYTES. Input files must fit in it. */
     uint64_t workspace_bytes;

@@ -16,6 +16,7 @@ struct row {
     int wait_status;
     bool started, killed_for_wall;
     double cpu_ms;
+    bool cpu_killed, limit_lost;
     enum sbx_status status;
     enum sbx_limit_kind limit;
     int exit_code, signal;
@@ -25,27 +26,41 @@ static void verdicts_follow_the_table(void **state)
 {
     (void)state;
     const struct row rows[] = {
-        {"exit 0", EXITED(0), true, false, 10, SBX_COMPLETED, SBX_LIMIT_NONE, 0, 0},
-        {"exception", EXITED(1), true, false, 10, SBX_COMPLETED, SBX_LIMIT_NONE, 1, 0},
-        {"sys.exit(42)", EXITED(42), true, false, 10, SBX_COMPLETED, SBX_LIMIT_NONE, 42, 0},
-        {"wall kill", SIGNALED(SIGKILL), true, true, 10, SBX_TIMEOUT, SBX_LIMIT_WALL, -1, 0},
-        {"wall kill before start", SIGNALED(SIGKILL), false, true, 1, SBX_TIMEOUT, SBX_LIMIT_WALL,
-         -1, 0},
-        {"exit just as the deadline hit", EXITED(0), true, true, 10, SBX_COMPLETED, SBX_LIMIT_NONE,
-         0, 0},
-        {"SIGXCPU at limit", SIGNALED(SIGXCPU), true, false, 1000, SBX_TIMEOUT, SBX_LIMIT_CPU, -1,
+        /* what, status, started, wall kill, cpu ms, cpu kill, limit lost -> verdict */
+        {"exit 0", EXITED(0), true, false, 10, false, false, SBX_COMPLETED, SBX_LIMIT_NONE, 0, 0},
+        {"exception", EXITED(1), true, false, 10, false, false, SBX_COMPLETED, SBX_LIMIT_NONE, 1,
          0},
-        {"hard CPU limit", SIGNALED(SIGKILL), true, false, 2000, SBX_TIMEOUT, SBX_LIMIT_CPU, -1, 0},
-        {"self-sent SIGXCPU", SIGNALED(SIGXCPU), true, false, 5, SBX_CRASHED, SBX_LIMIT_NONE, -1,
-         SIGXCPU},
-        {"unexplained SIGKILL", SIGNALED(SIGKILL), true, false, 5, SBX_CRASHED, SBX_LIMIT_NONE, -1,
-         SIGKILL},
-        {"MemoryError", 0, true, false, 5, SBX_MEMORY_LIMIT, SBX_LIMIT_MEMORY, -1, 0},
-        {"segfault", SIGNALED(SIGSEGV), true, false, 5, SBX_CRASHED, SBX_LIMIT_NONE, -1, SIGSEGV},
-        {"policy", SIGNALED(SIGSYS), true, false, 5, SBX_CRASHED, SBX_LIMIT_NONE, -1, SIGSYS},
-        {"died in setup", EXITED(125), false, false, 1, SBX_SANDBOX_ERROR, SBX_LIMIT_NONE, -1, 0},
-        {"killed in setup", SIGNALED(SIGSEGV), false, false, 1, SBX_SANDBOX_ERROR, SBX_LIMIT_NONE,
+        {"sys.exit(42)", EXITED(42), true, false, 10, false, false, SBX_COMPLETED, SBX_LIMIT_NONE,
+         42, 0},
+        {"wall kill", SIGNALED(SIGKILL), true, true, 10, false, false, SBX_TIMEOUT, SBX_LIMIT_WALL,
          -1, 0},
+        {"wall kill before start", SIGNALED(SIGKILL), false, true, 1, false, false, SBX_TIMEOUT,
+         SBX_LIMIT_WALL, -1, 0},
+        {"exit just as the deadline hit", EXITED(0), true, true, 10, false, false, SBX_COMPLETED,
+         SBX_LIMIT_NONE, 0, 0},
+        {"the template's CPU kill", SIGNALED(SIGKILL), true, false, 1001, true, false, SBX_TIMEOUT,
+         SBX_LIMIT_CPU, -1, 0},
+        {"the CPU kill, rusage read a little under", SIGNALED(SIGKILL), true, false, 998, true,
+         false, SBX_TIMEOUT, SBX_LIMIT_CPU, -1, 0},
+        {"RLIMIT_CPU backstop", SIGNALED(SIGKILL), true, false, 2000, false, false, SBX_TIMEOUT,
+         SBX_LIMIT_CPU, -1, 0},
+        {"SIGKILL sent to itself after 90% of the CPU", SIGNALED(SIGKILL), true, false, 950, false,
+         false, SBX_CRASHED, SBX_LIMIT_NONE, -1, SIGKILL},
+        {"SIGXCPU, which the sandbox never sends", SIGNALED(SIGXCPU), true, false, 1000, false,
+         false, SBX_CRASHED, SBX_LIMIT_NONE, -1, SIGXCPU},
+        {"CPU limit could not be armed", SIGNALED(SIGKILL), true, false, 1, false, true,
+         SBX_SANDBOX_ERROR, SBX_LIMIT_NONE, -1, 0},
+        {"unexplained SIGKILL", SIGNALED(SIGKILL), true, false, 5, false, false, SBX_CRASHED,
+         SBX_LIMIT_NONE, -1, SIGKILL},
+        {"MemoryError", 0, true, false, 5, false, false, SBX_MEMORY_LIMIT, SBX_LIMIT_MEMORY, -1, 0},
+        {"segfault", SIGNALED(SIGSEGV), true, false, 5, false, false, SBX_CRASHED, SBX_LIMIT_NONE,
+         -1, SIGSEGV},
+        {"policy", SIGNALED(SIGSYS), true, false, 5, false, false, SBX_CRASHED, SBX_LIMIT_NONE, -1,
+         SIGSYS},
+        {"died in setup", EXITED(125), false, false, 1, false, false, SBX_SANDBOX_ERROR,
+         SBX_LIMIT_NONE, -1, 0},
+        {"killed in setup", SIGNALED(SIGSEGV), false, false, 1, false, false, SBX_SANDBOX_ERROR,
+         SBX_LIMIT_NONE, -1, 0},
     };
     struct sbx_limits l;
     sbx_limits_init(&l);
@@ -59,6 +74,8 @@ static void verdicts_follow_the_table(void **state)
             .wait_status = strcmp(r->what, "MemoryError") == 0 ? WIRE_NOMEM_SIGNAL : r->wait_status,
             .started = r->started,
             .killed_for_wall = r->killed_for_wall,
+            .cpu_killed = r->cpu_killed,
+            .limit_lost = r->limit_lost,
             .cpu_ms = r->cpu_ms,
             .limits = &l,
         };

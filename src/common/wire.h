@@ -63,7 +63,7 @@ struct wire_hdr {
     uint32_t version;
 };
 
-#define WIRE_LAYERS           9   /* SBX_LAYER_COUNT */
+#define WIRE_LAYERS           11  /* SBX_LAYER_COUNT */
 #define WIRE_LAYER_DETAIL_MAX 192 /* struct sbx_layer_info's detail */
 
 struct wire_layer {
@@ -82,6 +82,7 @@ struct wire_hello {
 struct wire_worker {
     struct wire_hdr hdr;
     int32_t pid;
+    uint32_t uid, gid;             /* the worker's own, when it has one (else 0) */
     char workspace[WIRE_NAME_MAX]; /* name inside the workspace root */
 };
 
@@ -97,10 +98,24 @@ struct wire_status {
     int32_t wait_status; /* as from wait4() */
     uint32_t started;    /* the worker said its request was in place: user
                             code may have run. 0 means it certainly did not. */
-    uint32_t reserved;
+    uint32_t flags;      /* WIRE_STATUS_* */
     int64_t utime_us;
     int64_t stime_us;
     int64_t maxrss_kb;
+};
+
+/* The template killed the worker when its CPU time reached the limit (a
+ * timer on the worker's CPU clock, held by the template). */
+#define WIRE_STATUS_CPU_KILLED 1u
+/* The template could not keep the worker's CPU limit and killed it. */
+#define WIRE_STATUS_LIMIT_LOST 2u
+
+/* What a worker tells the template, on its ready pipe, once its request is
+ * in place and before any of the request's code runs: the byte
+ * WORKER_STARTED and then this. The template arms the CPU limit from it. */
+struct wire_started {
+    uint64_t cpu_used_ns;  /* the worker's CPU clock now */
+    uint64_t cpu_limit_ns; /* the request's CPU limit */
 };
 
 #define WIRE_REQ_MAGIC 0x70737271u /* "psrq" */

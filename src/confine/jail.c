@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "jail.h"
 
+#include "pysbx.h"
 #include "util.h"
 
 #include <errno.h>
@@ -10,8 +11,6 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <unistd.h>
-
-#define NOBODY 65534
 
 static int write_file(const char *path, const char *text)
 {
@@ -64,36 +63,66 @@ static bool try_unshare(int flag, char *why, size_t cap, const char *what)
     return false;
 }
 
-void jail_setup(struct jail *j, long uid, long gid, uint64_t workspace_bytes)
+static bool disabled(const struct jail_config *c, enum sbx_layer l, char *why, size_t cap)
+{
+    if (!(c->disable & l))
+        return false;
+    fmt(why, cap, "turned off by the configuration (disable_layers)");
+    return true;
+}
+
+void jail_setup(struct jail *j, const struct jail_config *c)
 {
     memset(j, 0, sizeof(*j));
-    j->workspace_bytes = workspace_bytes;
-    if (geteuid() == 0) {
+    j->workspace_bytes = c->workspace_bytes;
+    j->ids = c->ids;
+    if (geteuid() == 0 && !disabled(c, SBX_LAYER_USER, j->user_why, sizeof(j->user_why))) {
         j->switch_user = true;
-        j->uid = uid >= 0 ? (uid_t)uid : NOBODY;
-        j->gid = gid >= 0 ? (gid_t)gid : NOBODY;
-        fmt(j->user_why, sizeof(j->user_why), "workers run as uid %u, gid %u", (unsigned)j->uid,
-            (unsigned)j->gid);
-    } else
+        j->uid_base = (uid_t)c->uid_base;
+        j->gid_base = (gid_t)c->gid_base;
+        fmt(j->user_why, sizeof(j->user_why), "workers run as uids %u-%u, gids %u-%u",
+            (unsigned)j->uid_base, (unsigned)(j->uid_base + j->ids - 1), (unsigned)j->gid_base,
+            (unsigned)(j->gid_base + j->ids - 1));
+        if (disabled(c, SBX_LAYER_UIDRUN, j->uidrun_why, sizeof(j->uidrun_why)))
+            j->ids = 1;
+        if (j->ids > 1) {
+            j->uid_per_run = true;
+            fmt(j->uidrun_why, sizeof(j->uidrun_why),
+                "each worker its own uid and gid, reused only once its worker is dead and "
+                "its workspace gone (%u ids)",
+                j->ids);
+        } else if (!(c->disable & SBX_LAYER_UIDRUN))
+            fmt(j->uidrun_why, sizeof(j->uidrun_why), "one uid for every worker (worker_ids 1)");
+    } else if (geteuid() != 0) {
         enter_user_ns(j);
+        fmt(j->uidrun_why, sizeof(j->uidrun_why),
+            "not root: every worker runs as the caller's uid");
+    } else
+        fmt(j->uidrun_why, sizeof(j->uidrun_why), "workers keep root's uid (user layer off)");
 
-    j->net_ns = try_unshare(CLONE_NEWNET, j->net_why, sizeof(j->net_why),
-                            "a network namespace with no interface up");
-    j->ipc_ns =
-        try_unshare(CLONE_NEWIPC, j->ipc_why, sizeof(j->ipc_why), "an IPC namespace of its own");
-    j->uts_ns = try_unshare(CLONE_NEWUTS, j->uts_why, sizeof(j->uts_why), "hostname \"sandbox\"");
-    if (j->uts_ns && sethostname("sandbox", 7) < 0) {
-        j->uts_ns = false;
-        fmt(j->uts_why, sizeof(j->uts_why), "sethostname: %s", strerror(errno));
+    if (!disabled(c, SBX_LAYER_NETNS, j->net_why, sizeof(j->net_why)))
+        j->net_ns = try_unshare(CLONE_NEWNET, j->net_why, sizeof(j->net_why),
+                                "a network namespace with no interface up");
+    if (!disabled(c, SBX_LAYER_IPCNS, j->ipc_why, sizeof(j->ipc_why)))
+        j->ipc_ns = try_unshare(CLONE_NEWIPC, j->ipc_why, sizeof(j->ipc_why),
+                                "an IPC namespace of its own");
+    if (!disabled(c, SBX_LAYER_UTSNS, j->uts_why, sizeof(j->uts_why))) {
+        j->uts_ns =
+            try_unshare(CLONE_NEWUTS, j->uts_why, sizeof(j->uts_why), "hostname \"sandbox\"");
+        if (j->uts_ns && sethostname("sandbox", 7) < 0) {
+            j->uts_ns = false;
+            fmt(j->uts_why, sizeof(j->uts_why), "sethostname: %s", strerror(errno));
+        }
     }
-    if (try_unshare(CLONE_NEWNS, j->mount_why, sizeof(j->mount_why), "")) {
+    if (!disabled(c, SBX_LAYER_MOUNTNS, j->mount_why, sizeof(j->mount_why)) &&
+        try_unshare(CLONE_NEWNS, j->mount_why, sizeof(j->mount_why), "")) {
         /* Nothing we mount may propagate back to the host. */
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
             fmt(j->mount_why, sizeof(j->mount_why), "making mounts private: %s", strerror(errno));
         else {
             j->mount_ns = true;
             fmt(j->mount_why, sizeof(j->mount_why), "each workspace a private tmpfs of %llu MiB",
-                (unsigned long long)(workspace_bytes >> 20));
+                (unsigned long long)(j->workspace_bytes >> 20));
         }
     }
 }

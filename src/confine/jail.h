@@ -19,15 +19,25 @@ struct jail {
     bool net_ns, ipc_ns, uts_ns, mount_ns;
     char net_why[JAIL_WHY_MAX], ipc_why[JAIL_WHY_MAX], uts_why[JAIL_WHY_MAX];
     char mount_why[JAIL_WHY_MAX], user_why[JAIL_WHY_MAX];
-    bool switch_user; /* workers drop to uid/gid below */
-    uid_t uid;
-    gid_t gid;
+    bool switch_user; /* workers drop to a uid/gid of the range below */
+    bool uid_per_run; /* ... each worker to one of its own */
+    char uidrun_why[JAIL_WHY_MAX];
+    uid_t uid_base;
+    gid_t gid_base;
+    unsigned ids;             /* how many in the range */
     uint64_t workspace_bytes; /* tmpfs size per workspace, when mount_ns */
+};
+
+struct jail_config {
+    long uid_base, gid_base; /* the workers' ids, when root */
+    unsigned ids;            /* 1: every worker shares uid_base */
+    uint64_t workspace_bytes;
+    unsigned disable; /* enum sbx_layer bits not to set up (tests) */
 };
 
 /* Enters new network, IPC, UTS and mount namespaces (inside a new user
  * namespace when not root), with mounts made private so nothing propagates
- * back to the host. |uid|/|gid| < 0 pick the default (65534 when root). */
-void jail_setup(struct jail *j, long uid, long gid, uint64_t workspace_bytes);
+ * back to the host, and decides the workers' ids. */
+void jail_setup(struct jail *j, const struct jail_config *c);
 
 #endif

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "landlock.h"
 
+#include "places.h"
 #include "util.h"
 
 #include <errno.h>
@@ -68,24 +69,21 @@ int landlock_abi(void)
     return v < 0 ? -errno : (int)v;
 }
 
-/* The read-only places, as (path, rights); rights beyond the ABI are
+/* What Landlock grants on each kind of place; rights beyond the ABI are
  * masked off. */
-static const struct {
-    const char *path;
-    uint64_t access;
-} fixed[] = {
-    {PYSBX_PY_STDLIB, FS_READ},         /* the standard library, lib-dynload within */
-    {PYSBX_PY_LIBDIR, FS_READ},         /* shared libraries extension modules load */
-    {"/lib/" PYSBX_MULTIARCH, FS_READ}, /* the same, where /lib is not merged */
-    {"/etc/ld.so.cache", LANDLOCK_ACCESS_FS_READ_FILE},
-    {"/etc/localtime", LANDLOCK_ACCESS_FS_READ_FILE}, /* time.localtime */
-    {"/usr/share/zoneinfo", FS_READ},                 /* zoneinfo */
-    {"/sys/devices/system/cpu", FS_READ},             /* os.cpu_count */
-    {"/dev/null", LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | LL_FS_TRUNCATE},
-    {"/dev/zero", LANDLOCK_ACCESS_FS_READ_FILE},
-    {"/dev/urandom", LANDLOCK_ACCESS_FS_READ_FILE},
-    {"/dev/random", LANDLOCK_ACCESS_FS_READ_FILE},
-};
+static uint64_t place_access(enum place_kind k)
+{
+    switch (k) {
+    case PLACE_DIR:
+        return FS_READ;
+    case PLACE_DEVICE_RW:
+        return LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | LL_FS_TRUNCATE;
+    case PLACE_FILE:
+    case PLACE_DEVICE:
+        break;
+    }
+    return LANDLOCK_ACCESS_FS_READ_FILE;
+}
 
 static int add_place(struct landlock_base *b, const char *path, uint64_t access, char *err,
                      size_t errlen)
@@ -111,15 +109,17 @@ static int add_place(struct landlock_base *b, const char *path, uint64_t access,
     return 0;
 }
 
-int landlock_base_open(struct landlock_base *b, int abi, const char *const *ro_dirs, char *err,
-                       size_t errlen)
+int landlock_base_open(struct landlock_base *b, int abi, const char *const *ro_dirs,
+                       const char *const *ro_files, char *err, size_t errlen)
 {
     memset(b, 0, sizeof(*b));
     b->abi = abi;
     int rc = 0;
 
-    for (size_t i = 0; rc == 0 && i < ARRAY_SIZE(fixed); i++)
-        rc = add_place(b, fixed[i].path, fixed[i].access, err, errlen);
+    for (size_t i = 0; rc == 0 && i < n_places; i++)
+        rc = add_place(b, places[i].path, place_access(places[i].kind), err, errlen);
+    for (; rc == 0 && ro_files && *ro_files; ro_files++)
+        rc = add_place(b, *ro_files, LANDLOCK_ACCESS_FS_READ_FILE, err, errlen);
     for (; rc == 0 && ro_dirs && *ro_dirs; ro_dirs++) {
         int before = b->n;
         rc = add_place(b, *ro_dirs, FS_READ, err, errlen);
@@ -178,18 +178,21 @@ int landlock_ruleset_for(const struct landlock_base *b, int ws_fd, char *err, si
 
 int landlock_enter(int abi, int ruleset_fd, char *err, size_t errlen)
 {
-    /* Our own /proc/<pid>, and nobody else's: /proc/self resolves to it. */
+    /* Our own /proc/<pid>, and nobody else's: /proc/self resolves to it.
+     * Under a private root there is no /proc at all, and nothing to add. */
     int self = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    int rc;
+    int rc = 0;
 
-    if (self < 0) {
+    if (self < 0 && errno != ENOENT) {
         rc = errmsg(err, errlen, -errno, "opening /proc/self: %s", strerror(errno));
         goto out;
     }
-    rc = add_rule(ruleset_fd, self, FS_READ & fs_handled(abi));
-    if (rc < 0) {
-        errmsg(err, errlen, rc, "landlock_add_rule (/proc/self): %s", strerror(-rc));
-        goto out;
+    if (self >= 0) {
+        rc = add_rule(ruleset_fd, self, FS_READ & fs_handled(abi));
+        if (rc < 0) {
+            errmsg(err, errlen, rc, "landlock_add_rule (/proc/self): %s", strerror(-rc));
+            goto out;
+        }
     }
     if (syscall(SYS_landlock_restrict_self, ruleset_fd, 0) < 0)
         rc = errmsg(err, errlen, -errno, "landlock_restrict_self: %s", strerror(errno));

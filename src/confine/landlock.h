@@ -22,9 +22,11 @@ struct landlock_base {
 
 /* Opens the read-only places: |ro_dirs| (NULL-terminated) plus the fixed
  * list (standard library, shared libraries, time zones, devices). A path
- * that does not exist is skipped. Returns 0 or -errno with a message. */
-int landlock_base_open(struct landlock_base *b, int abi, const char *const *ro_dirs, char *err,
-                       size_t errlen);
+ * that does not exist is skipped. |ro_files| (NULL-terminated, may be NULL):
+ * more files to read, skipped where missing. Returns 0 or -errno with a
+ * message. */
+int landlock_base_open(struct landlock_base *b, int abi, const char *const *ro_dirs,
+                       const char *const *ro_files, char *err, size_t errlen);
 
 /* In the template, for one worker: a ruleset with the base rules and the
  * workspace |ws_fd| read-write. Returns the ruleset fd or -errno with a

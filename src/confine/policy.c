@@ -28,6 +28,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <termios.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -45,6 +46,9 @@ struct rule {
     unsigned n_args;
     struct scmp_arg_cmp args[2];
     const char *who; /* who needs it, or what it stops */
+    /* Changes a file's metadata by path: without a private root, the path
+     * may name a host file the worker's uid owns, and the call is refused. */
+    bool path_meta;
 };
 
 /* One rule a line: the table reads as a table, so the formatter keeps out. */
@@ -59,6 +63,14 @@ struct rule {
     {SCMP_SYS(name), FAIL, e, sizeof((struct scmp_arg_cmp[]){__VA_ARGS__}) /                    \
                               sizeof(struct scmp_arg_cmp), {__VA_ARGS__}, who}
 #define R_KILL(name, who) {SCMP_SYS(name), KILL, 0, 0, {{0}}, who}
+#define R_META(name, who) {SCMP_SYS(name), ALLOW, 0, 0, {{0}}, who, true}
+#define R_META_IF(name, who, ...)                                                               \
+    {SCMP_SYS(name), ALLOW, 0, sizeof((struct scmp_arg_cmp[]){__VA_ARGS__}) /                   \
+                                   sizeof(struct scmp_arg_cmp), {__VA_ARGS__}, who, true}
+/* "pid 0 or our own": two rows, since a row's conditions all must hold. */
+#define SELF_OR_0(name, who, argn)                                                              \
+    R_ALLOW_IF(name, who, A(argn, SCMP_CMP_EQ, 0, 0)),                                          \
+    R_ALLOW_IF(name, who, A(argn, SCMP_CMP_EQ, POLICY_SELF_PID, 0))
 
 /* Namespace flags that must never come with a thread. */
 #define CLONE_NS_FLAGS                                                                          \
@@ -87,7 +99,11 @@ static const struct rule table[] = {
     R_ALLOW(pwrite64, "io"),
     R_ALLOW(preadv, "os.preadv"),
     R_ALLOW(pwritev, "os.pwritev"),
-    R_ALLOW(preadv2, "os.preadv"),
+    /* RWF_NOWAIT fails unless the data is cached: a probe of what another
+     * run has read. */
+    R_ALLOW_IF(preadv2, "os.preadv, without RWF_NOWAIT", A(5, SCMP_CMP_MASKED_EQ, RWF_NOWAIT, 0)),
+    R_FAIL_IF(preadv2, EOPNOTSUPP, "RWF_NOWAIT: refused",
+              A(5, SCMP_CMP_MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT)),
     R_ALLOW(pwritev2, "os.pwritev"),
     R_ALLOW(open, "legacy open"),
     R_ALLOW(openat, "glibc open, import"),
@@ -121,31 +137,36 @@ static const struct rule table[] = {
     R_ALLOW(linkat, "os.link"),
     R_ALLOW(symlink, "os.symlink"),
     R_ALLOW(symlinkat, "os.symlink"),
-    R_ALLOW(chmod, "os.chmod"),
-    R_ALLOW(fchmod, "os.chmod"),
-    R_ALLOW(fchmodat, "os.chmod"),
-    R_ALLOW(chown, "os.chown (to ourselves only, without CAP_CHOWN)"),
-    R_ALLOW(fchown, "os.chown"),
-    R_ALLOW(fchownat, "os.chown"),
-    R_ALLOW(lchown, "os.lchown"),
+    R_META(chmod, "os.chmod"),
+    R_ALLOW(fchmod, "os.chmod on a descriptor"),
+    R_META(fchmodat, "os.chmod"),
+    R_META(chown, "os.chown (to ourselves only, without CAP_CHOWN)"),
+    R_ALLOW(fchown, "os.chown on a descriptor"),
+    R_META(fchownat, "os.chown"),
+    R_META(lchown, "os.lchown"),
     R_ALLOW(truncate, "os.truncate"),
     R_ALLOW(ftruncate, "file.truncate"),
     R_ALLOW(fallocate, "os.posix_fallocate"),
     R_ALLOW(fsync, "os.fsync"),
     R_ALLOW(fdatasync, "os.fdatasync, sqlite3"),
-    R_ALLOW(utimensat, "os.utime"),
-    R_ALLOW(utime, "os.utime"),
-    R_ALLOW(utimes, "os.utime"),
+    R_ALLOW_IF(utimensat, "os.utime on a descriptor (futimens: no path)", A(1, SCMP_CMP_EQ, 0, 0)),
+    R_META_IF(utimensat, "os.utime", A(1, SCMP_CMP_NE, 0, 0)),
+    R_META(utime, "os.utime"),
+    R_META(utimes, "os.utime"),
+    R_META(futimesat, "glibc's utimes"),
     R_ALLOW(flock, "fcntl.flock"),
     R_ALLOW(umask, "os.umask"),
     R_ALLOW(statfs, "os.statvfs"),
     R_ALLOW(fstatfs, "os.fstatvfs"),
-    R_ALLOW(fadvise64, "os.posix_fadvise"),
+    /* Advice is only advice: it succeeds and does nothing. DONTNEED on a
+     * shared file would let a run evict, and so time, another run's page
+     * cache. */
+    R_FAIL(fadvise64, 0, "os.posix_fadvise: accepted, ignored"),
     R_ALLOW(readahead, "glibc"),
     R_ALLOW(sendfile, "shutil.copyfile"),
     R_ALLOW(copy_file_range, "shutil.copyfile"),
-    R_ALLOW(splice, "os.splice"),
-    R_ALLOW(tee, "glibc"),
+    R_FAIL(splice, EPERM, "os.splice: refused (pipes of page-cache pages)"),
+    R_FAIL(tee, EPERM, "refused, as splice"),
     R_ALLOW(getxattr, "shutil.copystat"),
     R_ALLOW(lgetxattr, "shutil.copystat"),
     R_ALLOW(fgetxattr, "shutil.copystat"),
@@ -201,8 +222,8 @@ static const struct rule table[] = {
     R_ALLOW(nanosleep, "time.sleep"),
     R_ALLOW(gettimeofday, "time"),
     R_ALLOW(time, "time"),
-    R_ALLOW(timer_create, "the worker's own CPU timer"),
-    R_ALLOW(timer_settime, "the worker's own CPU timer"),
+    R_ALLOW(timer_create, "POSIX timers (counted against the worker's own uid)"),
+    R_ALLOW(timer_settime, "POSIX timers"),
     R_ALLOW(timer_gettime, "glibc timers"),
     R_ALLOW(timer_getoverrun, "glibc timers"),
     R_ALLOW(timer_delete, "glibc timers"),
@@ -233,14 +254,25 @@ static const struct rule table[] = {
     R_ALLOW(futex, "locks, the GIL"),
     R_ALLOW(futex_waitv, "glibc"),
     R_ALLOW(sched_yield, "threads"),
-    R_ALLOW(sched_getaffinity, "os.sched_getaffinity, os.cpu_count"),
-    R_ALLOW_IF(sched_setaffinity, "os.sched_setaffinity(0, ...)", A(0, SCMP_CMP_EQ, 0, 0)),
-    R_ALLOW(sched_getparam, "os.sched_getparam"),
-    R_ALLOW(sched_getscheduler, "os.sched_getscheduler"),
+    /* Calls that take a pid: ours (or 0, which means ours) only, so no
+     * host process can be looked at or changed through them. */
+    SELF_OR_0(sched_getaffinity, "os.sched_getaffinity, os.cpu_count", 0),
+    SELF_OR_0(sched_setaffinity, "os.sched_setaffinity(0, ...)", 0),
+    SELF_OR_0(sched_getparam, "os.sched_getparam", 0),
+    SELF_OR_0(sched_getscheduler, "os.sched_getscheduler", 0),
+    SELF_OR_0(sched_rr_get_interval, "os.sched_rr_get_interval", 0),
     R_ALLOW(sched_get_priority_max, "os.sched_get_priority_max"),
     R_ALLOW(sched_get_priority_min, "os.sched_get_priority_min"),
-    R_ALLOW(getpriority, "os.getpriority"),
-    R_ALLOW_IF(setpriority, "os.nice (ourselves only)", A(1, SCMP_CMP_EQ, 0, 0)),
+    /* PRIO_PROCESS (0) only: PRIO_PGRP and PRIO_USER name other
+     * processes. */
+    R_ALLOW_IF(getpriority, "os.getpriority(PRIO_PROCESS, 0)", A(0, SCMP_CMP_EQ, 0, 0),
+               A(1, SCMP_CMP_EQ, 0, 0)),
+    R_ALLOW_IF(getpriority, "os.getpriority(PRIO_PROCESS, os.getpid())", A(0, SCMP_CMP_EQ, 0, 0),
+               A(1, SCMP_CMP_EQ, POLICY_SELF_PID, 0)),
+    R_ALLOW_IF(setpriority, "os.nice, os.setpriority(PRIO_PROCESS, 0)", A(0, SCMP_CMP_EQ, 0, 0),
+               A(1, SCMP_CMP_EQ, 0, 0)),
+    R_ALLOW_IF(setpriority, "os.setpriority(PRIO_PROCESS, os.getpid())", A(0, SCMP_CMP_EQ, 0, 0),
+               A(1, SCMP_CMP_EQ, POLICY_SELF_PID, 0)),
     R_ALLOW(getpid, "os.getpid"),
     R_ALLOW(gettid, "threading.get_native_id"),
     R_ALLOW(getppid, "os.getppid"),
@@ -252,13 +284,14 @@ static const struct rule table[] = {
     R_ALLOW(getresuid, "os.getresuid"),
     R_ALLOW(getresgid, "os.getresgid"),
     R_ALLOW(getpgrp, "os.getpgrp"),
-    R_ALLOW(getpgid, "os.getpgid"),
-    R_ALLOW(getsid, "os.getsid"),
-    R_ALLOW(capget, "reading capabilities"),
+    SELF_OR_0(getpgid, "os.getpgid", 0),
+    SELF_OR_0(getsid, "os.getsid", 0),
+    /* The pid sits behind a pointer, where a filter cannot look. */
+    R_FAIL(capget, EPERM, "reading capabilities: refused"),
     R_ALLOW(uname, "platform, os.uname"),
     R_ALLOW(sysinfo, "glibc"),
     R_ALLOW(getrandom, "os.urandom, random, secrets, hash seeding"),
-    R_ALLOW(getrusage, "resource.getrusage, the worker's own CPU limit"),
+    R_ALLOW(getrusage, "resource.getrusage"),
     R_ALLOW(times, "os.times"),
     R_ALLOW(getcpu, "glibc"),
     R_ALLOW(restart_syscall, "the kernel, after a signal"),
@@ -310,7 +343,7 @@ static const struct rule table[] = {
     R_KILL(mount, "file system changes"),
     R_KILL(umount2, "file system changes"),
     R_KILL(pivot_root, "file system changes"),
-    R_KILL(chroot, "file system changes"),
+    R_FAIL(chroot, EPERM, "os.chroot: refused (an ordinary os function, not worth a kill)"),
     R_KILL(fsopen, "new mount API"),
     R_KILL(fsconfig, "new mount API"),
     R_KILL(fsmount, "new mount API"),
@@ -335,7 +368,7 @@ static const struct rule table[] = {
     R_KILL(swapoff, "the host"),
 };
 
-int policy_build(struct policy *p, bool debug, char *err, size_t errlen)
+int policy_build(struct policy *p, bool debug, bool refuse_path_meta, char *err, size_t errlen)
 {
     const uint32_t deflt = debug ? SCMP_ACT_TRAP : SCMP_ACT_ERRNO(EPERM);
     scmp_filter_ctx ctx = seccomp_init(deflt);
@@ -357,6 +390,8 @@ int policy_build(struct policy *p, bool debug, char *err, size_t errlen)
         uint32_t action = r->act == ALLOW  ? SCMP_ACT_ALLOW
                           : r->act == KILL ? SCMP_ACT_KILL_PROCESS
                                            : SCMP_ACT_ERRNO((unsigned)r->err);
+        if (r->path_meta && refuse_path_meta)
+            action = SCMP_ACT_ERRNO(EPERM);
         if (r->nr < 0)
             continue; /* not a system call on this architecture */
         /* Spelled out for the reader; libseccomp refuses rules that repeat

@@ -21,9 +21,11 @@ struct policy {
 };
 
 /* Builds the program. With |debug|, refused calls trap instead (see
- * policy_debug_install), never for production. Returns 0 or -errno with a
- * message. */
-int policy_build(struct policy *p, bool debug, char *err, size_t errlen);
+ * policy_debug_install), never for production. With |refuse_path_meta|
+ * (no private root: a path may name a host file), chmod, chown and utime by
+ * path fail with EPERM; their descriptor forms stay. Returns 0 or -errno
+ * with a message. */
+int policy_build(struct policy *p, bool debug, bool refuse_path_meta, char *err, size_t errlen);
 void policy_free(struct policy *p);
 
 /* Copies the program into |out| (BPF_MAXINSNS entries) with |self| in place

@@ -15,17 +15,17 @@
 #define WORKSPACE_BYTES_PER_INODE 4096
 #define WORKSPACE_SPARE_INODES    64
 
-int workspace_make(const struct jail *j, int base_fd, const char *name, const char *path, char *err,
-                   size_t errlen)
+int workspace_make(const struct jail *j, uid_t uid, gid_t gid, int base_fd, const char *name,
+                   const char *path, char *err, size_t errlen)
 {
     char opts[160];
     int rc = 0;
 
     if (mkdirat(base_fd, name, 0700) < 0)
         return errmsg(err, errlen, -errno, "making workspace %s: %s", path, strerror(errno));
+    if (!j->switch_user)
+        uid = gid = 0; /* root of our user namespace: the caller */
     if (j->mount_ns) {
-        uid_t uid = j->switch_user ? j->uid : 0;
-        gid_t gid = j->switch_user ? j->gid : 0;
         /* Bounded bytes and files, and nothing runnable or device-like. */
         snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0700,uid=%u,gid=%u",
                  (unsigned long long)j->workspace_bytes,
@@ -34,7 +34,7 @@ int workspace_make(const struct jail *j, int base_fd, const char *name, const ch
                  (unsigned)uid, (unsigned)gid);
         if (mount("pysbx", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0)
             rc = errmsg(err, errlen, -errno, "mounting the workspace tmpfs: %s", strerror(errno));
-    } else if (j->switch_user && fchownat(base_fd, name, j->uid, j->gid, AT_SYMLINK_NOFOLLOW) < 0)
+    } else if (j->switch_user && fchownat(base_fd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
         rc = errmsg(err, errlen, -errno, "chown of workspace %s: %s", path, strerror(errno));
     if (rc < 0)
         unlinkat(base_fd, name, AT_REMOVEDIR);

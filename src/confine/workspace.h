@@ -10,10 +10,12 @@
 #include "jail.h"
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /* Makes workspace |name| beneath |base_fd| (|path| is the same place, for
- * mount(2) and messages). Returns 0 or -errno with a message. */
-int workspace_make(const struct jail *j, int base_fd, const char *name, const char *path, char *err,
-                   size_t errlen);
+ * mount(2) and messages), owned by |uid|:|gid| when the workers switch
+ * user. Returns 0 or -errno with a message. */
+int workspace_make(const struct jail *j, uid_t uid, gid_t gid, int base_fd, const char *name,
+                   const char *path, char *err, size_t errlen);
 
 #endif

@@ -124,7 +124,7 @@ _Noreturn static void child(const struct sbx_limits *l, int ws_fd, int out, int 
     if (setsid() < 0)
         goto fail;
     limit(RLIMIT_AS, l->memory_bytes, l->memory_bytes);
-    limit(RLIMIT_CPU, cpu, cpu + 1);
+    limit(RLIMIT_CPU, cpu, cpu); /* SIGKILL at the limit, rounded up */
     limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT);
     limit(RLIMIT_NOFILE, WORKER_NOFILE_LIMIT, WORKER_NOFILE_LIMIT);
     limit(RLIMIT_CORE, 0, 0);

@@ -52,6 +52,8 @@ static int send_config(struct sbx *sbx, const struct sbx_config *cfg, struct sbx
         json_object_set_new(o, "module_dirs", string_array(cfg->module_dirs)) < 0 ||
         json_object_set_new(o, "worker_uid", json_integer(cfg->worker_uid)) < 0 ||
         json_object_set_new(o, "worker_gid", json_integer(cfg->worker_gid)) < 0 ||
+        json_object_set_new(o, "worker_ids", json_integer(cfg->worker_ids)) < 0 ||
+        json_object_set_new(o, "disable_layers", json_integer(cfg->disable_layers)) < 0 ||
         json_object_set_new(o, "workspace_bytes", json_integer((json_int_t)cfg->workspace_bytes)) <
             0 ||
         json_object_set_new(o, "policy_debug", json_boolean(cfg->policy_debug)) < 0)
@@ -208,6 +210,8 @@ int control_take_worker(struct sbx *sbx, struct taken_worker *w, char *why, size
     if (n > 0 && m.hdr.type == WIRE_WORKER && n == (ssize_t)sizeof(m.worker) && nfds == WFD_COUNT) {
         m.worker.workspace[sizeof(m.worker.workspace) - 1] = '\0';
         w->pid = m.worker.pid;
+        w->uid = m.worker.uid;
+        w->gid = m.worker.gid;
         fmt(w->workspace, sizeof(w->workspace), "%s", m.worker.workspace);
         return 0;
     }

@@ -21,6 +21,8 @@ int control_start(struct sbx *sbx, const char *path, const struct sbx_config *cf
 struct taken_worker {
     int fds[WFD_COUNT];
     pid_t pid;
+    uid_t uid; /* its own uid and gid, or 0 when it has none of its own */
+    gid_t gid;
     char workspace[WIRE_NAME_MAX];
 };
 

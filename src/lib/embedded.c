@@ -34,6 +34,8 @@ static void read_status(struct supervision *sv)
         sv->outcome = (struct run_outcome){
             .wait_status = st.wait_status,
             .started = st.started != 0,
+            .cpu_killed = (st.flags & WIRE_STATUS_CPU_KILLED) != 0,
+            .limit_lost = (st.flags & WIRE_STATUS_LIMIT_LOST) != 0,
             .utime_us = st.utime_us,
             .stime_us = st.stime_us,
             .maxrss_kb = st.maxrss_kb,

@@ -6,6 +6,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,13 +20,16 @@
 void sbx_config_init(struct sbx_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
-    cfg->required_layers = SBX_LAYER_SECCOMP;
+    cfg->required_layers = SBX_LAYERS_DEFAULT;
     cfg->worker_uid = -1;
     cfg->worker_gid = -1;
 }
 
+_Static_assert(SBX_LAYER_COUNT == WIRE_LAYERS, "the wire carries every layer");
+
 static const char *const layer_names[SBX_LAYER_COUNT] = {
-    "seccomp", "landlock", "netns", "mountns", "ipcns", "utsns", "user", "rlimits", "caps",
+    "seccomp", "landlock", "netns", "mountns", "ipcns",  "utsns",
+    "user",    "rlimits",  "caps",  "root",    "uidrun",
 };
 
 const char *sbx_layer_name(enum sbx_layer layer)
@@ -82,10 +86,27 @@ static const char *template_path(const struct sbx_config *cfg)
     return env && *env ? env : PYSBX_TEMPLATE_DEFAULT;
 }
 
+static bool active(const struct sbx *sbx, enum sbx_layer l)
+{
+    return sbx->layers[__builtin_ctz(l)].active != 0;
+}
+
 /* Fail closed: a layer the caller requires and this machine lacks stops
  * the sandbox from opening at all. */
 static int check_required(const struct sbx *sbx, unsigned required, struct sbx_error *err)
 {
+    if (required & SBX_LAYERS_DEFAULT) {
+        required &= ~SBX_LAYERS_DEFAULT;
+        required |= SBX_LAYER_SECCOMP;
+        if (geteuid() == 0)
+            required |= SBX_LAYER_UIDRUN;
+        if (!active(sbx, SBX_LAYER_LANDLOCK) && !active(sbx, SBX_LAYER_ROOT))
+            return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EPERM,
+                            "the file system is not confined: neither landlock (%s) nor a "
+                            "private root (%s); require less to run anyway",
+                            sbx->layers[__builtin_ctz(SBX_LAYER_LANDLOCK)].detail,
+                            sbx->layers[__builtin_ctz(SBX_LAYER_ROOT)].detail);
+    }
     for (unsigned i = 0; i < SBX_LAYER_COUNT; i++)
         if ((required & (1u << i)) && !sbx->layers[i].active)
             return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EPERM,
@@ -108,8 +129,17 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
     if (cfg.pool_size > SBX_MAX_POOL_SIZE)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "pool_size must be at most %u",
                         SBX_MAX_POOL_SIZE);
-    if (cfg.required_layers >> SBX_LAYER_COUNT)
-        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "unknown layer in required_layers");
+    if ((cfg.required_layers & ~SBX_LAYERS_DEFAULT) >> SBX_LAYER_COUNT ||
+        cfg.disable_layers >> SBX_LAYER_COUNT)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "unknown layer in the configuration");
+    if (cfg.worker_ids > SBX_MAX_WORKER_IDS)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "worker_ids must be at most %u",
+                        SBX_MAX_WORKER_IDS);
+    if (cfg.worker_uid < -1 || cfg.worker_gid < -1 || cfg.worker_uid > UINT32_MAX - 1 ||
+        cfg.worker_gid > UINT32_MAX - 1)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "worker_uid/worker_gid out of range");
     if (cfg.workspace_bytes && (cfg.workspace_bytes < SBX_MIN_WORKSPACE_BYTES ||
                                 cfg.workspace_bytes > SBX_MAX_MEMORY_BYTES))
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
@@ -118,6 +148,15 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
         cfg.pool_size = default_pool_size();
     if (!cfg.workspace_bytes)
         cfg.workspace_bytes = SBX_DEFAULT_WORKSPACE_BYTES;
+    if (cfg.worker_uid < 0)
+        cfg.worker_uid = SBX_DEFAULT_WORKER_ID_BASE;
+    if (cfg.worker_gid < 0)
+        cfg.worker_gid = cfg.worker_uid;
+    if (!cfg.worker_ids)
+        cfg.worker_ids = SBX_DEFAULT_WORKER_IDS;
+    if ((uint64_t)cfg.worker_uid + cfg.worker_ids > UINT32_MAX ||
+        (uint64_t)cfg.worker_gid + cfg.worker_ids > UINT32_MAX)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "worker id range past 2^32 - 1");
     sbx = calloc(1, sizeof(*sbx));
     if (!sbx)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");

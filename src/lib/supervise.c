@@ -193,6 +193,8 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
     struct verdict_input in = {
         .wait_status = s->outcome.wait_status,
         .started = s->outcome.started,
+        .cpu_killed = s->outcome.cpu_killed,
+        .limit_lost = s->outcome.limit_lost,
         .killed_for_wall = s->killed_for_wall,
         .cancelled = s->cancelled,
         .cpu_ms = res->cpu_ms,

@@ -46,10 +46,9 @@ int verdict_classify(const struct verdict_input *in, struct sbx_result *res)
     const struct sbx_limits *l = in->limits;
     int st = in->wait_status;
     int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-    /* The kernel sends SIGXCPU at the limit (our timer, or RLIMIT_CPU); the
-     * times reported afterwards are sampled and can read a little under it.
-     * Code that sends itself SIGXCPU early is far under. */
-    bool cpu_spent = in->cpu_ms >= l->cpu_seconds * 1000.0 * 0.9;
+    /* RLIMIT_CPU, the backstop behind the template's timer, kills at least
+     * a second past the limit. */
+    bool cpu_spent = in->cpu_ms >= l->cpu_seconds * 1000.0;
 
     res->exit_code = -1;
     res->signal = 0;
@@ -75,7 +74,12 @@ int verdict_classify(const struct verdict_input *in, struct sbx_result *res)
             fmt(why, sizeof(why), "the worker ended before the code started");
         return verdict_stopped(res, SBX_SANDBOX_ERROR, why);
     }
-    if ((sig == SIGXCPU || (sig == SIGKILL && !in->killed_for_wall)) && cpu_spent) {
+    if (sig == SIGKILL && in->limit_lost)
+        return verdict_stopped(res, SBX_SANDBOX_ERROR,
+                               "the sandbox could not keep the CPU limit and stopped the run");
+    /* Only the sandbox's own kill is a CPU timeout: a worker that kills
+     * itself, however much CPU it spent, has crashed. */
+    if (sig == SIGKILL && (in->cpu_killed || cpu_spent)) {
         res->status = SBX_TIMEOUT;
         res->limit = SBX_LIMIT_CPU;
         return set_reason(res, "CPU time limit of %g s exceeded", l->cpu_seconds);

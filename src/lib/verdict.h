@@ -14,6 +14,8 @@
 struct verdict_input {
     int wait_status;
     bool started;         /* the worker reached user code (template's record) */
+    bool cpu_killed;      /* the template's CPU timer fired and it killed the worker */
+    bool limit_lost;      /* the template could not arm the CPU limit and killed it */
     bool killed_for_wall; /* the supervisor sent SIGKILL at the deadline */
     bool cancelled;       /* the supervisor sent SIGKILL for the caller */
     double cpu_ms;

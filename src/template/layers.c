@@ -35,10 +35,12 @@ void layers_describe(const struct tmpl *t, struct wire_hello *h)
     layer(h, SBX_LAYER_UTSNS, j->uts_ns, j->uts_why);
     layer(h, SBX_LAYER_USER, j->switch_user, j->user_why);
     fmt(rl, sizeof(rl),
-        "CPU (timer + RLIMIT_CPU), address space, file size %llu MiB, %d descriptors, no "
-        "core%s",
+        "CPU (the template's timer on the worker's CPU clock; RLIMIT_CPU behind it), address "
+        "space, file size %llu MiB, %d descriptors, no core%s",
         (unsigned long long)(WORKER_FSIZE_LIMIT >> 20), WORKER_NOFILE_LIMIT,
-        j->switch_user ? ", " PYSBX_STR(WORKER_NPROC_LIMIT) " threads for the workers' uid" : "");
+        j->switch_user ? ", " PYSBX_STR(WORKER_NPROC_LIMIT) " threads per worker uid" : "");
     layer(h, SBX_LAYER_RLIMITS, true, rl);
     layer(h, SBX_LAYER_CAPS, true, "every capability dropped (bounding set too), no_new_privs");
+    layer(h, SBX_LAYER_ROOT, t->root, t->root_why);
+    layer(h, SBX_LAYER_UIDRUN, j->uid_per_run, j->uidrun_why);
 }

@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "interp.h"
+#include "root.h"
 #include "pysbx.h"
 #include "sysutil.h"
 #include "template.h"
@@ -71,14 +72,20 @@ static int read_config(struct tmpl *t, char *err, size_t errlen)
     }
     t->base_path = strdup(base);
     t->pool_size = (unsigned)pool;
-    t->uid = (long)json_integer_value(json_object_get(cfg, "worker_uid"));
-    t->gid = (long)json_integer_value(json_object_get(cfg, "worker_gid"));
-    t->workspace_bytes = (uint64_t)json_integer_value(json_object_get(cfg, "workspace_bytes"));
+    t->jc.uid_base = (long)json_integer_value(json_object_get(cfg, "worker_uid"));
+    t->jc.gid_base = (long)json_integer_value(json_object_get(cfg, "worker_gid"));
+    json_int_t ids = json_integer_value(json_object_get(cfg, "worker_ids"));
+    t->jc.workspace_bytes = (uint64_t)json_integer_value(json_object_get(cfg, "workspace_bytes"));
+    t->jc.disable = (unsigned)json_integer_value(json_object_get(cfg, "disable_layers"));
     t->policy_debug = json_is_true(json_object_get(cfg, "policy_debug"));
-    if (t->workspace_bytes < SBX_MIN_WORKSPACE_BYTES) {
-        errmsg(err, errlen, rc, "template: bad workspace size");
+    if (t->jc.workspace_bytes < SBX_MIN_WORKSPACE_BYTES || ids < 1 || ids > SBX_MAX_WORKER_IDS ||
+        t->jc.uid_base < 0 || t->jc.gid_base < 0 ||
+        (uint64_t)t->jc.uid_base + (uint64_t)ids > UINT32_MAX ||
+        (uint64_t)t->jc.gid_base + (uint64_t)ids > UINT32_MAX) {
+        errmsg(err, errlen, rc, "template: bad workspace size or worker ids");
         goto out;
     }
+    t->jc.ids = (unsigned)ids;
     json_t *warm = json_object_get(cfg, "warm_modules");
     if (json_is_array(warm))
         t->warm = string_list(warm);
@@ -92,6 +99,38 @@ out:
     close_fds(fds, (size_t)nfds);
     json_decref(cfg);
     return rc;
+}
+
+/* With the mount namespace: the private root (root.h). */
+static int enter_root(struct tmpl *t, char *err, size_t errlen)
+{
+    const struct jail *j = &t->jail;
+    struct root_spec spec = {
+        .work_dir = t->base_path,
+        .work_fd = t->base_fd,
+        .module_dirs = (const char *const *)t->module_dirs,
+        .per_run_ids = j->uid_per_run,
+        .uid_base = j->switch_user ? j->uid_base : 0,
+        .gid_base = j->switch_user ? j->gid_base : 0,
+        .ids = j->ids,
+    };
+
+    if (t->jc.disable & SBX_LAYER_ROOT) {
+        fmt(t->root_why, sizeof(t->root_why), "turned off by the configuration");
+        return 0;
+    }
+    if (!j->mount_ns) {
+        fmt(t->root_why, sizeof(t->root_why), "needs the mount namespace (%s)", j->mount_why);
+        return 0;
+    }
+    int rc = root_enter(&spec, err, errlen);
+    if (rc < 0)
+        return rc;
+    t->root = true;
+    fmt(t->root_why, sizeof(t->root_why),
+        "a tmpfs root: the standard library, shared libraries, time zones, module dirs "
+        "read-only; three devices; the workspace; no /proc, no host files");
+    return 0;
 }
 
 int main(void)
@@ -120,9 +159,22 @@ int main(void)
         goto fail;
     }
     /* Namespaces first: everything after, and every worker, lives in them. */
-    jail_setup(&t.jail, t.uid, t.gid, t.workspace_bytes);
+    jail_setup(&t.jail, &t.jc);
+    /* /proc stays reachable to the template alone, through this descriptor
+     * (prefault reads its workers' page maps); a private root has none. */
+    t.proc_fd = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (t.proc_fd < 0) {
+        errmsg(err, sizeof(err), -errno, "template: /proc: %s", strerror(errno));
+        goto fail;
+    }
+    if (enter_root(&t, err, sizeof(err)) < 0)
+        goto fail;
     if (t.jail.mount_ns && sweeper_start(&t.sweeper, t.base_path, t.base_fd, err, sizeof(err)) < 0)
         goto fail;
+    if (uids_init(&t.uids, &t.jail) < 0) {
+        errmsg(err, sizeof(err), -ENOMEM, "template: out of memory");
+        goto fail;
+    }
 
     struct interp_config py = {
         .warm_modules = (const char *const *)t.warm,
@@ -132,7 +184,11 @@ int main(void)
         goto fail;
 
     /* The seccomp program, built once; workers load the finished BPF. */
-    t.seccomp = policy_build(&t.policy, t.policy_debug, t.seccomp_why, sizeof(t.seccomp_why)) == 0;
+    t.seccomp =
+        !(t.jc.disable & SBX_LAYER_SECCOMP) &&
+        policy_build(&t.policy, t.policy_debug, !t.root, t.seccomp_why, sizeof(t.seccomp_why)) == 0;
+    if (t.jc.disable & SBX_LAYER_SECCOMP)
+        fmt(t.seccomp_why, sizeof(t.seccomp_why), "turned off by the configuration");
     if (t.seccomp)
         fmt(t.seccomp_why, sizeof(t.seccomp_why),
             "%u rules, default EPERM, exploit primitives kill%s", t.policy.rules,
@@ -140,20 +196,23 @@ int main(void)
     t.landlock = landlock_abi();
     /* A module directory that cannot be confined is the caller's error. */
     if (t.landlock > 0 &&
-        landlock_base_open(&t.ll_base, t.landlock, (const char *const *)t.module_dirs, err,
-                           sizeof(err)) < 0)
+        landlock_base_open(&t.ll_base, t.landlock, (const char *const *)t.module_dirs,
+                           t.root ? root_written_files : NULL, err, sizeof(err)) < 0)
         goto fail;
     if (t.landlock > 0)
         fmt(t.landlock_why, sizeof(t.landlock_why),
             "ABI %d: workspace read-write; standard library, module dirs, shared libraries, "
             "time zones read-only%s",
             t.landlock, t.landlock >= 6 ? "; signals and abstract sockets scoped" : "");
+    else if (t.jc.disable & SBX_LAYER_LANDLOCK)
+        fmt(t.landlock_why, sizeof(t.landlock_why), "turned off by the configuration");
     else
         fmt(t.landlock_why, sizeof(t.landlock_why), "not available in this kernel: %s",
             strerror(-t.landlock));
 
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
+    sigaddset(&chld, TEMPLATE_CPU_SIGNAL);
     if (sigprocmask(SIG_BLOCK, &chld, NULL) < 0 ||
         (t.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
         errmsg(err, sizeof(err), -errno, "template: signalfd: %s", strerror(errno));

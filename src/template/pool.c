@@ -22,16 +22,25 @@
 #include <sys/socket.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 struct worker_rec {
     struct worker_rec *next;
     pid_t pid;
+    unsigned slot; /* its ids (uids.h) */
+    uid_t uid;
+    gid_t gid;
     int ready_fd;           /* read end of the worker's ready pipe */
     int status_fd;          /* write end of the supervisor's status pipe */
     int sup_fds[WFD_COUNT]; /* the supervisor's ends, held until announced */
     bool announced;         /* a WORKER or FAIL message was sent for it */
     bool started;
+    bool dead;       /* reaped: nothing more to arm */
+    bool has_timer;  /* its CPU timer exists */
+    bool cpu_killed; /* the timer fired and we killed it */
+    bool limit_lost; /* the CPU limit could not be armed; killed */
+    timer_t timer;
     char name[WIRE_NAME_MAX];
 };
 
@@ -66,7 +75,12 @@ static void spawn_worker(struct tmpl *t)
     for (int i = 0; i < WFD_COUNT; i++)
         w->sup_fds[i] = -1;
     w->ready_fd = w->status_fd = -1;
-    fmt(w->name, sizeof(w->name), "w%u", t->next_id++);
+    if (uids_take(&t->uids, t->base_fd, &w->slot, &w->uid, &w->gid, w->name, sizeof(w->name)) < 0) {
+        free(w);
+        template_send_fail(t, "template: no free worker id: every one is held by a worker or "
+                              "its workspace is not yet removed (raise worker_ids)");
+        return;
+    }
     fmt(path, sizeof(path), "%s/%s", t->base_path, w->name);
 
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 || pipe2(out, O_CLOEXEC) < 0 ||
@@ -74,7 +88,7 @@ static void spawn_worker(struct tmpl *t)
         fmt(why, sizeof(why), "template: making a worker's pipes: %s", strerror(errno));
         goto fail;
     }
-    if (workspace_make(&t->jail, t->base_fd, w->name, path, why, sizeof(why)) < 0)
+    if (workspace_make(&t->jail, w->uid, w->gid, t->base_fd, w->name, path, why, sizeof(why)) < 0)
         goto fail;
     /* By path, in our own mount namespace: through the supervisor's
      * descriptor, the lookup would stay in the host's and find the
@@ -107,8 +121,8 @@ static void spawn_worker(struct tmpl *t)
             .plan =
                 {
                     .switch_user = t->jail.switch_user,
-                    .uid = t->jail.uid,
-                    .gid = t->jail.gid,
+                    .uid = w->uid,
+                    .gid = w->gid,
                     .landlock_abi = t->landlock,
                     .ruleset_fd = ruleset,
                     .policy = t->seccomp ? &t->policy : NULL,
@@ -158,6 +172,7 @@ fail:
     }
     close_fd(&ws);
     close_fd(&ruleset);
+    uids_release(&t->uids, w->slot);
     free(w);
     template_send_fail(t, why);
 }
@@ -172,6 +187,11 @@ static void refill(struct tmpl *t, unsigned to)
 static void announce(struct tmpl *t, struct worker_rec *w)
 {
     struct wire_worker m = {.hdr = {WIRE_WORKER, WIRE_VERSION}, .pid = w->pid};
+
+    if (t->jail.switch_user) {
+        m.uid = w->uid;
+        m.gid = w->gid;
+    }
 
     fmt(m.workspace, sizeof(m.workspace), "%s", w->name);
     if (wire_send(t->ctl, &m, sizeof(m), w->sup_fds, WFD_COUNT) < 0)
@@ -194,6 +214,34 @@ static void report_setup_failure(struct tmpl *t, struct worker_rec *w, const cha
     close_sup_fds(w);
 }
 
+/* The worker's user code starts now: arm its CPU limit, a timer on its
+ * CPU clock (all its threads) that only we hold. It fires at the CPU time
+ * the worker had used when it said so, plus its limit. */
+static void arm_cpu_limit(struct worker_rec *w, const struct wire_started *st)
+{
+    struct sigevent sev = {
+        .sigev_notify = SIGEV_SIGNAL,
+        .sigev_signo = TEMPLATE_CPU_SIGNAL,
+        .sigev_value = {.sival_int = w->pid},
+    };
+    uint64_t at = st->cpu_used_ns + st->cpu_limit_ns;
+    struct itimerspec its = {
+        .it_value = {.tv_sec = (time_t)(at / 1000000000ULL), .tv_nsec = (long)(at % 1000000000ULL)},
+    };
+    clockid_t clock;
+
+    if (w->dead || w->has_timer)
+        return;
+    if (clock_getcpuclockid(w->pid, &clock) == 0 && timer_create(clock, &sev, &w->timer) == 0) {
+        w->has_timer = true;
+        if (timer_settime(w->timer, TIMER_ABSTIME, &its, NULL) == 0)
+            return;
+    }
+    /* No limit we can keep: the run must not go on without one. */
+    w->limit_lost = true;
+    kill(w->pid, SIGKILL);
+}
+
 /* Reads what the worker wrote on its ready pipe. */
 static void on_ready(struct tmpl *t, struct worker_rec *w)
 {
@@ -214,11 +262,23 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
             /* Ready and idle: the pages it copied are what every worker
              * copies. Learn them once (see prefault.h). */
             if (t->prefault.recorded == 0)
-                (void)prefault_record(w->pid, &t->prefault);
+                (void)prefault_record(t->proc_fd, w->pid, &t->prefault);
             announce(t, w);
-        } else if (buf[i] == WORKER_STARTED)
+        } else if (buf[i] == WORKER_STARTED && !w->started) {
+            struct wire_started st;
             w->started = true;
-        else if (buf[i] == WORKER_FAILED) {
+            /* Written in one piece, under PIPE_BUF: here whole, or the
+             * worker is not one of ours. */
+            if (n - i - 1 < (ssize_t)sizeof(st)) {
+                w->limit_lost = true;
+                kill(w->pid, SIGKILL);
+                close_fd(&w->ready_fd);
+                return;
+            }
+            memcpy(&st, buf + i + 1, sizeof(st));
+            i += (ssize_t)sizeof(st);
+            arm_cpu_limit(w, &st);
+        } else if (buf[i] == WORKER_FAILED) {
             if (!w->announced)
                 report_setup_failure(t, w, buf + i + 1);
             close_fd(&w->ready_fd);
@@ -227,13 +287,37 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
     }
 }
 
+/* A worker's CPU timer fired: its code has had its CPU time. */
+static void on_cpu_timer(struct tmpl *t, pid_t pid)
+{
+    for (struct worker_rec *w = t->workers; w; w = w->next)
+        if (w->pid == pid && !w->dead) {
+            w->cpu_killed = true;
+            kill(pid, SIGKILL); /* our child, not yet reaped: the pid is its */
+            return;
+        }
+}
+
+static void forget_worker(struct tmpl *t, struct worker_rec *w)
+{
+    if (w->has_timer)
+        timer_delete(w->timer);
+    close_fd(&w->ready_fd);
+    close_fd(&w->status_fd);
+    close_sup_fds(w);
+    uids_release(&t->uids, w->slot);
+    t->n_workers--;
+    free(w);
+}
+
 static void reap(struct tmpl *t)
 {
     struct signalfd_siginfo si;
     bool reaped = false;
 
     while (read(t->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-        ;
+        if ((int)si.ssi_signo == TEMPLATE_CPU_SIGNAL)
+            on_cpu_timer(t, (pid_t)si.ssi_int);
     for (;;) {
         struct rusage ru;
         int st;
@@ -246,6 +330,7 @@ static void reap(struct tmpl *t)
         struct worker_rec *w = *pp;
         if (!w)
             continue;
+        w->dead = true;
         /* What it wrote before it ended is still in the pipe. */
         if (w->ready_fd >= 0) {
             fcntl(w->ready_fd, F_SETFL, O_NONBLOCK);
@@ -258,6 +343,8 @@ static void reap(struct tmpl *t)
             .magic = WIRE_STATUS_MAGIC,
             .wait_status = st,
             .started = w->started,
+            .flags = (w->cpu_killed ? WIRE_STATUS_CPU_KILLED : 0) |
+                     (w->limit_lost ? WIRE_STATUS_LIMIT_LOST : 0),
             .utime_us = timeval_us(ru.ru_utime),
             .stime_us = timeval_us(ru.ru_stime),
             .maxrss_kb = ru.ru_maxrss,
@@ -269,8 +356,7 @@ static void reap(struct tmpl *t)
         sweeper_release(&t->sweeper, w->name);
         reaped = true;
         *pp = w->next;
-        t->n_workers--;
-        free(w);
+        forget_worker(t, w);
     }
     /* A run just ended: now is the time to replace the workers taken. */
     if (reaped)
@@ -308,11 +394,7 @@ static void shutdown_workers(struct tmpl *t)
         struct worker_rec *w = t->workers;
         waitpid(w->pid, NULL, 0);
         t->workers = w->next;
-        t->n_workers--;
-        close_fd(&w->ready_fd);
-        close_fd(&w->status_fd);
-        close_sup_fds(w);
-        free(w);
+        forget_worker(t, w);
     }
 }
 

@@ -36,17 +36,20 @@ static int add_range(struct prefault *p, uintptr_t start, uintptr_t end, size_t 
     return 0;
 }
 
-int prefault_record(pid_t pid, struct prefault *p)
+int prefault_record(int proc_fd, pid_t pid, struct prefault *p)
 {
     char path[64], line[512];
     long page = sysconf(_SC_PAGESIZE);
     size_t cap = 0;
     int rc = 0;
 
-    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
-    FILE *maps = fopen(path, "re");
-    snprintf(path, sizeof(path), "/proc/%d/pagemap", (int)pid);
-    int pm = open(path, O_RDONLY | O_CLOEXEC);
+    snprintf(path, sizeof(path), "%d/maps", (int)pid);
+    int mfd = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
+    FILE *maps = mfd >= 0 ? fdopen(mfd, "re") : NULL;
+    if (!maps && mfd >= 0)
+        close(mfd);
+    snprintf(path, sizeof(path), "%d/pagemap", (int)pid);
+    int pm = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
     if (!maps || pm < 0) {
         rc = -errno;
         goto out;

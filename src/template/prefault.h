@@ -24,9 +24,9 @@ struct prefault {
     int recorded; /* 1 recorded, -1 could not be (then never tried again) */
 };
 
-/* Reads /proc/|pid|/maps and pagemap: the pages of its private writable
- * mappings that it alone maps. Returns 0 or -errno. */
-int prefault_record(pid_t pid, struct prefault *p);
+/* Reads |pid|'s maps and pagemap under /proc (|proc_fd|): the pages of its
+ * private writable mappings that it alone maps. Returns 0 or -errno. */
+int prefault_record(int proc_fd, pid_t pid, struct prefault *p);
 
 /* In a new worker: copies the recorded pages now, in batches. Best effort. */
 void prefault_apply(const struct prefault *p);

@@ -10,14 +10,18 @@
 #include "policy.h"
 #include "prefault.h"
 #include "sweeper.h"
+#include "uids.h"
 #include "wire.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 /* The control socket, as the supervisor's posix_spawn placed it. */
 #define TEMPLATE_CTL_FD 3
+/* The signal a worker's CPU timer raises in the template. */
+#define TEMPLATE_CPU_SIGNAL (SIGRTMIN + 1)
 
 struct worker_rec;
 
@@ -30,16 +34,18 @@ struct tmpl {
     char *base_path;
     unsigned pool_size;
     unsigned outstanding; /* messages not yet taken + workers getting ready */
-    uint32_t next_id;     /* names workspaces: w<id> */
+    int proc_fd;          /* /proc, for the template alone */
     struct worker_rec *workers;
     unsigned n_workers;
     char **warm;
     char **module_dirs;
-    long uid, gid;
-    uint64_t workspace_bytes;
     bool policy_debug;
     /* The confinement every worker gets, decided once. */
+    struct jail_config jc;
     struct jail jail;
+    bool root; /* in the private root */
+    char root_why[WIRE_LAYER_DETAIL_MAX];
+    struct uids uids;
     struct sweeper sweeper;
     struct policy policy;
     bool seccomp;

@@ -75,7 +75,7 @@ static PyObject *compile_source(const char *code, size_t len)
     return co;
 }
 
-/* HOME and TMPDIR at the workspace, LANG; nothing else. The template's
+/* HOME and TMPDIR at the workspace, LANG, USER and LOGNAME; nothing else. The template's
  * environment is empty (it was started by exec with none). Set through
  * os.environ so that Python's view and the C environment agree. */
 static int set_environment(const char *workspace)
@@ -92,8 +92,14 @@ static int set_environment(const char *workspace)
     if (PyMapping_SetItemString(env, "HOME", ws) == 0 &&
         PyMapping_SetItemString(env, "TMPDIR", ws) == 0) {
         PyObject *lang = PyUnicode_FromString("C.UTF-8");
-        rc = lang ? PyMapping_SetItemString(env, "LANG", lang) : -1;
+        PyObject *user = PyUnicode_FromString("sandbox"); /* getpass.getuser() */
+        rc = lang && user && PyMapping_SetItemString(env, "LANG", lang) == 0 &&
+                     PyMapping_SetItemString(env, "USER", user) == 0 &&
+                     PyMapping_SetItemString(env, "LOGNAME", user) == 0
+                 ? 0
+                 : -1;
         Py_XDECREF(lang);
+        Py_XDECREF(user);
     }
 out:
     Py_XDECREF(ws);

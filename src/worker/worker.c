@@ -11,7 +11,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -101,30 +100,30 @@ static int set_limit(int resource, rlim_t soft, rlim_t hard)
     return setrlimit(resource, &rl) < 0 ? -errno : 0;
 }
 
-/* CPU time: a process CPU-time timer raises SIGXCPU at the exact limit; in
- * case the code ignores it, RLIMIT_CPU (whole seconds) sends SIGXCPU again
- * and, a second later at its hard limit, SIGKILL. All threads count. */
-static int set_cpu_limit(uint64_t cpu_ms)
+/* CPU time is kept from outside: the template holds a timer on this
+ * process's CPU clock (all threads count) that it arms from what we tell it
+ * here, and kills us with SIGKILL when it fires; nothing the code can delete
+ * or ignore. RLIMIT_CPU, a second later and as SIGKILL too, is the backstop
+ * should the template be slow. Returns 0 or -errno. */
+static int start_cpu_limit(uint64_t cpu_ms)
 {
-    struct sigevent sev = {.sigev_notify = SIGEV_SIGNAL, .sigev_signo = SIGXCPU};
-    struct itimerspec its = {
-        .it_value = {.tv_sec = (time_t)(cpu_ms / 1000), .tv_nsec = (long)(cpu_ms % 1000) * 1000000},
-    };
-    struct rusage ru;
-    timer_t timer;
+    struct timespec now;
+    char msg[1 + sizeof(struct wire_started)];
+    struct wire_started st;
 
-    if (getrusage(RUSAGE_SELF, &ru) < 0)
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now) < 0)
         return -errno;
-    double used = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
-                  ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
-    rlim_t soft = (rlim_t)ceil(used + (double)cpu_ms / 1000.0);
-    int rc = set_limit(RLIMIT_CPU, soft, soft + 1);
+    st.cpu_used_ns = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
+    st.cpu_limit_ns = cpu_ms * 1000000ULL;
+    /* Whole seconds for the rlimit, at least a second past the timer. */
+    rlim_t backstop = (rlim_t)((st.cpu_used_ns + st.cpu_limit_ns) / 1000000000ULL) + 2;
+    int rc = set_limit(RLIMIT_CPU, backstop, backstop);
     if (rc < 0)
         return rc;
-    if (timer_create(CLOCK_PROCESS_CPUTIME_ID, &sev, &timer) < 0 ||
-        timer_settime(timer, 0, &its, NULL) < 0)
-        return -errno;
-    return 0;
+    msg[0] = WORKER_STARTED;
+    memcpy(msg + 1, &st, sizeof(st));
+    /* One write, under PIPE_BUF: the template reads it whole. */
+    return write_full(FD_READY, msg, sizeof(msg));
 }
 
 static void write_input_files(uint32_t n)
@@ -257,13 +256,11 @@ _Noreturn void worker_main(const struct worker_args *a)
     if (set_limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT) < 0 ||
         set_limit(RLIMIT_AS, req.memory_bytes, req.memory_bytes) < 0)
         fail_request("pysbx: setrlimit: %s\n", strerror(errno));
-    rc = set_cpu_limit(req.cpu_ms);
+    /* From here on, user code may run: the template arms the CPU limit from
+     * what this says, and records that the code started. */
+    rc = start_cpu_limit(req.cpu_ms);
     if (rc < 0)
         fail_request("pysbx: CPU limit: %s\n", strerror(-rc));
-
-    char started = WORKER_STARTED;
-    if (write_full(FD_READY, &started, 1) < 0)
-        _exit(127);
     close(FD_READY);
     pyrun_main(code, req.code_len);
 }

@@ -10,8 +10,10 @@
 #include <sys/types.h>
 
 /* Bytes a worker writes on its ready pipe to the template. */
-#define WORKER_READY   'R' /* idle and confined: may be handed out */
-#define WORKER_STARTED 'S' /* the request is in place; user code runs next */
+#define WORKER_READY 'R' /* idle and confined: may be handed out */
+#define WORKER_STARTED                                                                             \
+    'S' /* the request is in place; user code runs next;                                           \
+           a struct wire_started follows */
 
 /* Written to the ready pipe, after which the worker exits, when it could not
  * get ready; the rest of the line says why. */

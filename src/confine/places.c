@@ -1,0 +1,19 @@
+#include "places.h"
+
+#include "util.h"
+
+const struct place places[] = {
+    {PYSBX_PY_STDLIB, PLACE_DIR, "the standard library, lib-dynload within"},
+    {PYSBX_PY_LIBDIR, PLACE_DIR, "shared libraries that extension modules load"},
+    {"/lib/" PYSBX_MULTIARCH, PLACE_DIR, "the same, where /lib is not merged into /usr"},
+    {"/etc/ld.so.cache", PLACE_FILE, "finding those libraries"},
+    {"/etc/localtime", PLACE_FILE, "time.localtime"},
+    {"/usr/share/zoneinfo", PLACE_DIR, "zoneinfo"},
+    {"/sys/devices/system/cpu", PLACE_DIR, "os.cpu_count"},
+    {"/dev/null", PLACE_DEVICE_RW, "stdin, and code that writes to it"},
+    {"/dev/zero", PLACE_DEVICE, "mmap of zeroes"},
+    {"/dev/urandom", PLACE_DEVICE, "os.urandom fallbacks"},
+    {"/dev/random", PLACE_DEVICE, "the same"},
+};
+
+const size_t n_places = ARRAY_SIZE(places);

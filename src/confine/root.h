@@ -1,0 +1,35 @@
+/*
+ * The template's private root, built once and inherited by every worker: a
+ * fresh tmpfs holding read-only bind mounts of exactly what the interpreter
+ * needs (places.h), the caller's module directories, three devices, and the
+ * work directory; then pivot_root. Nothing else of the machine exists there:
+ * no /proc, no /etc but the few files written for it, no home directories,
+ * no other process's files. bubblewrap's setup_newroot() is the model.
+ */
+#ifndef PYSBX_ROOT_H
+#define PYSBX_ROOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct root_spec {
+    const char *work_dir; /* bound read-write at the same path */
+    int work_fd;
+    const char *const *module_dirs; /* NULL-terminated; read-only, same paths */
+    /* /etc/passwd and /etc/group name the workers' ids "sandbox", each with
+     * its workspace as its home. */
+    bool per_run_ids; /* ids base..base+n-1, workspace w<uid> */
+    uid_t uid_base;
+    gid_t gid_base;
+    unsigned ids;
+};
+
+/* The files root_enter writes itself (NULL-terminated): /etc/passwd, ... */
+extern const char *const root_written_files[];
+
+/* Builds the root and moves into it (the mount namespace must be private).
+ * Returns 0 or -errno with a message. */
+int root_enter(const struct root_spec *spec, char *err, size_t errlen);
+
+#endif
