@@ -306,6 +306,10 @@ PYSBX_API int sbx_layers(const struct sbx *sbx, struct sbx_layer_info out[SBX_LA
 /* "3.11.2" and "2.5.4": the interpreter and libseccomp the template uses. */
 PYSBX_API const char *sbx_python_version(const struct sbx *sbx);
 PYSBX_API const char *sbx_libseccomp_version(const struct sbx *sbx);
+/* Whether the layers |required| asks for (enum sbx_layer bits, or
+ * SBX_LAYERS_DEFAULT among them) are active in |sbx|. Returns 0, or -EPERM
+ * with |err| saying which is missing. */
+PYSBX_API int sbx_check_layers(const struct sbx *sbx, unsigned required, struct sbx_error *err);
 /* The layer called |name| ("seccomp", "landlock", ...), or 0. */
 PYSBX_API enum sbx_layer sbx_layer_from_name(const char *name);
 PYSBX_API const char *sbx_layer_name(enum sbx_layer layer);

@@ -58,11 +58,9 @@ int cmd_doctor(int argc, char **argv)
             printf("%-9s %-12s %s\n", layers[i].name, layers[i].active ? "active" : "UNAVAILABLE",
                    layers[i].detail);
     }
-    for (int i = 0; i < SBX_LAYER_COUNT; i++) {
-        if ((required & layers[i].layer) && !layers[i].active) {
-            fprintf(stderr, "pysbx: required layer %s is not available\n", layers[i].name);
-            status = 1;
-        }
+    if (sbx_check_layers(sbx, required, &err) < 0) {
+        fprintf(stderr, "pysbx: %s\n", err.message);
+        status = 1;
     }
     sbx_close(sbx);
     return status;

@@ -28,10 +28,12 @@ static const char limits_help[] =
     "  --max-artifacts N       files returned, the first by name (default 32)\n";
 
 static const char sandbox_help[] =
-    "  --require LAYER,...     refuse to run unless these layers are active (default:\n"
-    "                          seccomp; 'none' runs with whatever the machine has);\n"
-    "                          layers: seccomp, landlock, netns, mountns, ipcns, utsns,\n"
-    "                          user, rlimits, caps (see pysbx doctor)\n"
+    "  --require LAYER,...     refuse to run unless these layers are active; 'default'\n"
+    "                          (the default): seccomp, the file system confined by\n"
+    "                          landlock or a private root, and uidrun when root;\n"
+    "                          'none' runs with whatever the machine has; layers:\n"
+    "                          seccomp, landlock, netns, mountns, ipcns, utsns, user,\n"
+    "                          rlimits, caps, root, uidrun (see pysbx doctor)\n"
     "  --template PATH         the pysbx-template helper to use\n";
 
 static const char backend_help[] =
@@ -172,7 +174,8 @@ static void print_usage(enum cmd c)
     case CMD_DOCTOR:
         fputs("usage: pysbx doctor [--json] [--require LAYER,...] [--template PATH]\n"
               "Starts a sandbox as `pysbx run` would and says which layers are active.\n"
-              "Exits 1 when a required layer (default: seccomp) is not.\n",
+              "Exits 1 when a required layer (default: seccomp, file-system confinement by\n"
+              "landlock or a private root, and uidrun when root) is not.\n",
               stdout);
         break;
     }
@@ -278,6 +281,10 @@ static int parse_layers(const char *text, unsigned *out)
         *out = 0;
         return 0;
     }
+    if (strcmp(text, "default") == 0) {
+        *out = SBX_LAYERS_DEFAULT;
+        return 0;
+    }
     if (strlen(text) >= sizeof(buf))
         return -EINVAL;
     strcpy(buf, text);
@@ -364,7 +371,7 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
     memset(o, 0, sizeof(*o));
     o->cmd = cmd;
     sbx_limits_init(&o->limits);
-    o->required = SBX_LAYER_SECCOMP;
+    o->required = SBX_LAYERS_DEFAULT;
     o->max_line = DEFAULT_MAX_LINE;
     o->socket_mode = 0600;
     optind = 1;

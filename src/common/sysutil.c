@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -118,27 +119,104 @@ out:
     return rc;
 }
 
-/* One pass over the directory |fd| (owned; closed here): unlinks what it can.
- * Returns the fd of a non-empty subdirectory to descend into (with *removed
- * counting progress), -1 when the directory is now empty, or -2 - errno on a
- * failure that stops the walk. */
-static int clear_dir_pass(int fd, unsigned long *removed)
+/* The removal walk keeps, per level below the top, the directory's name
+ * and, every CHECKPOINT_EVERY levels, an open descriptor: re-opening a
+ * level starts from the nearest checkpoint above it and goes down by name.
+ * It never goes up with "..", so a directory renamed during the walk cannot
+ * lead it out of the tree, and it holds few descriptors however deep the
+ * tree is. */
+#define CHECKPOINT_EVERY 64
+
+struct level {
+    char *name; /* in its parent; NULL for the top */
+    int fd;     /* a checkpoint, or -1 */
+};
+
+/* Opens |name| beneath |dirfd| as a directory on device |dev|, following
+ * nothing. Returns the descriptor or -errno (-EXDEV: another file system). */
+static int open_subdir(int dirfd, const char *name, dev_t dev)
+{
+    struct stat st;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int rc;
+
+    if (fd < 0)
+        return -errno;
+    rc = fstat(fd, &st) < 0 ? -errno : st.st_dev != dev ? -EXDEV : fd;
+    if (rc < 0)
+        close(fd);
+    return rc;
+}
+
+static int open_level(const struct level *lv, size_t depth, dev_t dev)
+{
+    size_t k = depth;
+
+    while (lv[k].fd < 0)
+        k--;
+    /* A new open file description, not a dup: a dup would share the
+     * directory's read position with the checkpoint. */
+    int fd = openat(lv[k].fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    for (size_t i = k + 1; i <= depth; i++) {
+        int next = open_subdir(fd, lv[i].name, dev);
+        close(fd);
+        if (next < 0)
+            return next;
+        fd = next;
+    }
+    return fd;
+}
+
+/* Adds a level (taking |name| and |fd|, released on failure). */
+static int push_level(struct level **lv, size_t *n, size_t *cap, char *name, int fd)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 16;
+        struct level *grown = realloc(*lv, c * sizeof(**lv));
+        if (!grown) {
+            free(name);
+            if (fd >= 0)
+                close(fd);
+            return -ENOMEM;
+        }
+        *lv = grown;
+        *cap = c;
+    }
+    (*lv)[(*n)++] = (struct level){name, fd};
+    return 0;
+}
+
+static void pop_level(struct level *lv, size_t *n)
+{
+    struct level *l = &lv[--*n];
+    free(l->name);
+    if (l->fd >= 0)
+        close(l->fd);
+}
+
+/* One pass over the directory |fd| (closed here): unlinks what it can.
+ * Returns 1 with *sub (malloc'd) naming a non-empty subdirectory to
+ * descend into, 0 when the directory is now empty, or -errno. */
+static int clear_dir_pass(int fd, dev_t dev, unsigned long *removed, char **sub)
 {
     DIR *d;
     struct dirent *e;
-    int sub = -1;
+    int rc = 0;
 
-    /* Made by the code under our uid (or we are root): make sure we can list
-     * and unlink in it, whatever mode the code left on it. */
+    /* Made by the code (or we are root): make sure we can list and unlink
+     * in it, whatever mode the code left on it. */
     (void)fchmod(fd, 0700);
     d = fdopendir(fd);
     if (!d) {
         int err = errno;
         close(fd);
-        return -2 - err;
+        return -err;
     }
-    while ((e = readdir(d)) != NULL) {
+    while (rc == 0 && (e = readdir(d)) != NULL) {
         const char *n = e->d_name;
+        struct stat st;
         if (n[0] == '.' && (n[1] == '\0' || (n[1] == '.' && n[2] == '\0')))
             continue;
         if (unlinkat(dirfd(d), n, 0) == 0 || errno == ENOENT) {
@@ -153,75 +231,113 @@ static int clear_dir_pass(int fd, unsigned long *removed)
         }
         if (errno != ENOTEMPTY && errno != EEXIST && errno != EACCES)
             continue;
-        sub = openat(dirfd(d), n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (sub < 0 && errno == EACCES) {
-            (void)fchmodat(dirfd(d), n, 0700, 0);
-            sub = openat(dirfd(d), n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        }
-        if (sub >= 0)
-            break;
+        /* A directory we cannot remove as it is: go in, unless it is
+         * another file system (a mount point is never ours to empty). */
+        if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode) ||
+            st.st_dev != dev)
+            continue;
+        (void)fchmodat(dirfd(d), n, 0700, 0);
+        *sub = strdup(n);
+        rc = *sub ? 1 : -ENOMEM;
     }
     closedir(d);
-    return sub;
+    return rc;
+}
+
+static int walk_tree(int parent_fd, const char *name, bool remove_top)
+{
+    struct level *lv = NULL;
+    size_t n = 0, cap = 0; /* lv[0] is the top, lv[n - 1] where the walk is */
+    unsigned long removed = 0, removed_at_last_climb = ULONG_MAX;
+    struct stat st;
+    int rc;
+
+    int top = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (top < 0 && errno == EACCES) {
+        (void)fchmodat(parent_fd, name, 0700, 0);
+        top = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    }
+    if (top < 0)
+        return (errno == ENOTDIR || errno == ELOOP) && remove_top
+                   ? (unlinkat(parent_fd, name, 0) ? -errno : 0)
+                   : -errno;
+    if (fstat(top, &st) < 0) {
+        rc = -errno;
+        close(top);
+        return rc;
+    }
+    rc = push_level(&lv, &n, &cap, NULL, top);
+    while (rc == 0) {
+        char *sub = NULL;
+        int fd = open_level(lv, n - 1, st.st_dev);
+        int r = fd < 0 ? fd : clear_dir_pass(fd, st.st_dev, &removed, &sub);
+        if (r < 0) {
+            rc = r;
+            break;
+        }
+        if (r == 1) {
+            rc = push_level(&lv, &n, &cap, sub, -1);
+            if (rc == 0 && (n - 1) % CHECKPOINT_EVERY == 0) {
+                int cfd = open_level(lv, n - 1, st.st_dev);
+                if (cfd < 0)
+                    rc = cfd;
+                else
+                    lv[n - 1].fd = cfd;
+            }
+            continue;
+        }
+        if (n == 1)
+            break; /* the top is empty */
+        /* Climbing back up with nothing removed since the last climb means a
+         * directory that cannot be emptied: stop rather than loop. */
+        if (removed == removed_at_last_climb) {
+            rc = -ENOTEMPTY;
+            break;
+        }
+        removed_at_last_climb = removed;
+        pop_level(lv, &n);
+    }
+    while (n > 0)
+        pop_level(lv, &n);
+    free(lv);
+    if (rc == 0 && remove_top && unlinkat(parent_fd, name, AT_REMOVEDIR) < 0)
+        rc = -errno;
+    return rc;
 }
 
 int remove_tree_at(int parent_fd, const char *name)
 {
-    int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    unsigned depth = 0;
-    unsigned long removed = 0, removed_at_last_climb = ULONG_MAX;
+    return walk_tree(parent_fd, name, true);
+}
 
-    if (fd < 0) {
-        if (errno == EACCES) {
-            (void)fchmodat(parent_fd, name, 0700, 0);
-            fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        }
-        if (fd < 0)
-            return errno == ENOTDIR || errno == ELOOP ? (unlinkat(parent_fd, name, 0) ? -errno : 0)
-                                                      : -errno;
+int empty_tree_at(int parent_fd, const char *name)
+{
+    return walk_tree(parent_fd, name, false);
+}
+
+int fsid_enter(uid_t uid, gid_t gid, bool *switched)
+{
+    *switched = false;
+    if (geteuid() != 0 || uid == 0)
+        return 0;
+    /* setfsuid and setfsgid return the previous id, never an error: ask
+     * again to see whether the change took. */
+    setfsgid(gid);
+    setfsuid(uid);
+    if ((uid_t)setfsuid((uid_t)-1) != uid || (gid_t)setfsgid((gid_t)-1) != gid) {
+        fsid_leave(true);
+        return -EPERM;
     }
-    /* Deep trees are walked down and back up through "..", one descriptor at
-     * a time: the code may have nested directories far deeper than we could
-     * hold descriptors or stack frames for. The worker is dead by now, so
-     * nothing renames a directory under us. */
-    for (;;) {
-        int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-        if (dup_fd < 0) {
-            int err = errno;
-            close(fd);
-            return -err;
-        }
-        int sub = clear_dir_pass(dup_fd, &removed);
-        if (sub <= -2) {
-            close(fd);
-            return sub + 2;
-        }
-        if (sub >= 0) {
-            close(fd);
-            fd = sub;
-            depth++;
-            continue;
-        }
-        if (depth == 0)
-            break;
-        /* Climbing back up with nothing removed since the last climb means a
-         * directory that cannot be emptied: stop rather than loop. */
-        if (removed == removed_at_last_climb) {
-            close(fd);
-            return -ENOTEMPTY;
-        }
-        removed_at_last_climb = removed;
-        int up = openat(fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        close(fd);
-        if (up < 0)
-            return -errno;
-        fd = up;
-        depth--;
-    }
-    close(fd);
-    if (unlinkat(parent_fd, name, AT_REMOVEDIR) < 0)
-        return -errno;
+    *switched = true;
     return 0;
+}
+
+void fsid_leave(bool switched)
+{
+    if (!switched)
+        return;
+    setfsuid(geteuid());
+    setfsgid(getegid());
 }
 
 const char *beside_self(const char *name, char *buf, size_t cap)

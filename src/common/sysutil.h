@@ -32,9 +32,20 @@ uint64_t now_ns(void);
 int open_beneath(int dirfd, const char *relpath, int flags, mode_t mode, bool make_parents);
 
 /* Removes |name| (a directory) beneath |parent_fd| and everything in it,
- * never following a link, at any depth, with a bounded number of open
+ * never following a link, never going up with "..", never leaving the
+ * directory's file system, at any depth, with a bounded number of open
  * descriptors. Returns 0 or -errno (the first failure). */
 int remove_tree_at(int parent_fd, const char *name);
+/* The same, leaving |name| itself, empty. */
+int empty_tree_at(int parent_fd, const char *name);
+
+/* Makes the calling thread's file-system checks those of |uid|:|gid|,
+ * without the capabilities that override them (the kernel drops those
+ * while the fsuid is not 0), so that what follows can reach no more than
+ * that user could. Only when we are root and |uid| is not; *switched says
+ * whether it happened, for fsid_leave. Returns 0 or -EPERM. */
+int fsid_enter(uid_t uid, gid_t gid, bool *switched);
+void fsid_leave(bool switched);
 
 /* |name| in the directory of this program (/proc/self/exe) when it exists
  * and is executable: how a command finds pysbx-template beside it in a build

@@ -12,6 +12,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +150,20 @@ static int check_fits(const struct sbx *sbx, const struct sbx_request *req, stru
     return 0;
 }
 
+/* Empties the workspace as its worker's user (so that nothing, not even a
+ * rename racing the walk, can make us touch what that user could not),
+ * then removes the empty directory from our work directory. */
+static void remove_workspace(struct sbx *sbx, const struct taken_worker *w)
+{
+    bool switched;
+
+    if (fsid_enter(w->uid, w->gid, &switched) == 0)
+        (void)empty_tree_at(sbx->work.fd, w->workspace);
+    fsid_leave(switched);
+    /* What its user could not remove stays until the sandbox closes. */
+    (void)unlinkat(sbx->work.fd, w->workspace, AT_REMOVEDIR);
+}
+
 /* Runs |req| on a worker taken from the pool. Returns 0 or -ENOMEM; every
  * other failure is a result. */
 static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_result *res)
@@ -168,6 +183,8 @@ static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_res
     sv->done_fd = w.fds[WFD_STATUS];
     sv->pidfd = w.fds[WFD_PIDFD];
     sv->ws_fd = w.fds[WFD_WORKSPACE];
+    sv->owner_uid = w.uid;
+    sv->owner_gid = w.gid;
     sv->on_done = read_status;
     if (!workspace_name_ok(w.workspace)) {
         close_fd(&req_fd);
@@ -183,7 +200,7 @@ static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_res
     /* A tmpfs workspace goes with its mount, detached by the template's
      * sweeper; a plain directory is ours to delete. */
     if (!sbx->workspace_bytes)
-        (void)remove_tree_at(sbx->work.fd, w.workspace);
+        remove_workspace(sbx, &w);
     return rc;
 }
 

@@ -93,7 +93,7 @@ static bool active(const struct sbx *sbx, enum sbx_layer l)
 
 /* Fail closed: a layer the caller requires and this machine lacks stops
  * the sandbox from opening at all. */
-static int check_required(const struct sbx *sbx, unsigned required, struct sbx_error *err)
+int sbx_check_layers(const struct sbx *sbx, unsigned required, struct sbx_error *err)
 {
     if (required & SBX_LAYERS_DEFAULT) {
         required &= ~SBX_LAYERS_DEFAULT;
@@ -170,7 +170,7 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
     if (rc == 0)
         rc = control_start(sbx, template_path(&cfg), &cfg, err);
     if (rc == 0)
-        rc = check_required(sbx, cfg.required_layers, err);
+        rc = sbx_check_layers(sbx, cfg.required_layers, err);
     if (rc < 0) {
         sbx_close(sbx);
         return rc;

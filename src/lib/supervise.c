@@ -211,8 +211,12 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
         .inputs = s->req->files,
         .n_inputs = s->req->n_files,
     };
-    rc = artifacts_collect(s->ws_fd, &spec, &res->artifacts, &res->n_artifacts,
-                           &res->artifacts_dropped);
+    bool switched;
+    rc = fsid_enter(s->owner_uid, s->owner_gid, &switched);
+    if (rc == 0)
+        rc = artifacts_collect(s->ws_fd, &spec, &res->artifacts, &res->n_artifacts,
+                               &res->artifacts_dropped);
+    fsid_leave(switched);
     if (rc == -ENOMEM)
         return rc;
     if (rc < 0)

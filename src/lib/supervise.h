@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* How the process that ran the code ended, from the kernel (wait4) through
  * whoever reaped it; never from anything the code wrote. */
@@ -34,6 +35,10 @@ struct supervision {
     int done_fd;        /* readable once the outcome can be had; on_done reads it */
     int pidfd;          /* to kill the process that runs the code */
     int ws_fd;          /* the workspace, for the artifacts */
+    /* Whose files the workspace holds: they are read as that user, with no
+     * capability to override file permissions (0: as we are). */
+    uid_t owner_uid;
+    gid_t owner_gid;
     /* Fills |outcome| and sets have_outcome, or sets lost; closes done_fd. */
     void (*on_done)(struct supervision *s);
     uint64_t start_ns;
