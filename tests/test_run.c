@@ -30,9 +30,28 @@ static struct sbx_limits limits(double wall, double cpu)
 }
 
 /* The workspace a run used, as the code printed it on its first line. */
-static void first_line(const char *text, char *buf, size_t cap)
+/* Where the workspace a run printed ("cwd uid") lives on the host: under
+ * the private root the code sees it at /workspace, and it is w<uid> in the
+ * sandbox's work directory (the one pysbx-XXXXXX under the root). */
+static void workspace_on_host(void **state, const char *printed, char *out, size_t cap)
 {
-    snprintf(buf, cap, "%.*s", (int)strcspn(text, "\n"), text);
+    char cwd[512];
+    unsigned uid = 0;
+
+    assert_int_equal(sscanf(printed, "%511s %u", cwd, &uid), 2);
+    if (strcmp(cwd, "/workspace") != 0) {
+        snprintf(out, cap, "%s", cwd);
+        return;
+    }
+    DIR *d = opendir(ROOT(state));
+    struct dirent *e;
+    out[0] = '\0';
+    while (d && (e = readdir(d)))
+        if (strncmp(e->d_name, "pysbx-", 6) == 0 && strlen(e->d_name) == 12)
+            snprintf(out, cap, "%s/%s/w%u", ROOT(state), e->d_name, uid);
+    if (d)
+        closedir(d);
+    assert_true(out[0] != '\0');
 }
 
 /* A workspace on its own tmpfs is detached when the call returns (no path
@@ -363,13 +382,13 @@ static void workspace_is_deleted_on_every_outcome(void **state)
     for (size_t i = 0; i < sizeof(endings) / sizeof(endings[0]); i++) {
         char code[512], ws[1024];
         snprintf(code, sizeof(code),
-                 "import os\nprint(os.getcwd(), flush=True)\n"
+                 "import os\nprint(os.getcwd(), os.getuid(), flush=True)\n"
                  "os.makedirs('a/b/c')\nopen('a/b/c/f', 'w').write('x')\n"
                  "os.symlink('/etc', 'a/link')\n"
                  "os.chmod('a/b', 0)\n%s",
                  endings[i]);
         struct sbx_result *r = run_with(SBX(state), code, &l, NULL, 0);
-        first_line(r->stdout_text, ws, sizeof(ws));
+        workspace_on_host(state, r->stdout_text, ws, sizeof(ws));
         assert_true(strncmp(ws, ROOT(state), strlen(ROOT(state))) == 0);
         assert_gone(ws);
         sbx_result_free(r);

@@ -2,6 +2,7 @@
 #include "root.h"
 
 #include "places.h"
+#include "workspace.h"
 #include "sysutil.h"
 #include "util.h"
 
@@ -143,13 +144,13 @@ static int write_etc(const struct root_spec *s, char *err, size_t errlen)
      * pwd.getpwuid(os.getuid()), a home that is its workspace. */
     if (s->per_run_ids) {
         for (unsigned i = 0; i < s->ids; i++) {
-            fprintf(pw, "sandbox:x:%u:%u:sandbox:%s/w%u:/nonexistent\n", s->uid_base + i,
-                    s->gid_base + i, s->work_dir, s->uid_base + i);
+            fprintf(pw, "sandbox:x:%u:%u:sandbox:" WORKSPACE_MOUNT ":/nonexistent\n",
+                    s->uid_base + i, s->gid_base + i);
             fprintf(gr, "sandbox:x:%u:\n", s->gid_base + i);
         }
     } else {
-        fprintf(pw, "sandbox:x:%u:%u:sandbox:%s:/nonexistent\n", s->uid_base, s->gid_base,
-                s->work_dir);
+        fprintf(pw, "sandbox:x:%u:%u:sandbox:" WORKSPACE_MOUNT ":/nonexistent\n", s->uid_base,
+                s->gid_base);
         fprintf(gr, "sandbox:x:%u:\n", s->gid_base);
     }
 out:
@@ -203,6 +204,8 @@ int root_enter(const struct root_spec *s, char *err, size_t errlen)
     }
     if (rc == 0)
         rc = write_etc(s, err, errlen);
+    if (rc == 0 && make_dirs(WORKSPACE_MOUNT + 1) < 0)
+        rc = errmsg(err, errlen, -errno, "private root: " WORKSPACE_MOUNT ": %s", strerror(errno));
     if (rc < 0)
         goto out;
     /* Nothing in the root itself is writable from here on. */

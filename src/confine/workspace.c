@@ -7,7 +7,9 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mount.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,5 +40,27 @@ int workspace_make(const struct jail *j, uid_t uid, gid_t gid, int base_fd, cons
         rc = errmsg(err, errlen, -errno, "chown of workspace %s: %s", path, strerror(errno));
     if (rc < 0)
         unlinkat(base_fd, name, AT_REMOVEDIR);
+    return rc;
+}
+
+int workspace_isolate(int ws_fd, const char *work_dir, char *err, size_t errlen)
+{
+    /* A detached copy of the workspace's mount, taken while that mount is
+     * still in our namespace (a clone must come from the caller's own). */
+    int tree = (int)syscall(SYS_open_tree, ws_fd, "",
+                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+    int rc = 0;
+
+    if (tree < 0)
+        return errmsg(err, errlen, -errno, "open_tree of the workspace: %s", strerror(errno));
+    if (unshare(CLONE_NEWNS) < 0)
+        rc = errmsg(err, errlen, -errno, "unshare(CLONE_NEWNS): %s", strerror(errno));
+    else if (umount2(work_dir, MNT_DETACH) < 0)
+        rc = errmsg(err, errlen, -errno, "detaching %s: %s", work_dir, strerror(errno));
+    else if (syscall(SYS_move_mount, tree, "", AT_FDCWD, WORKSPACE_MOUNT,
+                     MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        rc = errmsg(err, errlen, -errno, "mounting the workspace at " WORKSPACE_MOUNT ": %s",
+                    strerror(errno));
+    close(tree);
     return rc;
 }

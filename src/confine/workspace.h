@@ -18,4 +18,14 @@
 int workspace_make(const struct jail *j, uid_t uid, gid_t gid, int base_fd, const char *name,
                    const char *path, char *err, size_t errlen);
 
+/* Where a worker finds its workspace under the private root. */
+#define WORKSPACE_MOUNT "/workspace"
+
+/* In a new worker, while it still holds the template's privileges: a mount
+ * namespace of its own in which the work directory (every sibling's
+ * workspace with it) is gone and its own workspace |ws_fd| is mounted at
+ * WORKSPACE_MOUNT. Siblings are then not merely unreachable but absent:
+ * no name, no stat, no statfs. Returns 0 or -errno with a message. */
+int workspace_isolate(int ws_fd, const char *work_dir, char *err, size_t errlen);
+
 #endif

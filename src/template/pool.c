@@ -117,7 +117,8 @@ static void spawn_worker(struct tmpl *t)
             .ready_fd = ready[1],
             .ws_fd = ws,
             .devnull_fd = t->devnull,
-            .ws_path = path,
+            .ws_path = t->root ? WORKSPACE_MOUNT : path,
+            .isolate_from = t->root ? t->base_path : NULL,
             .plan =
                 {
                     .switch_user = t->jail.switch_user,

@@ -8,6 +8,7 @@
 #include "util.h"
 #include "wire.h"
 #include "worker_limits.h"
+#include "workspace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -219,8 +220,12 @@ _Noreturn void worker_main(const struct worker_args *a)
     if (setsid() < 0)
         fail_idle("setsid: %s", strerror(errno));
 
-    /* 3. The workspace is the working directory. */
-    if (fchdir(FD_WORKSPACE) < 0)
+    /* 3. The workspace is the working directory; under the private root it
+     * is the only workspace this worker's mount namespace has. */
+    if (a->isolate_from &&
+        (rc = workspace_isolate(FD_WORKSPACE, a->isolate_from, err, sizeof(err))) < 0)
+        fail_idle("%s", err);
+    if ((a->isolate_from ? chdir(a->ws_path) : fchdir(FD_WORKSPACE)) < 0)
         fail_idle("entering the workspace: %s", strerror(errno));
     umask(022);
 

@@ -27,7 +27,11 @@ struct worker_args {
     int ready_fd;       /* ready pipe to the template, write end */
     int ws_fd;          /* the workspace directory */
     int devnull_fd;     /* /dev/null, read-write */
-    const char *ws_path;
+    const char *ws_path; /* the workspace as the code sees it (HOME, TMPDIR, cwd) */
+    /* With the private root: the work directory, which the worker removes
+     * from a mount namespace of its own, keeping only its workspace (at
+     * ws_path). NULL: workspaces stay where they are. */
+    const char *isolate_from;
     struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };
 
