@@ -6,6 +6,7 @@
 #include "sysutil.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -67,6 +68,86 @@ static void links_in_the_tree_are_removed_not_followed(void **state)
     rmdir(root);
 }
 
+/* The attack on a walk that climbs with "..": while it is deep in the
+ * tree, move the directory it is in (or one above) out of the tree, next to
+ * files that are not the tree's. Climbing from there would empty the wrong
+ * parent. */
+struct renamer {
+    char from[512], to[512];
+    volatile bool stop;
+    unsigned moves;
+};
+
+static void *rename_back_and_forth(void *p)
+{
+    struct renamer *r = p;
+
+    while (!r->stop && r->moves < 2000) {
+        if (rename(r->from, r->to) == 0)
+            r->moves++;
+        if (rename(r->to, r->from) == 0)
+            r->moves++;
+    }
+    return NULL;
+}
+
+static void a_rename_race_cannot_lead_removal_outside(void **state)
+{
+    (void)state;
+    unsigned moves = 0;
+    for (int round = 0; round < 8; round++) {
+        char root[256], path[1024];
+        make_temp_dir(root, sizeof(root));
+        /* root/outside/keep and root/outside/deep/keep: not the tree's. */
+        snprintf(path, sizeof(path), "%s/outside", root);
+        mkdir(path, 0700);
+        snprintf(path, sizeof(path), "%s/outside/keep", root);
+        close(open(path, O_WRONLY | O_CREAT, 0600));
+        snprintf(path, sizeof(path), "%s/outside/deep", root);
+        mkdir(path, 0700);
+        snprintf(path, sizeof(path), "%s/outside/deep/keep", root);
+        close(open(path, O_WRONLY | O_CREAT, 0600));
+        /* root/ws/a/d/d/.../d, files at every level. */
+        int rfd = open(root, O_RDONLY | O_DIRECTORY);
+        assert_int_equal(mkdirat(rfd, "ws", 0700), 0);
+        int fd = openat(rfd, "ws", O_RDONLY | O_DIRECTORY);
+        assert_int_equal(mkdirat(fd, "a", 0700), 0);
+        int next = openat(fd, "a", O_RDONLY | O_DIRECTORY);
+        close(fd);
+        fd = next;
+        for (int i = 0; i < 200; i++) {
+            for (int f = 0; f < 2; f++) {
+                char n[16];
+                snprintf(n, sizeof(n), "f%d", f);
+                close(openat(fd, n, O_WRONLY | O_CREAT, 0600));
+            }
+            assert_int_equal(mkdirat(fd, "d", 0700), 0);
+            next = openat(fd, "d", O_RDONLY | O_DIRECTORY);
+            close(fd);
+            fd = next;
+        }
+        close(fd);
+        struct renamer r = {.stop = false};
+        snprintf(r.from, sizeof(r.from), "%s/ws/a", root);
+        snprintf(r.to, sizeof(r.to), "%s/outside/deep/a", root);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, rename_back_and_forth, &r), 0);
+        (void)remove_tree_at(rfd, "ws"); /* may fail: the tree moves under it */
+        r.stop = true;
+        pthread_join(th, NULL);
+        moves += r.moves;
+        snprintf(path, sizeof(path), "%s/outside/keep", root);
+        if (access(path, F_OK) != 0)
+            fail_msg("round %d: removal reached outside the tree (%s)", round, path);
+        snprintf(path, sizeof(path), "%s/outside/deep/keep", root);
+        if (access(path, F_OK) != 0)
+            fail_msg("round %d: removal reached outside the tree (%s)", round, path);
+        close(rfd);
+        remove_dir(root);
+    }
+    assert_true(moves > 0); /* the race did run */
+}
+
 static void open_beneath_refuses_symlinked_components(void **state)
 {
     (void)state;
@@ -100,6 +181,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(deep_tree_is_removed_with_few_descriptors),
         cmocka_unit_test(links_in_the_tree_are_removed_not_followed),
+        cmocka_unit_test(a_rename_race_cannot_lead_removal_outside),
         cmocka_unit_test(open_beneath_refuses_symlinked_components),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

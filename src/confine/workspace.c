@@ -47,8 +47,8 @@ int workspace_isolate(int ws_fd, const char *work_dir, char *err, size_t errlen)
 {
     /* A detached copy of the workspace's mount, taken while that mount is
      * still in our namespace (a clone must come from the caller's own). */
-    int tree = (int)syscall(SYS_open_tree, ws_fd, "",
-                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+    int tree =
+        (int)syscall(SYS_open_tree, ws_fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
     int rc = 0;
 
     if (tree < 0)
@@ -57,8 +57,8 @@ int workspace_isolate(int ws_fd, const char *work_dir, char *err, size_t errlen)
         rc = errmsg(err, errlen, -errno, "unshare(CLONE_NEWNS): %s", strerror(errno));
     else if (umount2(work_dir, MNT_DETACH) < 0)
         rc = errmsg(err, errlen, -errno, "detaching %s: %s", work_dir, strerror(errno));
-    else if (syscall(SYS_move_mount, tree, "", AT_FDCWD, WORKSPACE_MOUNT,
-                     MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    else if (syscall(SYS_move_mount, tree, "", AT_FDCWD, WORKSPACE_MOUNT, MOVE_MOUNT_F_EMPTY_PATH) <
+             0)
         rc = errmsg(err, errlen, -errno, "mounting the workspace at " WORKSPACE_MOUNT ": %s",
                     strerror(errno));
     close(tree);

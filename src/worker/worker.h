@@ -20,13 +20,13 @@
 #define WORKER_FAILED 'F'
 
 struct worker_args {
-    pid_t template_pid; /* the worker dies with it */
-    int req_fd;         /* request socket, worker's end */
-    int out_fd;         /* stdout pipe, write end */
-    int err_fd;         /* stderr pipe, write end */
-    int ready_fd;       /* ready pipe to the template, write end */
-    int ws_fd;          /* the workspace directory */
-    int devnull_fd;     /* /dev/null, read-write */
+    pid_t template_pid;  /* the worker dies with it */
+    int req_fd;          /* request socket, worker's end */
+    int out_fd;          /* stdout pipe, write end */
+    int err_fd;          /* stderr pipe, write end */
+    int ready_fd;        /* ready pipe to the template, write end */
+    int ws_fd;           /* the workspace directory */
+    int devnull_fd;      /* /dev/null, read-write */
     const char *ws_path; /* the workspace as the code sees it (HOME, TMPDIR, cwd) */
     /* With the private root: the work directory, which the worker removes
      * from a mount namespace of its own, keeping only its workspace (at

@@ -1,0 +1,442 @@
+/*
+ * Isolation between runs and from the host, tried as an attacker would:
+ * one run against another running beside it, and a run against the host's
+ * files, processes and limits. Through the public API only; each test
+ * asserts what the caller sees and that the host and the other run are
+ * untouched.
+ *
+ * Runs as pid 1 of its own pid namespace (tests/in_pidns.sh), like the
+ * escape suite.
+ */
+#define _GNU_SOURCE
+#include "helpers.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SBX(state) (((struct fixture *)*(state))->sbx)
+
+static bool is_root;
+
+/* --- two runs at once ------------------------------------------------------- */
+
+/* A run in a thread of its own that says "ready" on stdout once it holds
+ * what it wants to hold, then keeps it for a while. */
+struct bg_run {
+    struct sbx *sbx;
+    const char *code;
+    struct sbx_limits limits;
+    struct sbx_result *res;
+    pthread_t th;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool ready, done;
+    char said[256]; /* the first line it printed */
+    size_t said_len;
+};
+
+static void bg_output(void *user, int stream, const char *text, size_t len)
+{
+    struct bg_run *b = user;
+
+    if (stream != 1)
+        return;
+    pthread_mutex_lock(&b->lock);
+    if (b->said_len + len < sizeof(b->said)) {
+        memcpy(b->said + b->said_len, text, len);
+        b->said_len += len;
+        b->said[b->said_len] = '\0';
+    }
+    if (strstr(b->said, "ready\n"))
+        b->ready = true;
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->lock);
+}
+
+static void *bg_main(void *p)
+{
+    struct bg_run *b = p;
+    struct sbx_request req;
+    struct sbx_error err;
+
+    sbx_request_init(&req);
+    req.code = b->code;
+    req.code_len = strlen(b->code);
+    req.limits = b->limits;
+    req.on_output = bg_output;
+    req.user = b;
+    if (sbx_run(b->sbx, &req, &b->res, &err) < 0)
+        b->res = NULL;
+    pthread_mutex_lock(&b->lock);
+    b->done = true;
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->lock);
+    return NULL;
+}
+
+static void bg_start(struct bg_run *b, struct sbx *sbx, const char *code, double wall)
+{
+    memset(b, 0, sizeof(*b));
+    b->sbx = sbx;
+    b->code = code;
+    sbx_limits_init(&b->limits);
+    b->limits.wall_seconds = wall;
+    b->limits.memory_bytes = 1ULL << 30;
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->cond, NULL);
+    assert_int_equal(pthread_create(&b->th, NULL, bg_main, b), 0);
+    pthread_mutex_lock(&b->lock);
+    while (!b->ready && !b->done)
+        pthread_cond_wait(&b->cond, &b->lock);
+    pthread_mutex_unlock(&b->lock);
+    if (!b->ready)
+        fail_msg("the first run ended before it was ready: %s\n%s",
+                 b->res ? b->res->stdout_text : "(refused)", b->res ? b->res->stderr_text : "");
+}
+
+/* Waits for it; its result is b->res. */
+static void bg_finish(struct bg_run *b)
+{
+    pthread_join(b->th, NULL);
+    pthread_mutex_destroy(&b->lock);
+    pthread_cond_destroy(&b->cond);
+    assert_non_null(b->res);
+}
+
+static void expect_out(struct sbx_result *r, const char *want)
+{
+    expect_completed(r, 0);
+    if (strcmp(r->stdout_text, want) != 0)
+        fail_msg("stdout:\n%s\nexpected:\n%s\nstderr:\n%s", r->stdout_text, want, r->stderr_text);
+    sbx_result_free(r);
+}
+
+/* --- per-uid quotas ------------------------------------------------------- */
+
+static void pending_signal_quota_of_one_run_leaves_others_alone(void **state)
+{
+    /* POSIX timers each hold a queued signal, counted per uid against
+     * RLIMIT_SIGPENDING: exhaust it. */
+    struct bg_run a;
+    bg_start(&a, SBX(state),
+             "import ctypes, time\n"
+             "libc = ctypes.CDLL(None, use_errno=True)\n"
+             "t = ctypes.c_void_p()\n"
+             "n = 0\n"
+             "while libc.timer_create(1, None, ctypes.byref(t)) == 0:\n"
+             "    n += 1\n"
+             "print('exhausted' if ctypes.get_errno() == 11 and n > 1000 else n, flush=True)\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(2)\n",
+             30);
+    /* Another run starts, gets its CPU limit armed and honoured, and can
+     * make timers of its own. */
+    expect_out(run_code(SBX(state), "import ctypes\n"
+                                    "libc = ctypes.CDLL(None, use_errno=True)\n"
+                                    "t = ctypes.c_void_p()\n"
+                                    "print(libc.timer_create(1, None, ctypes.byref(t)))\n"),
+               "0\n");
+    struct sbx_limits l;
+    sbx_limits_init(&l);
+    l.cpu_seconds = 0.2;
+    struct sbx_result *r = run_with(SBX(state), "while True: pass\n", &l, NULL, 0);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    assert_int_equal(r->limit, SBX_LIMIT_CPU);
+    sbx_result_free(r);
+    bg_finish(&a);
+    if (!strstr(a.res->stdout_text, "exhausted"))
+        fail_msg("the first run did not exhaust its quota: %s", a.res->stdout_text);
+    expect_out(a.res, "exhausted\nready\n");
+}
+
+static void thread_quota_of_one_run_leaves_others_alone(void **state)
+{
+    struct bg_run a;
+    bg_start(&a, SBX(state),
+             "import threading, time\n"
+             "threading.stack_size(65536)\n"
+             "stop = threading.Event()\n"
+             "n = 0\n"
+             "try:\n"
+             "    while n < 5000:\n"
+             "        threading.Thread(target=stop.wait, daemon=True).start()\n"
+             "        n += 1\n"
+             "except RuntimeError:\n"
+             "    pass\n"
+             "print('capped' if 1000 < n < 5000 else n, flush=True)\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(2)\n"
+             "stop.set()\n",
+             30);
+    expect_out(run_code(SBX(state),
+                        "import threading\n"
+                        "ts = [threading.Thread(target=lambda: None) for _ in range(50)]\n"
+                        "[t.start() for t in ts]\n[t.join() for t in ts]\n"
+                        "print('50 threads')\n"),
+               "50 threads\n");
+    bg_finish(&a);
+    expect_out(a.res, "capped\nready\n");
+}
+
+static void prio_user_cannot_renice_other_runs(void **state)
+{
+    struct bg_run a;
+    bg_start(&a, SBX(state),
+             "import os, time\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(1)\n"
+             "print(os.getpriority(os.PRIO_PROCESS, 0))\n",
+             10);
+    expect_out(run_code(SBX(state), "import os\n"
+                                    "for which in (os.PRIO_USER, os.PRIO_PGRP):\n"
+                                    "    try:\n"
+                                    "        os.setpriority(which, 0, 19)\n"
+                                    "        print('reniced')\n"
+                                    "    except PermissionError:\n"
+                                    "        print('refused')\n"
+                                    "os.setpriority(os.PRIO_PROCESS, 0, 5)\n"
+                                    "print(os.getpriority(os.PRIO_PROCESS, os.getpid()))\n"),
+               "refused\nrefused\n5\n");
+    bg_finish(&a);
+    /* The other run, and the next one, are at the default priority. */
+    expect_out(a.res, "ready\n0\n");
+    expect_out(run_code(SBX(state), "import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))\n"),
+               "0\n");
+}
+
+static void each_run_has_its_own_uid(void **state)
+{
+    struct bg_run a;
+    bg_start(&a, SBX(state),
+             "import os, time\nprint(os.getuid())\nprint('ready', flush=True)\n"
+             "time.sleep(1)\n",
+             10);
+    struct sbx_result *b = run_code(SBX(state), "import os\nprint(os.getuid(), os.getgid())\n");
+    expect_completed(b, 0);
+    bg_finish(&a);
+    unsigned ua = 0, ub = 0, gb = 0;
+    assert_int_equal(sscanf(a.res->stdout_text, "%u", &ua), 1);
+    assert_int_equal(sscanf(b->stdout_text, "%u %u", &ub, &gb), 2);
+    if (is_root) {
+        assert_true(ua != ub);
+        assert_true(ua != 0 && ub != 0 && gb != 0);
+    }
+    sbx_result_free(a.res);
+    sbx_result_free(b);
+}
+
+/* --- sibling workspaces ----------------------------------------------------- */
+
+static void sibling_workspace_cannot_be_seen_or_changed(void **state)
+{
+    /* The first run leaves a file and reports where its workspace is on
+     * the host; the second, knowing that, tries everything. */
+    struct bg_run a;
+    bg_start(&a, SBX(state),
+             "import os, time\n"
+             "open('mine', 'w').write('untouched')\n"
+             "st = os.stat('.')\n"
+             "print(os.getuid(), flush=True)\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(1.5)\n"
+             "st2 = os.stat('.')\n"
+             "print(oct(st2.st_mode & 0o7777), st2.st_mtime_ns == st.st_mtime_ns)\n",
+             10);
+    unsigned uid = 0;
+    assert_int_equal(sscanf(a.said, "%u", &uid), 1);
+    /* The host path of the first workspace: w<uid> in the work directory
+     * (the one pysbx-XXXXXX under the fixture's root). */
+    char work[512] = "", ws[600], code[4096];
+    DIR *d = opendir(((struct fixture *)*state)->root);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (strncmp(e->d_name, "pysbx-", 6) == 0 && strlen(e->d_name) == 12)
+            snprintf(work, sizeof(work), "%s/%s", ((struct fixture *)*state)->root, e->d_name);
+    if (d)
+        closedir(d);
+    assert_true(work[0] != '\0');
+    snprintf(ws, sizeof(ws), "%s/w%u", work, uid);
+    struct stat before;
+    assert_int_equal(stat(ws, &before), 0); /* there, seen from the host */
+    snprintf(code, sizeof(code),
+             "import os\n"
+             "seen = []\n"
+             "for t in ('%s', '%s/mine', '/w%u', '/workspace/../w%u'):\n"
+             "    for name, f in (('stat', os.stat), ('statvfs', os.statvfs),\n"
+             "                    ('listdir', os.listdir),\n"
+             "                    ('chmod', lambda p: os.chmod(p, 0)),\n"
+             "                    ('utime', lambda p: os.utime(p, (0, 0))),\n"
+             "                    ('readlink', os.readlink)):\n"
+             "        try:\n"
+             "            f(t)\n"
+             "            seen.append((name, t))\n"
+             "        except OSError:\n"
+             "            pass\n"
+             "print(seen)\n",
+             ws, ws, uid, uid);
+    expect_out(run_code(SBX(state), code), "[]\n");
+    bg_finish(&a);
+    /* The first run's workspace is as it left it: mode, times, its file. */
+    struct sbx_result *r = a.res;
+    expect_completed(r, 0);
+    assert_non_null(strstr(r->stdout_text, "0o700 True\n"));
+    assert_int_equal(r->n_artifacts, 1);
+    assert_string_equal(r->artifacts[0].name, "mine");
+    assert_memory_equal(r->artifacts[0].data, "untouched", 9);
+    sbx_result_free(r);
+}
+
+/* --- the host --------------------------------------------------------------- */
+
+static void host_files_cannot_even_be_statted(void **state)
+{
+    expect_out(run_code(SBX(state),
+                        "import os\n"
+                        "seen = []\n"
+                        "for p in ('/etc/shadow', '/etc/hostname', '/root', '/home', '/usr/bin',\n"
+                        "          '/proc/self/mountinfo', '/proc/self/cgroup', '/proc/1',\n"
+                        "          '/sys/fs/cgroup', '/var', '/boot', '/run'):\n"
+                        "    try:\n"
+                        "        os.stat(p)\n"
+                        "        seen.append(p)\n"
+                        "    except OSError:\n"
+                        "        pass\n"
+                        "print(seen)\n"),
+               "[]\n");
+}
+
+static void host_processes_are_out_of_reach(void **state)
+{
+    /* pid 1 of this namespace is this test program; in a real deployment
+     * it would be the host's init. Asked through every call that takes a
+     * pid, the answer is the same refusal. */
+    expect_out(run_code(SBX(state),
+                        "import os, signal\n"
+                        "calls = {\n"
+                        "  'getsid': lambda: os.getsid(1),\n"
+                        "  'getpgid': lambda: os.getpgid(1),\n"
+                        "  'getpriority': lambda: os.getpriority(os.PRIO_PROCESS, 1),\n"
+                        "  'setpriority': lambda: os.setpriority(os.PRIO_PROCESS, 1, 10),\n"
+                        "  'sched_getaffinity': lambda: os.sched_getaffinity(1),\n"
+                        "  'sched_setaffinity': lambda: os.sched_setaffinity(1, {0}),\n"
+                        "  'sched_getparam': lambda: os.sched_getparam(1),\n"
+                        "  'sched_getscheduler': lambda: os.sched_getscheduler(1),\n"
+                        "  'sched_rr_get_interval': lambda: os.sched_rr_get_interval(1),\n"
+                        "  'kill': lambda: os.kill(1, 0),\n"
+                        "  'pidfd_open': lambda: os.pidfd_open(1),\n"
+                        "}\n"
+                        "print(sorted(calls))\n"
+                        "reached = []\n"
+                        "for k, f in calls.items():\n"
+                        "    try:\n"
+                        "        f()\n"
+                        "        reached.append(k)\n"
+                        "    except PermissionError:\n"
+                        "        pass\n"
+                        "print(reached)\n"
+                        "os.getsid(0); os.getpgid(0); os.sched_getaffinity(0)\n"
+                        "os.sched_getaffinity(os.getpid()); os.getpriority(os.PRIO_PROCESS, 0)\n"
+                        "print('own ok')\n"),
+               "['getpgid', 'getpriority', 'getsid', 'kill', 'pidfd_open', "
+               "'sched_getaffinity', 'sched_getparam', 'sched_getscheduler', "
+               "'sched_rr_get_interval', 'sched_setaffinity', 'setpriority']\n[]\nown ok\n");
+}
+
+static void cpu_limit_survives_deleted_timers_and_ignored_sigxcpu(void **state)
+{
+    struct sbx_limits l;
+    sbx_limits_init(&l);
+    l.cpu_seconds = 0.1;
+    l.wall_seconds = 10;
+    struct sbx_result *r = run_with(SBX(state),
+                                    "import ctypes, signal\n"
+                                    "signal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+                                    "libc = ctypes.CDLL(None)\n"
+                                    "for t in range(256):\n"
+                                    "    libc.timer_delete(ctypes.c_void_p(t))\n"
+                                    "while True:\n"
+                                    "    pass\n",
+                                    &l, NULL, 0);
+    if (r->status != SBX_TIMEOUT || r->limit != SBX_LIMIT_CPU)
+        fail_msg("expected timeout/cpu, got %s: %s", sbx_status_name(r->status), r->reason);
+    /* Exactly: under the limit plus 50 ms (a timer tick and a kill). */
+    if (r->cpu_ms > 150.0)
+        fail_msg("ran %.1f ms of CPU under a 100 ms limit", r->cpu_ms);
+    sbx_result_free(r);
+}
+
+static void page_cache_probes_are_refused(void **state)
+{
+    expect_out(run_code(SBX(state), "import os, errno\n"
+                                    "import json\nfd = os.open(json.__file__, os.O_RDONLY)\n"
+                                    /* advice is accepted and does nothing */
+                                    "print(os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))\n"
+                                    "buf = bytearray(4096)\n"
+                                    "try:\n"
+                                    "    os.preadv(fd, [buf], 0, os.RWF_NOWAIT)\n"
+                                    "    print('probed')\n"
+                                    "except OSError as e:\n"
+                                    "    print(e.errno == errno.EOPNOTSUPP)\n"
+                                    "print(os.preadv(fd, [buf], 0) > 0)\n"
+                                    "r, w = os.pipe()\n"
+                                    "try:\n"
+                                    "    os.splice(fd, w, 4096)\n"
+                                    "    print('spliced')\n"
+                                    "except PermissionError:\n"
+                                    "    print('splice refused')\n"),
+               "None\nTrue\nTrue\nsplice refused\n");
+}
+
+static void ordinary_os_functions_fail_instead_of_killing(void **state)
+{
+    expect_out(run_code(SBX(state), "import os\n"
+                                    "try:\n"
+                                    "    os.chroot('/missing')\n"
+                                    "except OSError as e:\n"
+                                    "    print(type(e).__name__)\n"),
+               "PermissionError\n");
+}
+
+static void code_finds_itself(void **state)
+{
+    expect_out(run_code(SBX(state),
+                        "import os, pwd, getpass, pathlib\n"
+                        "home = pathlib.Path.home()\n"
+                        "print(home == pathlib.Path(os.getcwd()), os.path.expanduser('~') == "
+                        "str(home))\n"
+                        "print(getpass.getuser())\n"
+                        "print(pwd.getpwuid(os.getuid()).pw_dir == str(home))\n"),
+               "True True\nsandbox\nTrue\n");
+}
+
+static int setup(void **state)
+{
+    is_root = geteuid() == 0;
+    return fixture_open(state);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(each_run_has_its_own_uid),
+        cmocka_unit_test(pending_signal_quota_of_one_run_leaves_others_alone),
+        cmocka_unit_test(thread_quota_of_one_run_leaves_others_alone),
+        cmocka_unit_test(prio_user_cannot_renice_other_runs),
+        cmocka_unit_test(sibling_workspace_cannot_be_seen_or_changed),
+        cmocka_unit_test(host_files_cannot_even_be_statted),
+        cmocka_unit_test(host_processes_are_out_of_reach),
+        cmocka_unit_test(cpu_limit_survives_deleted_timers_and_ignored_sigxcpu),
+        cmocka_unit_test(page_cache_probes_are_refused),
+        cmocka_unit_test(ordinary_os_functions_fail_instead_of_killing),
+        cmocka_unit_test(code_finds_itself),
+    };
+    return cmocka_run_group_tests(tests, setup, fixture_close);
+}
