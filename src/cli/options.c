@@ -513,6 +513,13 @@ void opts_config(const struct opts *o, struct sbx_config *cfg, char *tmpl, size_
         cfg->max_running = o->jobs;
         cfg->pool_size = o->jobs < POOL_FOR_JOBS_MAX ? o->jobs : POOL_FOR_JOBS_MAX;
     }
+    /* For tests of degraded deployments only (see sbx_config.disable_layers):
+     * not an option, so that no --help reader mistakes it for a setting. */
+    const char *off = getenv("PYSBX_TEST_DISABLE_LAYERS");
+    if (off && *off && parse_layers(off, &cfg->disable_layers) < 0)
+        cfg->disable_layers = 0;
+    if (cfg->disable_layers & SBX_LAYERS_DEFAULT)
+        cfg->disable_layers = 0;
 }
 
 int open_backend(const struct opts *o, struct sbx_backend *b, struct sbx_error *err)

@@ -191,9 +191,10 @@ int main(void)
         fmt(t.seccomp_why, sizeof(t.seccomp_why), "turned off by the configuration");
     if (t.seccomp)
         fmt(t.seccomp_why, sizeof(t.seccomp_why),
-            "%u rules, default EPERM, exploit primitives kill%s", t.policy.rules,
+            "%u rules, default EPERM, exploit primitives kill%s%s", t.policy.rules,
+            t.root ? "" : "; chmod, chown, utime by path refused (no private root)",
             t.policy_debug ? " (DEBUG: refusals trap and are named; never for production)" : "");
-    t.landlock = landlock_abi();
+    t.landlock = (t.jc.disable & SBX_LAYER_LANDLOCK) ? -EPERM : landlock_abi();
     /* A module directory that cannot be confined is the caller's error. */
     if (t.landlock > 0 &&
         landlock_base_open(&t.ll_base, t.landlock, (const char *const *)t.module_dirs,

@@ -1,0 +1,95 @@
+#!/bin/sh
+# pysbx started by an ordinary user: the code cannot read, chmod or renice
+# what belongs to that user, with the default layers and with the private
+# root turned off (Landlock and seccomp's refusal of chmod/chown/utime by
+# path then stand in), and a deployment with no file-system confinement at
+# all refuses to start rather than run.
+#
+# Needs root to make the ordinary user (a system account, pysbx-test, made
+# once and kept); skipped (exit 77) otherwise.
+# usage: test_unprivileged.sh BUILD_DIR
+set -eu
+BUILD=$1
+if [ "$(id -u)" -ne 0 ]; then
+    echo "skipped: needs root to run as another, ordinary user"
+    exit 77
+fi
+USERNAME=pysbx-test
+id "$USERNAME" >/dev/null 2>&1 ||
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$USERNAME"
+
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+chmod 755 "$T"
+# The programs, where the user can reach them.
+mkdir "$T/bin"
+cp "$BUILD/pysbx" "$BUILD/pysbx-template" "$T/bin/"
+cp -P "$BUILD"/libpysbx.so* "$T/bin/"
+chmod -R a+rX "$T/bin"
+# The user's own files: a key, a program, a private directory.
+H="$T/home"
+mkdir -p "$H/.ssh" "$H/bin" "$H/private"
+echo "PRIVATE KEY" >"$H/.ssh/id_rsa"
+chmod 600 "$H/.ssh/id_rsa"
+printf '#!/bin/sh\necho tool\n' >"$H/bin/tool"
+chmod 755 "$H/bin/tool"
+chmod 700 "$H/.ssh" "$H/private"
+chown -R "$USERNAME" "$H"
+chmod 755 "$H"
+snapshot() { stat -c '%n %a %u %Y' "$H/.ssh/id_rsa" "$H/bin/tool" "$H/private" "$H/.ssh"; }
+before=$(snapshot)
+
+cat >"$T/attack.py" <<EOF
+import os
+done = []
+def attempt(name, f):
+    try:
+        f()
+        done.append(name)
+    except OSError:
+        pass
+attempt('read key', lambda: open('$H/.ssh/id_rsa').read())
+attempt('chmod key 0666', lambda: os.chmod('$H/.ssh/id_rsa', 0o666))
+attempt('setuid tool', lambda: os.chmod('$H/bin/tool', 0o4755))
+attempt('open private dir', lambda: os.chmod('$H/private', 0o777))
+attempt('utime key', lambda: os.utime('$H/.ssh/id_rsa', (0, 0)))
+attempt('chown key', lambda: os.chown('$H/.ssh/id_rsa', os.getuid(), os.getgid()))
+attempt('renice the user', lambda: os.setpriority(os.PRIO_USER, 0, 19))
+attempt('list home', lambda: os.listdir('$H'))
+print(done)
+EOF
+chmod 644 "$T/attack.py"
+
+fails=0
+run_as_user() { runuser -u "$USERNAME" -- env LD_LIBRARY_PATH="$T/bin" "$@"; }
+check() { # name, expected, actual
+    if [ "$2" = "$3" ]; then echo "ok   $1"; else
+        echo "FAIL $1: got '$3', expected '$2'"
+        fails=$((fails + 1))
+    fi
+}
+
+out=$(run_as_user "$T/bin/pysbx" run "$T/attack.py" 2>&1)
+check "default layers: nothing of the user's reachable" "[]" "$out"
+out=$(run_as_user env PYSBX_TEST_DISABLE_LAYERS=root "$T/bin/pysbx" run --require none \
+    "$T/attack.py" 2>&1)
+check "no private root: Landlock and seccomp refuse the same" "[]" "$out"
+check "the user's files are as they were" "$before" "$(snapshot)"
+
+# With neither Landlock nor a private root, the default refuses to start.
+status=0
+run_as_user env PYSBX_TEST_DISABLE_LAYERS=root,landlock "$T/bin/pysbx" run "$T/attack.py" \
+    >"$T/out" 2>&1 || status=$?
+check "no file-system confinement: refuses to start (exit 70)" 70 "$status"
+grep -q "file system is not confined" "$T/out" ||
+    { echo "FAIL the refusal says why: $(cat "$T/out")"; fails=$((fails + 1)); }
+
+# Doctor tells the truth about what an ordinary user gets.
+doc=$(run_as_user "$T/bin/pysbx" doctor 2>&1 || true)
+echo "$doc" | grep -q "^uidrun    UNAVAILABLE" ||
+    { echo "FAIL doctor: uidrun should be unavailable for an ordinary user"; fails=$((fails + 1)); }
+echo "$doc" | grep -q "^root      active" ||
+    { echo "FAIL doctor: the private root should be active"; fails=$((fails + 1)); }
+
+[ "$fails" -eq 0 ] && echo "unprivileged test passed"
+exit "$fails"
