@@ -68,6 +68,13 @@ struct py3_run {
     pid_t pid;
 };
 
+/* RLIMIT_CPU counts whole seconds: the limit rounded up. */
+static rlim_t whole_seconds(double seconds)
+{
+    rlim_t whole = (rlim_t)seconds;
+    return (double)whole < seconds ? whole + 1 : whole;
+}
+
 static void reap_child(struct supervision *s)
 {
     struct py3_run *p = (struct py3_run *)s;
@@ -92,6 +99,13 @@ static void reap_child(struct supervision *s)
         .stime_us = timeval_us(ru.ru_stime),
         .maxrss_kb = ru.ru_maxrss,
     };
+    /* RLIMIT_CPU's SIGKILL (the kernel checks the precise runtime; rusage,
+     * sampled, can read a little under it). The baseline cannot tell it
+     * from a SIGKILL the code sent itself near the limit; the embedded
+     * sandbox can, by its own timer. */
+    double cpu_s = (double)(s->outcome.utime_us + s->outcome.stime_us) / 1e6;
+    s->outcome.cpu_killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL &&
+                            cpu_s >= 0.9 * (double)whole_seconds(s->req->limits.cpu_seconds);
     s->have_outcome = true;
 }
 
@@ -108,10 +122,8 @@ _Noreturn static void child(const struct sbx_limits *l, int ws_fd, int out, int 
 {
     int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
     int fds[] = {devnull, out, err, code};
-    rlim_t cpu = (rlim_t)l->cpu_seconds; /* whole seconds, rounded up */
+    rlim_t cpu = whole_seconds(l->cpu_seconds);
 
-    if ((double)cpu < l->cpu_seconds)
-        cpu++;
     for (int i = 0; i < 4; i++)
         if (fds[i] < 0 || (fds[i] = fcntl(fds[i], F_DUPFD, 10)) < 0)
             goto fail;
