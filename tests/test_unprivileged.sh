@@ -5,8 +5,12 @@
 # path then stand in), and a deployment with no file-system confinement at
 # all refuses to start rather than run.
 #
-# Needs root to make the ordinary user (a system account, pysbx-test, made
-# once and kept); skipped (exit 77) otherwise.
+# With subordinate ids (/etc/subuid, newuidmap) each run gets a uid of its
+# own; without, every run keeps the user's uid and doctor says why.
+#
+# Needs root to make the ordinary users (system accounts pysbx-test, with
+# subordinate ids, and pysbx-test-nosub, without; made once and kept);
+# skipped (exit 77) otherwise.
 # usage: test_unprivileged.sh BUILD_DIR
 set -eu
 BUILD=$1
@@ -15,8 +19,15 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 77
 fi
 USERNAME=pysbx-test
-id "$USERNAME" >/dev/null 2>&1 ||
-    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$USERNAME"
+NOSUB=pysbx-test-nosub
+for u in "$USERNAME" "$NOSUB"; do
+    id "$u" >/dev/null 2>&1 ||
+        useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$u"
+done
+# A subordinate range for the first (from a block no one else uses here).
+for f in /etc/subuid /etc/subgid; do
+    grep -q "^$USERNAME:" "$f" 2>/dev/null || echo "$USERNAME:3000000000:65536" >>"$f"
+done
 
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -62,6 +73,7 @@ chmod 644 "$T/attack.py"
 
 fails=0
 run_as_user() { runuser -u "$USERNAME" -- env LD_LIBRARY_PATH="$T/bin" "$@"; }
+run_as_nosub() { runuser -u "$NOSUB" -- env LD_LIBRARY_PATH="$T/bin" "$@"; }
 check() { # name, expected, actual
     if [ "$2" = "$3" ]; then echo "ok   $1"; else
         echo "FAIL $1: got '$3', expected '$2'"
@@ -85,11 +97,33 @@ grep -q "file system is not confined" "$T/out" ||
     { echo "FAIL the refusal says why: $(cat "$T/out")"; fails=$((fails + 1)); }
 
 # Doctor tells the truth about what an ordinary user gets.
+expect_line() { # name, text, pattern
+    if echo "$2" | grep -q "$3"; then echo "ok   $1"; else
+        echo "FAIL $1: no line matching '$3' in:"
+        echo "$2"
+        fails=$((fails + 1))
+    fi
+}
 doc=$(run_as_user "$T/bin/pysbx" doctor 2>&1 || true)
-echo "$doc" | grep -q "^uidrun    UNAVAILABLE" ||
-    { echo "FAIL doctor: uidrun should be unavailable for an ordinary user"; fails=$((fails + 1)); }
-echo "$doc" | grep -q "^root      active" ||
-    { echo "FAIL doctor: the private root should be active"; fails=$((fails + 1)); }
+expect_line "doctor: the private root is active" "$doc" "^root      active"
+if command -v newuidmap >/dev/null; then
+    expect_line "doctor: subordinate ids give a uid per run" "$doc" "^uidrun    active .*subordinate"
+    # Two runs of one sandbox: two uids, neither the user's.
+    mkdir "$T/progs"
+    for i in 1 2; do printf 'import os, time\ntime.sleep(0.3)\nprint(os.getuid())\n' \
+        >"$T/progs/p$i.py"; done
+    chmod -R a+rX "$T/progs"
+    uids=$(run_as_user "$T/bin/pysbx" batch "$T/progs" --jobs 2 2>/dev/null |
+        /usr/bin/python3 -c 'import json, sys
+print(" ".join(sorted({json.loads(l)["stdout"].strip() for l in sys.stdin})))')
+    n=$(echo "$uids" | wc -w)
+    check "subordinate ids: concurrent runs have different uids ($uids)" 2 "$n"
+fi
+doc=$(run_as_nosub "$T/bin/pysbx" doctor 2>&1 || true)
+expect_line "doctor without subordinate ids: one uid, and why" "$doc" \
+    "^uidrun    UNAVAILABLE .*caller's uid"
+out=$(printf 'print(6 * 7)\n' | run_as_nosub "$T/bin/pysbx" run - 2>&1)
+check "without subordinate ids runs still work" 42 "$out"
 
 [ "$fails" -eq 0 ] && echo "unprivileged test passed"
 exit "$fails"

@@ -19,6 +19,7 @@ struct jail {
     bool net_ns, ipc_ns, uts_ns, mount_ns;
     char net_why[JAIL_WHY_MAX], ipc_why[JAIL_WHY_MAX], uts_why[JAIL_WHY_MAX];
     char mount_why[JAIL_WHY_MAX], user_why[JAIL_WHY_MAX];
+    bool in_userns;   /* not root: a user namespace of our own */
     bool switch_user; /* workers drop to a uid/gid of the range below */
     bool uid_per_run; /* ... each worker to one of its own */
     char uidrun_why[JAIL_WHY_MAX];

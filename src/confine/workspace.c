@@ -29,11 +29,13 @@ int workspace_make(const struct jail *j, uid_t uid, gid_t gid, int base_fd, cons
         uid = gid = 0; /* root of our user namespace: the caller */
     if (j->mount_ns) {
         /* Bounded bytes and files, and nothing runnable or device-like. */
-        snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0700,uid=%u,gid=%u",
+        /* A supervisor that is not root reads the artifacts as "other" (the
+         * workers' subordinate uids are not its own): it needs to pass. */
+        snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=%s,uid=%u,gid=%u",
                  (unsigned long long)j->workspace_bytes,
                  (unsigned long long)(j->workspace_bytes / WORKSPACE_BYTES_PER_INODE +
                                       WORKSPACE_SPARE_INODES),
-                 (unsigned)uid, (unsigned)gid);
+                 j->in_userns && j->switch_user ? "0711" : "0700", (unsigned)uid, (unsigned)gid);
         if (mount("pysbx", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0)
             rc = errmsg(err, errlen, -errno, "mounting the workspace tmpfs: %s", strerror(errno));
     } else if (j->switch_user && fchownat(base_fd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
