@@ -341,11 +341,13 @@ static void machine(FILE *out)
 static void usage(void)
 {
     fputs("usage: pysbx-bench [--iterations N] [--throughput-seconds S] [--out DIR]\n"
-          "                   [--template PATH] [--no-peers]\n"
+          "                   [--template PATH] [--no-peers] [--without LAYER,...]\n"
           "Latency of each snippet through pysbx and through its peers (a fresh python3\n"
           "-I -S per run, and bwrap around it when installed), interleaved; throughput\n"
           "with 1, 2 and 8 callers; template start time; an idle worker's private memory.\n"
-          "Writes DIR/samples.csv, DIR/summary.txt and (with gnuplot) DIR/latency.png.\n",
+          "Writes DIR/samples.csv, DIR/summary.txt and (with gnuplot) DIR/latency.png.\n"
+          "--without turns layers off (sbx_config.disable_layers), to measure what each\n"
+          "costs; never a deployment setting.\n",
           stdout);
 }
 
@@ -357,6 +359,7 @@ int main(int argc, char **argv)
         {"out", required_argument, NULL, 'o'},
         {"template", required_argument, NULL, 'T'},
         {"no-peers", no_argument, NULL, 'P'},
+        {"without", required_argument, NULL, 'W'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -365,6 +368,7 @@ int main(int argc, char **argv)
     const char *out_dir = "bench/results";
     const char *tmpl = NULL;
     bool peers = true;
+    unsigned without = 0;
     int c;
 
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -383,6 +387,17 @@ int main(int argc, char **argv)
             break;
         case 'P':
             peers = false;
+            break;
+        case 'W':
+            for (char *save = NULL, *tok = strtok_r(optarg, ",", &save); tok;
+                 tok = strtok_r(NULL, ",", &save)) {
+                enum sbx_layer l = sbx_layer_from_name(tok);
+                if (!l) {
+                    fprintf(stderr, "pysbx-bench: no layer called %s\n", tok);
+                    return 2;
+                }
+                without |= l;
+            }
             break;
         case 'h':
             usage();
@@ -423,6 +438,9 @@ int main(int argc, char **argv)
     char beside[4096];
     sbx_config_init(&cfg);
     cfg.template_path = tmpl ? tmpl : beside_self("pysbx-template", beside, sizeof(beside));
+    cfg.disable_layers = without;
+    if (without)
+        cfg.required_layers = 0;
     struct samples open_ms = {0};
     for (int i = 0; i < 3; i++) {
         uint64_t t0 = now_ns();

@@ -120,7 +120,10 @@ static int enter_root(struct tmpl *t, char *err, size_t errlen)
         return 0;
     }
     if (!j->mount_ns) {
-        fmt(t->root_why, sizeof(t->root_why), "needs the mount namespace (%s)", j->mount_why);
+        fmt(t->root_why, sizeof(t->root_why),
+            "needs the mount namespace (%s): runs see the host's tree (Landlock, where active, "
+            "limits what they open; names and stat stay visible)",
+            j->mount_why);
         return 0;
     }
     int rc = root_enter(&spec, err, errlen);
