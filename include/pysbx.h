@@ -314,8 +314,24 @@ PYSBX_API int sbx_check_layers(const struct sbx *sbx, unsigned required, struct 
 PYSBX_API enum sbx_layer sbx_layer_from_name(const char *name);
 PYSBX_API const char *sbx_layer_name(enum sbx_layer layer);
 
-/* Stops the template and its workers and deletes every workspace. Must not
- * be called while a run is in flight. NULL is accepted. */
+/* Whether the sandbox can take runs now. A template that dies (killed from
+ * outside, say) is replaced when the next run needs it, after a backoff;
+ * one that fails RESTART times in a row within half a minute puts the
+ * sandbox down for half a minute, during which sbx_run refuses at once
+ * with SBX_ERR_UNAVAILABLE. */
+struct sbx_health {
+    bool ready;        /* a template is running */
+    unsigned restarts; /* templates started after the first */
+    char reason[256];  /* when not ready: why, and when it tries again */
+};
+PYSBX_API int sbx_health(struct sbx *sbx, struct sbx_health *out);
+
+/* Stops the template and its workers and deletes every workspace. Runs in
+ * flight in other threads end at once, as cancelled ("the sandbox was
+ * closed"), and callers waiting for a place are refused; sbx_close returns
+ * once they have all returned, so it is safe to call with runs in flight
+ * (but not to call sbx_run after it has begun). Bounded: a template that
+ * does not exit within two seconds is killed. NULL is accepted. */
 PYSBX_API void sbx_close(struct sbx *sbx);
 
 /* The result as the design's JSON object, one line, NUL-terminated;

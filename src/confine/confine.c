@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/capability.h>
 #include <sys/prctl.h>
@@ -57,6 +58,13 @@ int confine_self(const struct confine_plan *p, char *err, size_t errlen)
         return rc;
     if (p->switch_user && (rc = switch_user(p->uid, p->gid, err, errlen)) < 0)
         return rc;
+    /* A change of credentials clears the parent-death signal: set it again,
+     * so that a worker never outlives its template. If the template is
+     * already gone, so are we. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+        return errmsg(err, errlen, -errno, "PR_SET_PDEATHSIG: %s", strerror(errno));
+    if (p->parent > 0 && getppid() != p->parent)
+        return errmsg(err, errlen, -ESRCH, "the template is gone");
     if ((rc = drop_capabilities(err, errlen)) < 0)
         return rc;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)

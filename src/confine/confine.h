@@ -13,6 +13,7 @@
 
 struct confine_plan {
     bool switch_user; /* drop to uid/gid (the template is root) */
+    pid_t parent;     /* the template: we die with it */
     uid_t uid;
     gid_t gid;
     int landlock_abi; /* > 0: restrict with ruleset_fd */

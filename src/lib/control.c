@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "control.h"
 
+#include "cancel.h"
 #include "sbxerr.h"
 #include "sysutil.h"
 #include "util.h"
@@ -13,6 +14,7 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +24,16 @@
 #define TEMPLATE_START_TIMEOUT_MS 60000
 /* The descriptor the template finds its control socket on. */
 #define TEMPLATE_CTL_FD 3
+/* sbx_close gives the template this long to exit by itself. */
+#define CLOSE_GRACE_MS 2000
+/* A taker looks again at least this often: the template may have been
+ * replaced under it. */
+#define TAKE_SLICE_NS (100ULL * 1000000ULL)
+/* Restarts: the first after this, doubling up to the maximum; that many
+ * failures within the window, and the sandbox refuses runs for a window. */
+#define RESTART_BACKOFF_FIRST_NS (100ULL * 1000000ULL)
+#define RESTART_BACKOFF_MAX_NS   (5ULL * 1000000000ULL)
+#define RESTART_WINDOW_NS        (30ULL * 1000000000ULL)
 
 static json_t *string_array(const char *const *list)
 {
@@ -129,8 +141,16 @@ static int await_hello(struct sbx *sbx, struct sbx_error *err)
     struct pollfd p = {.fd = sbx->ctl, .events = POLLIN};
     int fds[WFD_COUNT];
     int nfds = 0;
-    int r = poll(&p, 1, TEMPLATE_START_TIMEOUT_MS);
+    uint64_t until = now_ns() + (uint64_t)TEMPLATE_START_TIMEOUT_MS * 1000000ULL;
+    int r;
     ssize_t n;
+
+    /* A signal the host takes meanwhile (an interval timer, say) is no
+     * reason to fail: wait out the rest. */
+    do {
+        uint64_t now = now_ns();
+        r = now >= until ? 0 : poll(&p, 1, (int)((until - now + 999999) / 1000000));
+    } while (r < 0 && errno == EINTR);
 
     if (r == 0)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ETIMEDOUT,
@@ -160,8 +180,37 @@ static int await_hello(struct sbx *sbx, struct sbx_error *err)
     return 0;
 }
 
-int control_start(struct sbx *sbx, const char *path, const struct sbx_config *cfg,
-                  struct sbx_error *err)
+/* Ends the template: end of stream on its socket (shutdown, so that a copy
+ * of the descriptor some forked child of the host still holds does not
+ * keep it open) tells it to kill its workers and exit; after |grace_ms| it
+ * is killed. Always reaped. */
+static void stop_template(struct sbx *sbx, int grace_ms)
+{
+    if (sbx->ctl >= 0)
+        (void)shutdown(sbx->ctl, SHUT_RDWR);
+    close_fd(&sbx->ctl);
+    if (sbx->template_pid > 0) {
+        struct pollfd p = {.fd = sbx->template_pidfd, .events = POLLIN};
+        uint64_t until = now_ns() + (uint64_t)grace_ms * 1000000ULL;
+        int r = 0;
+        while (sbx->template_pidfd >= 0 && grace_ms > 0) {
+            uint64_t now = now_ns();
+            r = now >= until ? 0 : poll(&p, 1, (int)((until - now + 999999) / 1000000));
+            if (r >= 0 || errno != EINTR)
+                break;
+        }
+        if (r != 1)
+            (void)kill(sbx->template_pid, SIGKILL);
+        while (waitpid(sbx->template_pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    sbx->template_pid = -1;
+    close_fd(&sbx->template_pidfd);
+}
+
+/* Starts a template and waits for its report. On failure nothing of it is
+ * left (socket closed, process killed and reaped). */
+static int start_template(struct sbx *sbx, struct sbx_error *err)
 {
     int sv[2] = {-1, -1};
     int child_end;
@@ -175,17 +224,121 @@ int control_start(struct sbx *sbx, const char *path, const struct sbx_config *cf
     child_end = fcntl(sv[1], F_DUPFD_CLOEXEC, TEMPLATE_CTL_FD + 1);
     close(sv[1]);
     if (child_end < 0)
-        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "fcntl: %s", strerror(errno));
-    rc = spawn_template(sbx, path, child_end, err);
-    close(child_end);
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "fcntl: %s", strerror(errno));
+    else
+        rc = spawn_template(sbx, sbx->template_path, child_end, err);
+    close_fd(&child_end);
+    if (rc == 0) {
+        sbx->template_pidfd = pidfd_open(sbx->template_pid, 0);
+        if (sbx->template_pidfd < 0)
+            rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "pidfd_open: %s", strerror(errno));
+    }
     if (rc == 0)
-        rc = send_config(sbx, cfg, err);
+        rc = send_config(sbx, &sbx->cfg, err);
     if (rc == 0)
         rc = await_hello(sbx, err);
+    /* Takers poll, then receive without waiting: several may wake for one
+     * message, and only one gets it. */
+    if (rc == 0 && fcntl(sbx->ctl, F_SETFL, O_NONBLOCK) < 0)
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "fcntl: %s", strerror(errno));
+    if (rc < 0)
+        stop_template(sbx, 0);
     return rc;
 }
 
-int control_take_worker(struct sbx *sbx, struct taken_worker *w, char *why, size_t whylen)
+int control_start(struct sbx *sbx, struct sbx_error *err)
+{
+    int rc;
+
+    pthread_mutex_lock(&sbx->ctl_lock);
+    rc = start_template(sbx, err);
+    if (rc == 0)
+        sbx->generation++;
+    pthread_mutex_unlock(&sbx->ctl_lock);
+    return rc;
+}
+
+/* The template died, or would not start: forget it, and decide when the
+ * next may start. Called with ctl_lock held. */
+static void template_failed(struct sbx *sbx, const char *why)
+{
+    uint64_t now = now_ns();
+    unsigned recent = 0;
+
+    stop_template(sbx, 0);
+    sbx->failures[sbx->n_failures++ % RESTART_BURST] = now;
+    for (unsigned i = 0; i < RESTART_BURST && i < sbx->n_failures; i++)
+        if (now - sbx->failures[i] < RESTART_WINDOW_NS)
+            recent++;
+    if (recent >= RESTART_BURST) {
+        /* It keeps dying: no restart storm. Refuse at once for a window. */
+        sbx->down = true;
+        sbx->retry_at = now + RESTART_WINDOW_NS;
+        fmt(sbx->why_down, sizeof(sbx->why_down),
+            "the template failed %u times within %llu s (last: %s); retrying in %llu s", recent,
+            (unsigned long long)(RESTART_WINDOW_NS / 1000000000ULL), why,
+            (unsigned long long)(RESTART_WINDOW_NS / 1000000000ULL));
+        return;
+    }
+    uint64_t backoff = RESTART_BACKOFF_FIRST_NS << (recent ? recent - 1 : 0);
+    sbx->retry_at = now + (backoff < RESTART_BACKOFF_MAX_NS ? backoff : RESTART_BACKOFF_MAX_NS);
+    fmt(sbx->why_down, sizeof(sbx->why_down), "%s", why);
+}
+
+/* A template to take workers from: the running one, or a new one once the
+ * backoff allows. Called with ctl_lock held. Returns 0, -EAGAIN (not yet:
+ * try again at sbx->retry_at), -EHOSTDOWN (down: refuse) or -ESHUTDOWN. */
+static int ensure_template(struct sbx *sbx, char *why, size_t whylen)
+{
+    struct sbx_error err = {0};
+
+    if (sbx->closing)
+        return errmsg(why, whylen, -ESHUTDOWN, "the sandbox is closing");
+    if (sbx->ctl >= 0)
+        return 0;
+    if (now_ns() < sbx->retry_at)
+        return errmsg(why, whylen, sbx->down ? -EHOSTDOWN : -EAGAIN, "%s", sbx->why_down);
+    sbx->down = false;
+    if (start_template(sbx, &err) < 0) {
+        template_failed(sbx, err.message);
+        return errmsg(why, whylen, sbx->down ? -EHOSTDOWN : -EAGAIN, "%s", sbx->why_down);
+    }
+    sbx->generation++;
+    sbx->restarts++;
+    return 0;
+}
+
+static bool template_dead(const struct sbx *sbx)
+{
+    struct pollfd p = {.fd = sbx->template_pidfd, .events = POLLIN};
+
+    return sbx->template_pidfd >= 0 && poll(&p, 1, 0) == 1;
+}
+
+/* Receives one message, if there is one. Called with ctl_lock held.
+ * Returns the length, -EAGAIN (nothing yet), or 0 / -errno (the template
+ * is gone). */
+static ssize_t receive(struct sbx *sbx, void *m, size_t cap, int *fds, int *nfds)
+{
+    ssize_t n = wire_recv(sbx->ctl, m, cap, fds, WFD_COUNT, nfds);
+
+    if (n > 0) {
+        /* Whatever it was, one of the template's pool is spoken for. */
+        struct wire_hdr take = {WIRE_TAKE, WIRE_VERSION};
+        (void)wire_send(sbx->ctl, &take, sizeof(take), NULL, 0);
+        /* Workers announced by a template that has died since are dead
+         * too (they die with it): not worth handing out. */
+        if (template_dead(sbx)) {
+            close_fds(fds, (size_t)*nfds);
+            *nfds = 0;
+            return 0;
+        }
+    }
+    return n;
+}
+
+int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64_t deadline,
+                        struct taken_worker *w, char *why, size_t whylen)
 {
     union {
         struct wire_hdr hdr;
@@ -193,21 +346,47 @@ int control_take_worker(struct sbx *sbx, struct taken_worker *w, char *why, size
         struct wire_fail fail;
     } m;
     int nfds = 0;
-    ssize_t n;
+    ssize_t n = -EAGAIN;
 
-    memset(&m, 0, sizeof(m));
     for (int i = 0; i < WFD_COUNT; i++)
         w->fds[i] = -1;
-    pthread_mutex_lock(&sbx->ctl_lock);
-    n = sbx->ctl < 0 ? -EBADF : wire_recv(sbx->ctl, &m, sizeof(m), w->fds, WFD_COUNT, &nfds);
-    if (n > 0) {
-        /* Whatever it was, one of the template's pool is spoken for. */
-        struct wire_hdr take = {WIRE_TAKE, WIRE_VERSION};
-        (void)wire_send(sbx->ctl, &take, sizeof(take), NULL, 0);
+    for (;;) {
+        pthread_mutex_lock(&sbx->ctl_lock);
+        int rc = ensure_template(sbx, why, whylen);
+        uint64_t wake = rc == -EAGAIN ? sbx->retry_at : 0;
+        int ctl = sbx->ctl, pidfd = sbx->template_pidfd;
+        if (rc == 0) {
+            memset(&m, 0, sizeof(m));
+            n = receive(sbx, &m, sizeof(m), w->fds, &nfds);
+            if (n == 0 || (n < 0 && n != -EAGAIN))
+                template_failed(sbx, "the template process ended");
+        }
+        pthread_mutex_unlock(&sbx->ctl_lock);
+        if (rc < 0 && rc != -EAGAIN)
+            return rc;
+        if (rc == 0 && n > 0)
+            break;
+        /* Nothing yet: wait for a message, the template's end, the caller's
+         * cancellation, its deadline, or (after a failure) the backoff. */
+        uint64_t now = now_ns();
+        if (sbx_cancel_fired(cancel))
+            return errmsg(why, whylen, -ECANCELED, "cancelled while waiting for a worker");
+        if (now >= deadline)
+            return errmsg(why, whylen, -ETIMEDOUT, "no worker ready in time");
+        uint64_t until = deadline;
+        if (wake && wake < until)
+            until = wake;
+        if (until - now > TAKE_SLICE_NS)
+            until = now + TAKE_SLICE_NS; /* the template may change under us */
+        struct pollfd p[3] = {
+            {.fd = rc == 0 && n != 0 ? ctl : -1, .events = POLLIN},
+            {.fd = rc == 0 ? pidfd : -1, .events = POLLIN},
+            {.fd = cancel_fd(cancel), .events = POLLIN},
+        };
+        (void)poll(p, 3, (int)((until - now + 999999) / 1000000));
     }
-    pthread_mutex_unlock(&sbx->ctl_lock);
 
-    if (n > 0 && m.hdr.type == WIRE_WORKER && n == (ssize_t)sizeof(m.worker) && nfds == WFD_COUNT) {
+    if (m.hdr.type == WIRE_WORKER && n == (ssize_t)sizeof(m.worker) && nfds == WFD_COUNT) {
         m.worker.workspace[sizeof(m.worker.workspace) - 1] = '\0';
         w->pid = m.worker.pid;
         w->uid = m.worker.uid;
@@ -216,9 +395,6 @@ int control_take_worker(struct sbx *sbx, struct taken_worker *w, char *why, size
         return 0;
     }
     close_fds(w->fds, WFD_COUNT);
-    if (n <= 0)
-        return errmsg(why, whylen, n < 0 ? (int)n : -EPIPE, "the template process is gone%s%s",
-                      n < 0 ? ": " : "", n < 0 ? strerror((int)-n) : "");
     if (m.hdr.type == WIRE_FAIL && n == (ssize_t)sizeof(m.fail)) {
         m.fail.text[sizeof(m.fail.text) - 1] = '\0';
         return errmsg(why, whylen, -EIO, "%s", m.fail.text);
@@ -226,12 +402,22 @@ int control_take_worker(struct sbx *sbx, struct taken_worker *w, char *why, size
     return errmsg(why, whylen, -EPROTO, "malformed message from the template");
 }
 
+int control_health(struct sbx *sbx, struct sbx_health *h)
+{
+    pthread_mutex_lock(&sbx->ctl_lock);
+    h->ready = sbx->ctl >= 0 && !template_dead(sbx);
+    h->restarts = sbx->restarts;
+    fmt(h->reason, sizeof(h->reason), "%s", h->ready ? "" : sbx->why_down);
+    if (!h->ready && !h->reason[0])
+        fmt(h->reason, sizeof(h->reason), "the template process ended; the next run restarts it");
+    pthread_mutex_unlock(&sbx->ctl_lock);
+    return 0;
+}
+
 void control_stop(struct sbx *sbx)
 {
-    /* End of stream tells the template to kill its workers and exit. */
-    close_fd(&sbx->ctl);
-    if (sbx->template_pid > 0)
-        while (waitpid(sbx->template_pid, NULL, 0) < 0 && errno == EINTR)
-            ;
-    sbx->template_pid = -1;
+    pthread_mutex_lock(&sbx->ctl_lock);
+    __atomic_store_n(&sbx->closing, true, __ATOMIC_RELEASE);
+    stop_template(sbx, CLOSE_GRACE_MS);
+    pthread_mutex_unlock(&sbx->ctl_lock);
 }

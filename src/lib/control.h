@@ -9,12 +9,12 @@
 #include "sandbox.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
-/* Starts the template at |path|, sends it |cfg|, and waits for its report
- * (versions, layers), which lands in |sbx|. Returns 0 or a negative errno
- * with |err| set. */
-int control_start(struct sbx *sbx, const char *path, const struct sbx_config *cfg,
-                  struct sbx_error *err);
+/* Starts the template (sbx->template_path, configured with sbx->cfg) and
+ * waits for its report (versions, layers), which lands in |sbx|. Returns 0
+ * or a negative errno with |err| set. */
+int control_start(struct sbx *sbx, struct sbx_error *err);
 
 /* An idle worker taken from the pool. Its descriptors are the caller's from
  * here on; the caller hands each to exactly one owner. */
@@ -26,12 +26,20 @@ struct taken_worker {
     char workspace[WIRE_NAME_MAX];
 };
 
-/* Takes the next idle worker. Returns 0, or a negative errno with the
- * reason in |why| (the template failed to make one, or is gone). */
-int control_take_worker(struct sbx *sbx, struct taken_worker *w, char *why, size_t whylen);
+/* Takes the next idle worker, waiting until |deadline| (now_ns() clock;
+ * UINT64_MAX: no deadline) or |cancel| fires. A template that died is
+ * replaced, after a backoff; one that keeps dying puts the sandbox down for
+ * a while. Returns 0, or with the reason in |why|: -ECANCELED, -ETIMEDOUT,
+ * -EHOSTDOWN (down: refuse the run), -ESHUTDOWN (closing), or another
+ * negative errno (the template could not make a worker). */
+int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64_t deadline,
+                        struct taken_worker *w, char *why, size_t whylen);
 
-/* Closes the socket (the template then kills its workers and exits) and
- * reaps the template. */
+/* Fills |h| (see sbx_health). */
+int control_health(struct sbx *sbx, struct sbx_health *h);
+
+/* Ends the template for good: no restart after this. Bounded: a template
+ * that does not exit within a grace period is killed. */
 void control_stop(struct sbx *sbx);
 
 #endif

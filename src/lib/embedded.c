@@ -10,6 +10,7 @@
 #include "supervise.h"
 #include "sysutil.h"
 #include "util.h"
+#include "verdict.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -165,15 +166,30 @@ static void remove_workspace(struct sbx *sbx, const struct taken_worker *w)
 }
 
 /* Runs |req| on a worker taken from the pool. Returns 0 or -ENOMEM; every
- * other failure is a result. */
-static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_result *res)
+ * other failure is a result, but for the sandbox being down, closing, or no
+ * worker within the queue timeout: then *refused is the negative errno to
+ * return, with |err| filled. */
+static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_result *res,
+                         int *refused, struct sbx_error *err)
 {
+    const struct sbx_request *req = sv->req;
+    uint64_t deadline = req->queue_timeout_seconds > 0
+                            ? now_ns() + (uint64_t)(req->queue_timeout_seconds * 1e9)
+                            : UINT64_MAX;
     struct taken_worker w;
     char why[WIRE_TEXT_MAX];
     int req_fd;
     int rc;
 
-    if (control_take_worker(sbx, &w, why, sizeof(why)) < 0)
+    rc = control_take_worker(sbx, req->cancel, deadline, &w, why, sizeof(why));
+    if (rc == -ECANCELED)
+        return supervise_refuse(sv, res, SBX_CANCELLED, why);
+    if (rc == -EHOSTDOWN || rc == -ESHUTDOWN || rc == -ETIMEDOUT) {
+        *refused =
+            sbx_fail(err, rc == -ETIMEDOUT ? SBX_ERR_BUSY : SBX_ERR_UNAVAILABLE, rc, "%s", why);
+        return 0;
+    }
+    if (rc < 0)
         return supervise_refuse(sv, res, SBX_SANDBOX_ERROR, why);
     /* Each descriptor to one owner: the supervision closes its five; the
      * request socket is closed once the request is sent. */
@@ -197,6 +213,10 @@ static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_res
     (void)send_request(sv, &req_fd); /* a failure shows in the outcome */
     supervise_run(sv);
     rc = supervise_finish(sv, res);
+    /* Its template ended under it because the sandbox is closing. */
+    if (rc == 0 && res->status == SBX_SANDBOX_ERROR &&
+        __atomic_load_n(&sbx->closing, __ATOMIC_ACQUIRE))
+        rc = verdict_stopped(res, SBX_CANCELLED, "the sandbox was closed");
     /* A tmpfs workspace goes with its mount, detached by the template's
      * sweeper; a plain directory is ours to delete. */
     if (!sbx->workspace_bytes)
@@ -210,6 +230,7 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
     struct supervision sv;
     struct sbx_result *res;
     enum admitted a;
+    int refused = 0;
     int rc;
 
     *out = NULL;
@@ -222,7 +243,7 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
         return rc;
     a = admission_enter(&sbx->admission, req, err);
     if (a == REFUSED)
-        return -EBUSY;
+        return err && err->code == SBX_ERR_UNAVAILABLE ? -ESHUTDOWN : -EBUSY;
     res = calloc(1, sizeof(*res));
     if (!res) {
         if (a == ADMITTED)
@@ -234,10 +255,14 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
     if (a == CANCELLED || sbx_cancel_fired(req->cancel))
         rc = supervise_refuse(&sv, res, SBX_CANCELLED, "cancelled before it started");
     else
-        rc = run_on_worker(sbx, &sv, res);
+        rc = run_on_worker(sbx, &sv, res, &refused, err);
     if (a == ADMITTED)
         admission_leave(&sbx->admission);
     supervise_free(&sv);
+    if (refused) {
+        sbx_result_free(res);
+        return refused;
+    }
     if (rc < 0) {
         sbx_result_free(res);
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "out of memory");

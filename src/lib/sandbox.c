@@ -67,6 +67,28 @@ const char *sbx_libseccomp_version(const struct sbx *sbx)
     return sbx->libseccomp_version;
 }
 
+static void free_list(char **list)
+{
+    for (size_t i = 0; list && list[i]; i++)
+        free(list[i]);
+    free(list);
+}
+
+static const char *const *copy_list(const char *const *list)
+{
+    size_t n = 0;
+
+    while (list[n])
+        n++;
+    char **copy = calloc(n + 1, sizeof(*copy));
+    for (size_t i = 0; copy && i < n; i++)
+        if (!(copy[i] = strdup(list[i]))) {
+            free_list(copy);
+            return NULL;
+        }
+    return (const char *const *)copy;
+}
+
 static unsigned default_pool_size(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -160,15 +182,27 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
     sbx = calloc(1, sizeof(*sbx));
     if (!sbx)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
-    sbx->ctl = -1;
+    sbx->ctl = sbx->template_pidfd = -1;
     sbx->template_pid = -1;
     pthread_mutex_init(&sbx->ctl_lock, NULL);
     admission_init(&sbx->admission, cfg.max_running ? cfg.max_running : default_pool_size(),
                    cfg.max_queued ? cfg.max_queued : DEFAULT_MAX_QUEUED);
+    /* Kept for restarts: the caller's strings may be gone by then. */
+    sbx->template_path = strdup(template_path(&cfg));
+    cfg.template_path = NULL;
+    cfg.work_root = NULL;
+    cfg.warm_modules = cfg.warm_modules ? copy_list(cfg.warm_modules) : NULL;
+    cfg.module_dirs = cfg.module_dirs ? copy_list(cfg.module_dirs) : NULL;
+    sbx->cfg = cfg;
+    if (!sbx->template_path || (given && given->warm_modules && !cfg.warm_modules) ||
+        (given && given->module_dirs && !cfg.module_dirs)) {
+        sbx_close(sbx);
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    }
 
-    rc = workdir_make(&sbx->work, cfg.work_root, "pysbx-", geteuid() == 0, err);
+    rc = workdir_make(&sbx->work, given ? given->work_root : NULL, "pysbx-", geteuid() == 0, err);
     if (rc == 0)
-        rc = control_start(sbx, template_path(&cfg), &cfg, err);
+        rc = control_start(sbx, err);
     if (rc == 0)
         rc = sbx_check_layers(sbx, cfg.required_layers, err);
     if (rc < 0) {
@@ -183,9 +217,20 @@ void sbx_close(struct sbx *sbx)
 {
     if (!sbx)
         return;
+    /* The template first: runs still in flight then end at once (as
+     * cancelled), and nothing waits on a worker that will not come. */
     control_stop(sbx);
+    admission_close(&sbx->admission);
     workdir_remove(&sbx->work);
     pthread_mutex_destroy(&sbx->ctl_lock);
     admission_destroy(&sbx->admission);
+    free_list((char **)sbx->cfg.warm_modules);
+    free_list((char **)sbx->cfg.module_dirs);
+    free(sbx->template_path);
     free(sbx);
+}
+
+int sbx_health(struct sbx *sbx, struct sbx_health *h)
+{
+    return control_health(sbx, h);
 }

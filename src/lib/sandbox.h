@@ -8,15 +8,33 @@
 #include "workdir.h"
 
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Failures of the template within RESTART_WINDOW_NS (control.c) that put
+ * the sandbox down for a while. */
+#define RESTART_BURST 5
 #include <sys/types.h>
 
 struct sbx {
     struct admission admission;
-    struct workdir work; /* one workspace per worker inside */
-    /* The template, through its control socket (control.c). */
-    pthread_mutex_t ctl_lock; /* serialises taking workers off the socket */
+    struct workdir work;   /* one workspace per worker inside */
+    struct sbx_config cfg; /* a deep copy (strings our own): every start uses it */
+    char *template_path;
+    /* The template, through its control socket (control.c), all under
+     * ctl_lock. */
+    pthread_mutex_t ctl_lock;
     int ctl;
     pid_t template_pid;
+    int template_pidfd;
+    unsigned generation; /* templates started */
+    unsigned restarts;   /* ... after the first */
+    uint64_t failures[RESTART_BURST];
+    unsigned n_failures;
+    uint64_t retry_at; /* no new template before this (now_ns clock) */
+    bool down;         /* failing too often: runs refused until retry_at */
+    bool closing;
+    char why_down[WIRE_TEXT_MAX];
     /* What the template reported when it started. */
     char python_version[32];
     char libseccomp_version[32];

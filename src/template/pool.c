@@ -122,6 +122,7 @@ static void spawn_worker(struct tmpl *t)
             .plan =
                 {
                     .switch_user = t->jail.switch_user,
+                    .parent = t->pid,
                     .uid = w->uid,
                     .gid = w->gid,
                     .landlock_abi = t->landlock,
