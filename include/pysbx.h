@@ -322,6 +322,8 @@ PYSBX_API const char *sbx_layer_name(enum sbx_layer layer);
 struct sbx_health {
     bool ready;        /* a template is running */
     unsigned restarts; /* templates started after the first */
+    unsigned running;  /* runs in flight */
+    unsigned waiting;  /* callers queued for a place */
     char reason[256];  /* when not ready: why, and when it tries again */
 };
 PYSBX_API int sbx_health(struct sbx *sbx, struct sbx_health *out);

@@ -307,13 +307,37 @@ static void mmap_of_64_gib_is_refused(void **state)
 
 /* --- the host's files and memory ------------------------------------------- */
 
-static void reading_etc_shadow_is_refused(void **state)
+static void world_readable_host_files_are_out_of_reach(void **state)
 {
-    /* Refused by Landlock, or not there at all under the private root. */
-    expect_output(run(state,
-                      "try:\n    open('/etc/shadow').read()\n    print('read')\n"
-                      "except (PermissionError, FileNotFoundError):\n    print('refused')\n"),
-                  "refused\n");
+    /* Files ordinary permissions let anyone read: only the file-system
+     * confinement keeps them from the code. (/etc/passwd under the private
+     * root is the sandbox's own, naming only its user.) */
+    expect_output(run(state, "hits = []\n"
+                             "for p in ('/etc/hostname', '/etc/os-release', '/etc/fstab',\n"
+                             "          '/usr/share/common-licenses/GPL-3', '/etc/passwd'):\n"
+                             "    try:\n"
+                             "        text = open(p).read()\n"
+                             "        if p != '/etc/passwd' or 'root:' in text:\n"
+                             "            hits.append(p)\n"
+                             "    except OSError:\n"
+                             "        pass\n"
+                             "print(hits)\n"),
+                  "[]\n");
+}
+
+static void a_run_cannot_fake_a_policy_stop(void **state)
+{
+    /* SIGSYS ends a run only when the policy stops it: the code cannot
+     * send it to itself. */
+    expect_output(run(state, "import os, signal\n"
+                             "for f in (lambda: os.kill(os.getpid(), signal.SIGSYS),\n"
+                             "          lambda: os.kill(0, signal.SIGSYS),\n"
+                             "          lambda: signal.raise_signal(signal.SIGSYS)):\n"
+                             "    try:\n"
+                             "        f()\n"
+                             "    except OSError:\n"
+                             "        print('refused')\n"),
+                  "refused\nrefused\nrefused\n");
 }
 
 static void a_file_planted_in_the_hosts_home_is_unreadable(void **state)
@@ -472,7 +496,8 @@ int main(void)
         cmocka_unit_test(thread_bomb_is_bounded),
         cmocka_unit_test(deep_recursion_ends_the_run_only),
         cmocka_unit_test(mmap_of_64_gib_is_refused),
-        cmocka_unit_test(reading_etc_shadow_is_refused),
+        cmocka_unit_test(world_readable_host_files_are_out_of_reach),
+        cmocka_unit_test(a_run_cannot_fake_a_policy_stop),
         cmocka_unit_test(a_file_planted_in_the_hosts_home_is_unreadable),
         cmocka_unit_test(writing_outside_the_workspace_is_refused),
         cmocka_unit_test(other_processes_environ_is_unreadable),

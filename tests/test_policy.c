@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <termios.h>
 
 #define SELF 4242
@@ -173,6 +174,24 @@ static const struct row rows[] = {
     {"tgkill(self, thread)", X86, SYS_tgkill, {SELF, SELF + 3, SIGUSR1}, ALLOWED},
     {"tgkill(other)", X86, SYS_tgkill, {SELF + 1, SELF + 1, SIGKILL}, ERR(EPERM)},
     {"tkill", X86, SYS_tkill, {SELF, SIGKILL}, ERR(EPERM)},
+    {"kill(self, SIGSYS): only the policy ends a run that way",
+     X86,
+     SYS_kill,
+     {SELF, SIGSYS},
+     ERR(EPERM)},
+    {"kill(0, SIGSYS)", X86, SYS_kill, {0, SIGSYS}, ERR(EPERM)},
+    {"tgkill(self, SIGSYS)", X86, SYS_tgkill, {SELF, SELF, SIGSYS}, ERR(EPERM)},
+    {"getsid(1)", X86, SYS_getsid, {1}, ERR(EPERM)},
+    {"getsid(self)", X86, SYS_getsid, {SELF}, ALLOWED},
+    {"setpriority(PRIO_USER)", X86, SYS_setpriority, {2, 0, 19}, ERR(EPERM)},
+    {"setpriority(PRIO_PROCESS, 0)", X86, SYS_setpriority, {0, 0, 5}, ALLOWED},
+    {"sched_getaffinity(1)", X86, SYS_sched_getaffinity, {1, 128, 0}, ERR(EPERM)},
+    {"splice", X86, SYS_splice, {3, 0, 4, 0, 4096, 0}, ERR(EPERM)},
+    {"fadvise: accepted, ignored", X86, SYS_fadvise64, {3, 0, 0, 4}, ERR(0)},
+    {"preadv2 RWF_NOWAIT", X86, SYS_preadv2, {3, 0, 1, 0, 0, RWF_NOWAIT}, ERR(EOPNOTSUPP)},
+    {"preadv2", X86, SYS_preadv2, {3, 0, 1, 0, 0, 0}, ALLOWED},
+    {"capget", X86, SYS_capget, {0, 0}, ERR(EPERM)},
+    {"chroot: refused, not killed", X86, SYS_chroot, {0}, ERR(EPERM)},
     {"pidfd_send_signal", X86, SYS_pidfd_send_signal, {3, SIGKILL}, ERR(EPERM)},
     {"rt_sigqueueinfo(other)", X86, SYS_rt_sigqueueinfo, {1, SIGKILL}, ERR(EPERM)},
     /* limits and process attributes */

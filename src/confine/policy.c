@@ -312,11 +312,14 @@ static const struct rule table[] = {
     R_ALLOW(rt_sigtimedwait, "signal.sigtimedwait"),
     R_ALLOW(rt_sigsuspend, "signal.pause"),
     R_ALLOW(sigaltstack, "faulthandler"),
-    R_ALLOW_IF(kill, "os.kill(os.getpid(), ...)", A(0, SCMP_CMP_EQ, POLICY_SELF_PID, 0)),
-    R_ALLOW_IF(kill, "os.kill(0, ...): our own process group (we lead it)",
-               A(0, SCMP_CMP_EQ, 0, 0)),
+    /* Never SIGSYS: a run that ends by SIGSYS was stopped by this policy,
+     * not by a signal it sent itself. */
+    R_ALLOW_IF(kill, "os.kill(os.getpid(), ...)", A(0, SCMP_CMP_EQ, POLICY_SELF_PID, 0),
+               A(1, SCMP_CMP_NE, SIGSYS, 0)),
+    R_ALLOW_IF(kill, "os.kill(0, ...): our own process group (we lead it)", A(0, SCMP_CMP_EQ, 0, 0),
+               A(1, SCMP_CMP_NE, SIGSYS, 0)),
     R_ALLOW_IF(tgkill, "raise(), signal.pthread_kill, a MemoryError's end",
-               A(0, SCMP_CMP_EQ, POLICY_SELF_PID, 0)),
+               A(0, SCMP_CMP_EQ, POLICY_SELF_PID, 0), A(2, SCMP_CMP_NE, SIGSYS, 0)),
 
     /* --- the network: none, for every address family, AF_UNIX included --- */
     R_FAIL(socket, EPERM, "refused: no network"),

@@ -163,3 +163,11 @@ void admission_close(struct admission *a)
         pthread_cond_wait(&a->idle, &a->lock);
     pthread_mutex_unlock(&a->lock);
 }
+
+void admission_counts(struct admission *a, unsigned *running, unsigned *waiting)
+{
+    pthread_mutex_lock(&a->lock);
+    *running = a->running;
+    *waiting = a->waiting;
+    pthread_mutex_unlock(&a->lock);
+}

@@ -33,6 +33,9 @@ enum admitted admission_enter(struct admission *a, const struct sbx_request *req
                               struct sbx_error *err);
 void admission_leave(struct admission *a);
 
+/* How many runs are in flight and callers waiting, now. */
+void admission_counts(struct admission *a, unsigned *running, unsigned *waiting);
+
 /* Refuses every waiting and later caller, then waits until no run is in
  * flight. */
 void admission_close(struct admission *a);

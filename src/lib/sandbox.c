@@ -232,5 +232,6 @@ void sbx_close(struct sbx *sbx)
 
 int sbx_health(struct sbx *sbx, struct sbx_health *h)
 {
+    admission_counts(&sbx->admission, &h->running, &h->waiting);
     return control_health(sbx, h);
 }

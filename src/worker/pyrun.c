@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #define MAIN_FILENAME "<main>"
+/* Programs up to this size have their lines in linecache from the start. */
+#define LINECACHE_EAGER_MAX (1u << 20)
 
 int pyrun_error_text(const char *what, char *err, size_t errlen)
 {
@@ -61,12 +63,14 @@ static void seed_linecache(const char *code, size_t len)
 }
 
 /* compile() on bytes, as for a file: PEP 263 decoding, and a clear error
- * for NUL bytes or invalid UTF-8 instead of a silently cut C string. */
+ * for NUL bytes or invalid UTF-8 instead of a silently cut C string. The
+ * bytes are a view of |code| (NUL-terminated at |len|), not a copy: the
+ * program is held once, not once more for each step. */
 static PyObject *compile_source(const char *code, size_t len)
 {
     PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
     PyObject *compile = builtins ? PyDict_GetItemString(builtins, "compile") : NULL;
-    PyObject *src = PyBytes_FromStringAndSize(code, (Py_ssize_t)len);
+    PyObject *src = PyMemoryView_FromMemory((char *)code, (Py_ssize_t)len, PyBUF_READ);
     PyObject *co = NULL;
 
     if (compile && src)
@@ -286,9 +290,13 @@ _Noreturn void pyrun_main(char *code, size_t len)
     bool nomem = false;
     int status = 0;
 
-    seed_linecache(code, len);
+    /* The source lines for tracebacks (and inspect) are a copy or two of
+     * the program: up front only for a program of ordinary size; a large
+     * one gets them only if a traceback needs them. */
+    bool seeded = len <= LINECACHE_EAGER_MAX;
+    if (seeded)
+        seed_linecache(code, len);
     co = globals ? compile_source(code, len) : NULL;
-    free(code);
     if (co)
         res = PyEval_EvalCode(co, globals, globals);
     Py_XDECREF(co);
@@ -299,9 +307,16 @@ _Noreturn void pyrun_main(char *code, size_t len)
         status = system_exit_status();
     else {
         nomem = PyErr_ExceptionMatches(PyExc_MemoryError);
+        if (!seeded && !nomem) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            seed_linecache(code, len);
+            PyErr_Restore(type, value, tb);
+        }
         print_exception();
         status = 1;
     }
+    free(code);
 
     /* What Py_FinalizeEx does that the code can observe, without the rest:
      * the process is about to vanish. */
