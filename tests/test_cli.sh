@@ -135,5 +135,55 @@ echo 'import os; os.mkdir("link"); open("link/planted", "w").write("x")' |
 [ -e "$T/outside/planted" ] && { echo "FAIL artifact followed a link"; fails=$((fails + 1)); } ||
     echo "ok   artifacts-dir does not follow links"
 
+# --- nothing left behind ---
+# SIGTERM (and SIGINT) cancel the run, close the sandbox and remove its work
+# directory; the exit status says which signal.
+W=$(mktemp -d)
+chmod 711 "$W"
+trap 'rm -rf "$T" "$W"' EXIT
+mkdir -p "$W"
+chmod 711 "$W"
+echo 'import time; print("up", flush=True); time.sleep(30)' >"$T/sleep.py"
+TMPDIR="$W" "$PYSBX" run "$T/sleep.py" >"$T/sig.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q up "$T/sig.out" 2>/dev/null && break; sleep 0.05; done
+kill -TERM "$pid"
+status=0
+wait "$pid" || status=$?
+check "SIGTERM: run exits 128+15" 143 "$status"
+left=$(ls -A "$W")
+check "SIGTERM: run leaves nothing in the work root" "" "$left"
+mkdir -p "$T/progs"
+for i in 1 2 3 4 5 6; do cp "$T/sleep.py" "$T/progs/p$i.py"; done
+TMPDIR="$W" "$PYSBX" batch "$T/progs" --jobs 2 >"$T/batch.out" 2>"$T/batch.err" &
+pid=$!
+for _ in $(seq 100); do [ -s "$T/batch.err" ] || [ -n "$(ls -A "$W")" ] && break; sleep 0.05; done
+sleep 0.5
+kill -INT "$pid"
+status=0
+wait "$pid" || status=$?
+check "SIGINT: batch exits 128+2" 130 "$status"
+expect_in "SIGINT: batch still prints its summary" "stopped by signal 2" "$T/batch.err"
+check "SIGINT: batch leaves nothing in the work root" "" "$(ls -A "$W")"
+# A run killed with SIGKILL leaves its work directory; the next start
+# removes it (its owner lock is free), but never a live one's.
+TMPDIR="$W" "$PYSBX" run "$T/sleep.py" >"$T/k.out" 2>&1 &
+killed=$!
+for _ in $(seq 100); do grep -q up "$T/k.out" 2>/dev/null && break; sleep 0.05; done
+kill -KILL "$killed"
+wait "$killed" 2>/dev/null || true
+stale=$(ls -A "$W")
+TMPDIR="$W" "$PYSBX" run "$T/sleep.py" >"$T/l.out" 2>&1 &
+live=$!
+for _ in $(seq 100); do grep -q up "$T/l.out" 2>/dev/null && break; sleep 0.05; done
+for d in "$W"/pysbx-*; do touch -d '1 minute ago' "$d/.owner"; done # both look old
+echo 'print(1)' | TMPDIR="$W" "$PYSBX" run - >/dev/null
+[ -n "$stale" ] && [ ! -e "$W/$stale" ] && echo "ok   a SIGKILLed run's work directory is removed by the next start" ||
+    { echo "FAIL stale work directory $stale still there: $(ls -A "$W")"; fails=$((fails + 1)); }
+check "a live run's work directory is left alone" 1 "$(ls -A "$W" | wc -l)"
+kill -TERM "$live"
+wait "$live" 2>/dev/null || true
+check "and goes when it ends" "" "$(ls -A "$W")"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

@@ -8,6 +8,7 @@
 #include "lines.h"
 #include "reqjson.h"
 #include "sbxerr.h"
+#include "stopper.h"
 #include "sysutil.h"
 #include "util.h"
 
@@ -40,6 +41,7 @@ struct batch {
     size_t done, by_status[SBX_SANDBOX_ERROR + 1], refused, failed_code;
     double *wall_ms;
     uint64_t start_ns, last_draw_ns;
+    struct sbx_cancel *stop; /* fired by SIGINT/SIGTERM/SIGHUP */
     bool tty;
 };
 
@@ -192,7 +194,8 @@ static void *worker(void *p)
     struct batch *b = p;
     for (;;) {
         pthread_mutex_lock(&b->lock);
-        size_t i = b->next < b->n ? b->next++ : SIZE_MAX;
+        /* Once stopped by a signal, no new program starts. */
+        size_t i = b->next < b->n && !sbx_cancel_fired(b->stop) ? b->next++ : SIZE_MAX;
         pthread_mutex_unlock(&b->lock);
         if (i == SIZE_MAX)
             return NULL;
@@ -218,6 +221,7 @@ static void *worker(void *p)
             r.req.limits = b->o->limits;
             rc = 0;
         }
+        r.req.cancel = b->stop;
         uint64_t t0 = now_ns();
         if (rc == 0)
             rc = b->o->backend->run(b->o->backend->self, &r.req, &res, &err);
@@ -252,6 +256,9 @@ int batch_main(const struct batch_opts *o)
         }
     }
     b.wall_ms = calloc(b.n ? b.n : 1, sizeof(double));
+    for (size_t i = 0; b.wall_ms && i < b.n; i++)
+        b.wall_ms[i] = -1; /* not run (yet): left out of the percentiles */
+    b.stop = stopper_start();
     b.tty = isatty(2);
     b.start_ns = now_ns();
     pthread_mutex_init(&b.lock, NULL);
@@ -275,6 +282,9 @@ int batch_main(const struct batch_opts *o)
     qsort(b.wall_ms, ran, sizeof(double), cmp_doubles);
     fprintf(stderr, "pysbx batch: %zu programs in %.2f s (%.1f/s), %u at a time, backend %s\n", b.n,
             total, total > 0 ? (double)b.n / total : 0.0, jobs, o->backend->name);
+    if (stopper_signal())
+        fprintf(stderr, "  stopped by signal %d: %zu programs not started\n", stopper_signal(),
+                b.n - b.next);
     fprintf(stderr,
             "  completed %zu (%zu with a non-zero exit code), timeout %zu, "
             "memory_limit %zu, crashed %zu, cancelled %zu, sandbox_error %zu, "
@@ -286,6 +296,8 @@ int batch_main(const struct batch_opts *o)
         fprintf(stderr, "  latency per program: p50 %.2f ms, p99 %.2f ms\n", b.wall_ms[ran / 2],
                 b.wall_ms[(size_t)((double)(ran - 1) * 0.99)]);
     rc = b.by_status[SBX_SANDBOX_ERROR] || b.refused ? 1 : 0;
+    if (stopper_signal())
+        rc = 128 + stopper_signal();
     for (size_t i = 0; i < b.n; i++) {
         free(b.p[i].label);
         free(b.p[i].text);

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "commands.h"
 #include "options.h"
+#include "stopper.h"
 #include "sysutil.h"
 #include "util.h"
 
@@ -51,6 +52,16 @@ static int save_artifacts(const char *dir, const struct sbx_result *res)
     return rc;
 }
 
+/* The code's stdout and stderr, passed on as they arrive: exactly the text
+ * the result holds, bounded the same way. */
+static void pass_through(void *user, int stream, const char *text, size_t len)
+{
+    (void)user;
+    FILE *f = stream == 1 ? stdout : stderr;
+    fwrite(text, 1, len, f);
+    fflush(f);
+}
+
 static int report(const struct opts *o, const struct sbx_result *res)
 {
     if (o->artifacts_dir && res->status == SBX_COMPLETED &&
@@ -66,9 +77,7 @@ static int report(const struct opts *o, const struct sbx_result *res)
         free(s);
         return 0;
     }
-    fwrite(res->stdout_text, 1, res->stdout_len, stdout);
-    fflush(stdout);
-    fwrite(res->stderr_text, 1, res->stderr_len, stderr);
+    /* The code's output went out as it came (pass_through). */
     if (!o->artifacts_dir && res->n_artifacts)
         fprintf(stderr, "pysbx: %zu file%s left in the workspace (save with --artifacts-dir)\n",
                 res->n_artifacts, res->n_artifacts == 1 ? "" : "s");
@@ -152,12 +161,18 @@ int cmd_run(int argc, char **argv)
         status = cannot_start(&o, &err);
         goto out;
     }
+    /* A signal cancels the run; the sandbox is still closed below. */
+    req.cancel = stopper_start();
+    if (!o.json)
+        req.on_output = pass_through;
     if (b.run(b.self, &req, &res, &err) < 0) {
         fprintf(stderr, "pysbx: %s\n", err.message);
         status = err.code == SBX_ERR_UNAVAILABLE ? EXIT_SANDBOX : EXIT_USAGE;
         goto out;
     }
     status = report(&o, res);
+    if (stopper_signal())
+        status = EXIT_SIGNAL + stopper_signal();
 out:
     sbx_result_free(res);
     if (b.close)

@@ -183,6 +183,7 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
     if (!sbx)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
     sbx->ctl = sbx->template_pidfd = -1;
+    sbx->work.root_fd = sbx->work.fd = sbx->work.owner_fd = -1;
     sbx->template_pid = -1;
     pthread_mutex_init(&sbx->ctl_lock, NULL);
     admission_init(&sbx->admission, cfg.max_running ? cfg.max_running : default_pool_size(),

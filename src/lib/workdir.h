@@ -13,10 +13,13 @@
 struct workdir {
     int root_fd; /* the work root that holds it */
     int fd;
+    int owner_fd; /* OWNER_FILE inside, flock-ed for as long as we live */
     char *path;
 };
 
-/* Makes the directory under |work_root| (NULL: $TMPDIR, else /tmp). With
+/* Makes the directory under |work_root| (NULL: $TMPDIR, else /tmp), after
+ * removing the work directories of |prefix| that owners killed without a
+ * chance to clean up left there (ours by uid, their owner lock free). With
  * |other_uids| (workers run under their own uid), checks that they can pass
  * through every directory above it and makes it 0711. Returns 0 or a
  * negative errno with |err| set (SBX_ERR_UNAVAILABLE). */

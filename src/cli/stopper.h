@@ -1,0 +1,20 @@
+/*
+ * SIGINT, SIGTERM and SIGHUP, turned into a cancellation: the signals are
+ * blocked in every thread and one thread waits for them and fires a token,
+ * so that the runs in flight end as cancelled and the command goes on to
+ * close its sandbox (removing its work directory) and say what it did.
+ */
+#ifndef PYSBX_STOPPER_H
+#define PYSBX_STOPPER_H
+
+#include "pysbx.h"
+
+/* Call before any other thread exists. Returns the token to give each run
+ * (owned by the stopper), or NULL when one could not be had (the signals
+ * then keep their default action). */
+struct sbx_cancel *stopper_start(void);
+
+/* The signal that stopped us, or 0. */
+int stopper_signal(void);
+
+#endif
