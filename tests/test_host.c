@@ -232,6 +232,38 @@ static void *run_slow(void *p)
     return NULL;
 }
 
+static void slow_callback(void *user, int stream, const char *text, size_t len)
+{
+    (void)user;
+    (void)stream;
+    (void)text;
+    (void)len;
+    static int once;
+    if (!once++)
+        sleep(3); /* a host that blocks in its callback */
+}
+
+static void a_slow_output_callback_does_not_stretch_the_wall_limit(void **state)
+{
+    struct sbx *sbx = ((struct fixture *)*state)->sbx;
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+    struct sbx_error err;
+    sbx_request_init(&req);
+    req.code = "print('x', flush=True)\nwhile True: pass\n";
+    req.code_len = strlen(req.code);
+    req.limits.wall_seconds = 0.5;
+    req.limits.cpu_seconds = 30;
+    req.on_output = slow_callback;
+    assert_int_equal(sbx_run(sbx, &req, &res, &err), 0);
+    assert_int_equal(res->status, SBX_TIMEOUT);
+    assert_int_equal(res->limit, SBX_LIMIT_WALL);
+    /* The code spun for its half second, not for the callback's three. */
+    if (res->cpu_ms > 1500)
+        fail_msg("the code ran %.0f ms under a 0.5 s wall limit", res->cpu_ms);
+    sbx_result_free(res);
+}
+
 /* Waits (bounded) until the sandbox has |running| runs in flight and
  * |waiting| callers queued: what the test sets up, observed, not assumed. */
 static void wait_for(struct sbx *sbx, unsigned running, unsigned waiting)
@@ -482,6 +514,7 @@ int main(void)
         cmocka_unit_test(cancel_before_the_start_runs_nothing),
         cmocka_unit_test(many_threads_at_once_each_get_their_own_answer),
         cmocka_unit_test(when_every_worker_is_busy_callers_queue_with_a_deadline),
+        cmocka_unit_test(a_slow_output_callback_does_not_stretch_the_wall_limit),
         cmocka_unit_test(a_linked_hosts_secrets_are_out_of_reach),
     };
     return cmocka_run_group_tests(tests, host_setup, host_teardown);

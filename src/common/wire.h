@@ -109,13 +109,17 @@ struct wire_status {
 #define WIRE_STATUS_CPU_KILLED 1u
 /* The template could not keep the worker's CPU limit and killed it. */
 #define WIRE_STATUS_LIMIT_LOST 2u
+/* The template killed the worker at its wall limit: the supervisor's own
+ * deadline had not (a slow output callback, say, held it up). */
+#define WIRE_STATUS_WALL_KILLED 4u
 
 /* What a worker tells the template, on its ready pipe, once its request is
  * in place and before any of the request's code runs: the byte
  * WORKER_STARTED and then this. The template arms the CPU limit from it. */
 struct wire_started {
     uint64_t cpu_used_ns;  /* the worker's CPU clock now */
-    uint64_t cpu_limit_ns; /* the request's CPU limit */
+    uint64_t cpu_limit_ns;  /* the request's CPU limit */
+    uint64_t wall_limit_ns; /* and its wall limit: the template keeps it too */
 };
 
 #define WIRE_REQ_MAGIC 0x70737271u /* "psrq" */
@@ -124,6 +128,7 @@ struct wire_req {
     uint32_t magic;
     uint32_t version;
     uint64_t cpu_ms;
+    uint64_t wall_ms;
     uint64_t memory_bytes;
     uint64_t code_len;
     uint32_t n_files;

@@ -195,7 +195,7 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
         .started = s->outcome.started,
         .cpu_killed = s->outcome.cpu_killed,
         .limit_lost = s->outcome.limit_lost,
-        .killed_for_wall = s->killed_for_wall,
+        .killed_for_wall = s->killed_for_wall || s->outcome.wall_killed,
         .cancelled = s->cancelled,
         .cpu_ms = res->cpu_ms,
         .limits = &s->req->limits,

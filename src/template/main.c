@@ -217,6 +217,7 @@ int main(void)
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
     sigaddset(&chld, TEMPLATE_CPU_SIGNAL);
+    sigaddset(&chld, TEMPLATE_WALL_SIGNAL);
     if (sigprocmask(SIG_BLOCK, &chld, NULL) < 0 ||
         (t.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
         errmsg(err, sizeof(err), -errno, "template: signalfd: %s", strerror(errno));

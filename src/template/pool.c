@@ -40,7 +40,9 @@ struct worker_rec {
     bool has_timer;  /* its CPU timer exists */
     bool cpu_killed; /* the timer fired and we killed it */
     bool limit_lost; /* the CPU limit could not be armed; killed */
-    timer_t timer;
+    bool has_wall_timer;
+    bool wall_killed; /* its wall timer fired and we killed it */
+    timer_t timer, wall_timer;
     char name[WIRE_NAME_MAX];
 };
 
@@ -234,6 +236,17 @@ static void arm_cpu_limit(struct worker_rec *w, const struct wire_started *st)
 
     if (w->dead || w->has_timer)
         return;
+    /* The wall limit, from now on the monotonic clock. */
+    struct sigevent wsev = sev;
+    struct itimerspec wits = {
+        .it_value = {.tv_sec = (time_t)(st->wall_limit_ns / 1000000000ULL),
+                     .tv_nsec = (long)(st->wall_limit_ns % 1000000000ULL)},
+    };
+    wsev.sigev_signo = TEMPLATE_WALL_SIGNAL;
+    if (st->wall_limit_ns && timer_create(CLOCK_MONOTONIC, &wsev, &w->wall_timer) == 0) {
+        w->has_wall_timer = true;
+        (void)timer_settime(w->wall_timer, 0, &wits, NULL);
+    }
     if (clock_getcpuclockid(w->pid, &clock) == 0 && timer_create(clock, &sev, &w->timer) == 0) {
         w->has_timer = true;
         if (timer_settime(w->timer, TIMER_ABSTIME, &its, NULL) == 0)
@@ -289,12 +302,15 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
     }
 }
 
-/* A worker's CPU timer fired: its code has had its CPU time. */
-static void on_cpu_timer(struct tmpl *t, pid_t pid)
+/* A worker's CPU or wall timer fired: its code has had its time. */
+static void on_timer(struct tmpl *t, pid_t pid, bool wall)
 {
     for (struct worker_rec *w = t->workers; w; w = w->next)
         if (w->pid == pid && !w->dead) {
-            w->cpu_killed = true;
+            if (wall)
+                w->wall_killed = true;
+            else
+                w->cpu_killed = true;
             kill(pid, SIGKILL); /* our child, not yet reaped: the pid is its */
             return;
         }
@@ -304,6 +320,8 @@ static void forget_worker(struct tmpl *t, struct worker_rec *w)
 {
     if (w->has_timer)
         timer_delete(w->timer);
+    if (w->has_wall_timer)
+        timer_delete(w->wall_timer);
     close_fd(&w->ready_fd);
     close_fd(&w->status_fd);
     close_sup_fds(w);
@@ -318,8 +336,8 @@ static void reap(struct tmpl *t)
     bool reaped = false;
 
     while (read(t->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-        if ((int)si.ssi_signo == TEMPLATE_CPU_SIGNAL)
-            on_cpu_timer(t, (pid_t)si.ssi_int);
+        if ((int)si.ssi_signo == TEMPLATE_CPU_SIGNAL || (int)si.ssi_signo == TEMPLATE_WALL_SIGNAL)
+            on_timer(t, (pid_t)si.ssi_int, (int)si.ssi_signo == TEMPLATE_WALL_SIGNAL);
     for (;;) {
         struct rusage ru;
         int st;
@@ -346,7 +364,8 @@ static void reap(struct tmpl *t)
             .wait_status = st,
             .started = w->started,
             .flags = (w->cpu_killed ? WIRE_STATUS_CPU_KILLED : 0) |
-                     (w->limit_lost ? WIRE_STATUS_LIMIT_LOST : 0),
+                     (w->limit_lost ? WIRE_STATUS_LIMIT_LOST : 0) |
+                     (w->wall_killed ? WIRE_STATUS_WALL_KILLED : 0),
             .utime_us = timeval_us(ru.ru_utime),
             .stime_us = timeval_us(ru.ru_stime),
             .maxrss_kb = ru.ru_maxrss,

@@ -22,6 +22,9 @@
 #define TEMPLATE_CTL_FD 3
 /* The signal a worker's CPU timer raises in the template. */
 #define TEMPLATE_CPU_SIGNAL (SIGRTMIN + 1)
+/* ... and its wall-clock timer (the supervisor keeps the deadline first;
+ * this one holds even when the supervisor is held up). */
+#define TEMPLATE_WALL_SIGNAL (SIGRTMIN + 2)
 
 struct worker_rec;
 

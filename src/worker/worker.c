@@ -106,7 +106,7 @@ static int set_limit(int resource, rlim_t soft, rlim_t hard)
  * here, and kills us with SIGKILL when it fires; nothing the code can delete
  * or ignore. RLIMIT_CPU, a second later and as SIGKILL too, is the backstop
  * should the template be slow. Returns 0 or -errno. */
-static int start_cpu_limit(uint64_t cpu_ms)
+static int start_limits(uint64_t cpu_ms, uint64_t wall_ms)
 {
     struct timespec now;
     char msg[1 + sizeof(struct wire_started)];
@@ -116,6 +116,7 @@ static int start_cpu_limit(uint64_t cpu_ms)
         return -errno;
     st.cpu_used_ns = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
     st.cpu_limit_ns = cpu_ms * 1000000ULL;
+    st.wall_limit_ns = wall_ms * 1000000ULL;
     /* Whole seconds for the rlimit, at least a second past the timer. */
     rlim_t backstop = (rlim_t)((st.cpu_used_ns + st.cpu_limit_ns) / 1000000000ULL) + 2;
     int rc = set_limit(RLIMIT_CPU, backstop, backstop);
@@ -263,7 +264,7 @@ _Noreturn void worker_main(const struct worker_args *a)
         fail_request("pysbx: setrlimit: %s\n", strerror(errno));
     /* From here on, user code may run: the template arms the CPU limit from
      * what this says, and records that the code started. */
-    rc = start_cpu_limit(req.cpu_ms);
+    rc = start_limits(req.cpu_ms, req.wall_ms);
     if (rc < 0)
         fail_request("pysbx: CPU limit: %s\n", strerror(-rc));
     close(FD_READY);
