@@ -117,7 +117,7 @@ struct wire_status {
  * in place and before any of the request's code runs: the byte
  * WORKER_STARTED and then this. The template arms the CPU limit from it. */
 struct wire_started {
-    uint64_t cpu_used_ns;  /* the worker's CPU clock now */
+    uint64_t cpu_used_ns;   /* the worker's CPU clock now */
     uint64_t cpu_limit_ns;  /* the request's CPU limit */
     uint64_t wall_limit_ns; /* and its wall limit: the template keeps it too */
 };

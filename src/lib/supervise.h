@@ -20,9 +20,9 @@
  * whoever reaped it; never from anything the code wrote. */
 struct run_outcome {
     int wait_status;
-    bool started;    /* user code may have run; false: certainly not */
-    bool cpu_killed; /* the CPU limit's keeper killed it */
-    bool limit_lost; /* the CPU limit could not be kept; it was killed */
+    bool started;     /* user code may have run; false: certainly not */
+    bool cpu_killed;  /* the CPU limit's keeper killed it */
+    bool limit_lost;  /* the CPU limit could not be kept; it was killed */
     bool wall_killed; /* the wall limit's other keeper killed it */
     int64_t utime_us;
     int64_t stime_us;
