@@ -1,7 +1,10 @@
 #include "sbxerr.h"
 
+#include "util.h"
+
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 int sbx_fail(struct sbx_error *err, enum sbx_error_code code, int rc, const char *format, ...)
 {
@@ -12,6 +15,13 @@ int sbx_fail(struct sbx_error *err, enum sbx_error_code code, int rc, const char
         va_start(ap, format);
         vsnprintf(err->message, sizeof(err->message), format, ap);
         va_end(ap);
+        /* The message goes out as a JSON string (serve's and batch's
+         * answers, MCP's replies), which must be UTF-8: cutting it to its
+         * size can split a character of a file name, and an argument (a
+         * path, the template's words) may hold any bytes. Keep the valid
+         * part; otherwise the answer could not be encoded at all. */
+        size_t n = strlen(err->message);
+        err->message[utf8_valid_prefix((const unsigned char *)err->message, n)] = '\0';
     }
     return rc;
 }
