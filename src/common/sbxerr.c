@@ -4,7 +4,6 @@
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <string.h>
 
 int sbx_fail(struct sbx_error *err, enum sbx_error_code code, int rc, const char *format, ...)
 {
@@ -20,8 +19,7 @@ int sbx_fail(struct sbx_error *err, enum sbx_error_code code, int rc, const char
          * size can split a character of a file name, and an argument (a
          * path, the template's words) may hold any bytes. Keep the valid
          * part; otherwise the answer could not be encoded at all. */
-        size_t n = strlen(err->message);
-        err->message[utf8_valid_prefix((const unsigned char *)err->message, n)] = '\0';
+        utf8_terminate(err->message);
     }
     return rc;
 }

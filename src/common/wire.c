@@ -92,6 +92,18 @@ ssize_t wire_recv(int sock, void *buf, size_t cap, int *fds, int maxfds, int *nf
     return n;
 }
 
+/* A FAIL's text as |why|. It becomes an error's message or a result's
+ * reason, both JSON strings: only its valid UTF-8 is kept (it may name a
+ * path of any bytes, and |cap| may cut it inside a character). */
+static int fail_text(struct wire_fail *f, char *why, size_t cap)
+{
+    f->text[sizeof(f->text) - 1] = '\0';
+    errmsg(why, cap, -EIO, "%s", f->text);
+    if (why && cap)
+        utf8_terminate(why);
+    return -EIO;
+}
+
 int wire_decode_hello(const void *buf, size_t n, struct wire_hello *out, char *why, size_t cap)
 {
     union {
@@ -102,10 +114,8 @@ int wire_decode_hello(const void *buf, size_t n, struct wire_hello *out, char *w
     /* What was not sent reads as zeros, so a short FAIL's text ends. */
     memset(&m, 0, sizeof(m));
     memcpy(&m, buf, n < sizeof(m) ? n : sizeof(m));
-    if (n >= sizeof(struct wire_hdr) && n <= sizeof(m) && m.hello.hdr.type == WIRE_FAIL) {
-        m.fail.text[sizeof(m.fail.text) - 1] = '\0';
-        return errmsg(why, cap, -EIO, "%s", m.fail.text);
-    }
+    if (n >= sizeof(struct wire_hdr) && n <= sizeof(m) && m.hello.hdr.type == WIRE_FAIL)
+        return fail_text(&m.fail, why, cap);
     if (n != sizeof(m.hello) || m.hello.hdr.type != WIRE_HELLO ||
         m.hello.hdr.version != WIRE_VERSION)
         return errmsg(why, cap, -EIO,
@@ -134,10 +144,8 @@ int wire_decode_worker(const void *buf, size_t n, int nfds, struct wire_worker *
         *out = m.worker;
         return 0;
     }
-    if (m.hdr.type == WIRE_FAIL && n == sizeof(m.fail)) {
-        m.fail.text[sizeof(m.fail.text) - 1] = '\0';
-        return errmsg(why, cap, -EIO, "%s", m.fail.text);
-    }
+    if (m.hdr.type == WIRE_FAIL && n == sizeof(m.fail))
+        return fail_text(&m.fail, why, cap);
     return errmsg(why, cap, -EPROTO, "malformed message from the template");
 }
 

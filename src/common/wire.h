@@ -152,7 +152,8 @@ ssize_t wire_recv(int sock, void *buf, size_t cap, int *fds, int maxfds, int *nf
 
 /* The decoding of what the template sends, apart from the reading, so that
  * the bytes alone decide (and a fuzzer reaches the very code that runs).
- * |buf| holds the |n| bytes a read returned; nothing past them is read. */
+ * |buf| holds the |n| bytes a read returned; nothing past them is read.
+ * What they put in |why| is valid UTF-8. */
 
 /* The template's answer to CONFIG. HELLO: 0, and *out with its strings
  * terminated. FAIL or anything else: -EIO, and |why| says what. */

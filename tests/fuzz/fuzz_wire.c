@@ -2,12 +2,23 @@
  * CONFIG (HELLO or FAIL), each WORKER or FAIL, and a worker's status. The
  * decoders read only the bytes they are given, accept only a message of the
  * exact size and type (with all its descriptors), hand back strings that
- * end inside their arrays, and say why in a message that fits. The first
+ * end inside their arrays, and say why in a message that fits and is valid
+ * UTF-8 (it becomes an error's message or a result's reason). The first
  * input byte is the descriptor count and the capacity for why. */
 #include "fuzz.h"
+#include "util.h"
 #include "wire.h"
 
 #include <errno.h>
+#include <jansson.h>
+
+/* By jansson's reading, not ours: a why goes into JSON. */
+static int valid_utf8(const char *s)
+{
+    json_t *j = json_string(s);
+    json_decref(j);
+    return j != NULL;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -37,6 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         CHECK(rc == -EIO);
         CHECK(strnlen(why, cap) < cap);
+        CHECK(valid_utf8(why));
         if (n >= sizeof(hdr) && hdr.type == WIRE_FAIL && n <= sizeof(struct wire_fail)) {
             /* The FAIL's own words, as far as they and |why| go. */
             size_t len = strnlen(buf + sizeof(hdr), n - sizeof(hdr));
@@ -44,6 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 len = WIRE_TEXT_MAX - 1;
             if (len > cap - 1)
                 len = cap - 1;
+            len = utf8_valid_prefix((const unsigned char *)buf + sizeof(hdr), len);
             CHECK(strlen(why) == len && memcmp(why, buf + sizeof(hdr), len) == 0);
         }
     }
@@ -59,6 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         CHECK(rc == -EIO || rc == -EPROTO);
         CHECK(strnlen(why, cap) < cap);
+        CHECK(valid_utf8(why));
         CHECK((rc == -EIO) == (hdr.type == WIRE_FAIL && n == sizeof(struct wire_fail)));
     }
 
