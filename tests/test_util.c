@@ -1,6 +1,7 @@
 /* Pure helpers: name checks, UTF-8, base64, number parsing. */
 #include "helpers.h"
 
+#include "sbxerr.h"
 #include "util.h"
 
 #include <errno.h>
@@ -106,6 +107,26 @@ static void signals_have_their_names(void **state)
     assert_null(signal_name(0));
 }
 
+/* A refusal's message ends up in JSON answers: cut inside a character (a
+ * long file name of two-byte letters), it must still be UTF-8. Found by
+ * fuzz_reqjson. */
+static void error_message_cut_inside_a_character_stays_utf8(void **state)
+{
+    (void)state;
+    struct sbx_error err;
+    char name[301];
+    for (size_t i = 0; i < 150; i++)
+        memcpy(name + 2 * i, "\xc3\xa9", 2);
+    name[300] = '\0';
+    /* 6 bytes before the name: the cut at 255 falls inside its 125th letter. */
+    sbx_fail(&err, SBX_ERR_INVALID_FILE, -EINVAL, "input %s: the name has a '..' component", name);
+    size_t n = strlen(err.message);
+    assert_int_equal(utf8_valid_prefix((const unsigned char *)err.message, n), n);
+    assert_int_equal(n, 6 + 2 * 124); /* "input " and whole letters */
+    sbx_fail(&err, SBX_ERR_UNAVAILABLE, -EIO, "opening /tmp/caf\xe9: %s", "denied");
+    assert_string_equal(err.message, "opening /tmp/caf");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -115,6 +136,7 @@ int main(void)
         cmocka_unit_test(base64_round_trips_rfc4648_vectors),
         cmocka_unit_test(sizes_and_numbers_parse_strictly),
         cmocka_unit_test(signals_have_their_names),
+        cmocka_unit_test(error_message_cut_inside_a_character_stays_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

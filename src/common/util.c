@@ -82,6 +82,11 @@ size_t utf8_valid_prefix(const unsigned char *s, size_t len)
     return i;
 }
 
+void utf8_terminate(char *s)
+{
+    s[utf8_valid_prefix((const unsigned char *)s, strlen(s))] = '\0';
+}
+
 static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 char *base64_encode(const void *data, size_t len, size_t *out_len)

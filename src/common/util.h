@@ -17,6 +17,10 @@ const char *name_problem(const char *name, size_t len);
 
 /* Length in bytes of the longest prefix of |s| that is valid UTF-8. */
 size_t utf8_valid_prefix(const unsigned char *s, size_t len);
+/* Ends the string |s| after its longest valid UTF-8 prefix: for a message
+ * cut to a buffer's size (perhaps inside a character) or holding bytes from
+ * elsewhere, on its way into JSON. */
+void utf8_terminate(char *s);
 
 /* RFC 4648 base64 with padding. Returns a NUL-terminated malloc'd string
  * (length in *out_len if not NULL), or NULL when out of memory. */

@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "wire.h"
 
+#include "util.h"
+
 #include <errno.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -88,4 +90,74 @@ ssize_t wire_recv(int sock, void *buf, size_t cap, int *fds, int maxfds, int *nf
         return rc;
     }
     return n;
+}
+
+/* A FAIL's text as |why|. It becomes an error's message or a result's
+ * reason, both JSON strings: only its valid UTF-8 is kept (it may name a
+ * path of any bytes, and |cap| may cut it inside a character). */
+static int fail_text(struct wire_fail *f, char *why, size_t cap)
+{
+    f->text[sizeof(f->text) - 1] = '\0';
+    errmsg(why, cap, -EIO, "%s", f->text);
+    if (why && cap)
+        utf8_terminate(why);
+    return -EIO;
+}
+
+int wire_decode_hello(const void *buf, size_t n, struct wire_hello *out, char *why, size_t cap)
+{
+    union {
+        struct wire_hello hello;
+        struct wire_fail fail;
+    } m;
+
+    /* What was not sent reads as zeros, so a short FAIL's text ends. */
+    memset(&m, 0, sizeof(m));
+    memcpy(&m, buf, n < sizeof(m) ? n : sizeof(m));
+    if (n >= sizeof(struct wire_hdr) && n <= sizeof(m) && m.hello.hdr.type == WIRE_FAIL)
+        return fail_text(&m.fail, why, cap);
+    if (n != sizeof(m.hello) || m.hello.hdr.type != WIRE_HELLO ||
+        m.hello.hdr.version != WIRE_VERSION)
+        return errmsg(why, cap, -EIO,
+                      "the template ended before it was ready (is it the same version?)");
+    m.hello.python_version[sizeof(m.hello.python_version) - 1] = '\0';
+    m.hello.libseccomp_version[sizeof(m.hello.libseccomp_version) - 1] = '\0';
+    for (int i = 0; i < WIRE_LAYERS; i++)
+        m.hello.layers[i].detail[sizeof(m.hello.layers[i].detail) - 1] = '\0';
+    *out = m.hello;
+    return 0;
+}
+
+int wire_decode_worker(const void *buf, size_t n, int nfds, struct wire_worker *out, char *why,
+                       size_t cap)
+{
+    union {
+        struct wire_hdr hdr;
+        struct wire_worker worker;
+        struct wire_fail fail;
+    } m;
+
+    memset(&m, 0, sizeof(m));
+    memcpy(&m, buf, n < sizeof(m) ? n : sizeof(m));
+    if (n > 0 && m.hdr.type == WIRE_WORKER && n == sizeof(m.worker) && nfds == WFD_COUNT) {
+        m.worker.workspace[sizeof(m.worker.workspace) - 1] = '\0';
+        *out = m.worker;
+        return 0;
+    }
+    if (m.hdr.type == WIRE_FAIL && n == sizeof(m.fail))
+        return fail_text(&m.fail, why, cap);
+    return errmsg(why, cap, -EPROTO, "malformed message from the template");
+}
+
+int wire_decode_status(const void *buf, size_t n, struct wire_status *out)
+{
+    struct wire_status st;
+
+    if (n != sizeof(st))
+        return -EPROTO;
+    memcpy(&st, buf, sizeof(st));
+    if (st.magic != WIRE_STATUS_MAGIC)
+        return -EPROTO;
+    *out = st;
+    return 0;
 }

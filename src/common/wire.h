@@ -155,4 +155,20 @@ int wire_send(int sock, const void *msg, size_t len, const int *fds, int nfds);
  * -errno (-EMSGSIZE when the message or its descriptors were cut). */
 ssize_t wire_recv(int sock, void *buf, size_t cap, int *fds, int maxfds, int *nfds);
 
+/* The decoding of what the template sends, apart from the reading, so that
+ * the bytes alone decide (and a fuzzer reaches the very code that runs).
+ * |buf| holds the |n| bytes a read returned; nothing past them is read.
+ * What they put in |why| is valid UTF-8. */
+
+/* The template's answer to CONFIG. HELLO: 0, and *out with its strings
+ * terminated. FAIL or anything else: -EIO, and |why| says what. */
+int wire_decode_hello(const void *buf, size_t n, struct wire_hello *out, char *why, size_t cap);
+/* A message after HELLO, which came with |nfds| descriptors. WORKER with
+ * all WFD_COUNT of them: 0, and *out with its workspace name terminated.
+ * FAIL: -EIO and its text in |why|. Anything else: -EPROTO. */
+int wire_decode_worker(const void *buf, size_t n, int nfds, struct wire_worker *out, char *why,
+                       size_t cap);
+/* A status message: 0 and *out, or -EPROTO when it is cut or not one. */
+int wire_decode_status(const void *buf, size_t n, struct wire_status *out);
+
 #endif

@@ -138,6 +138,8 @@ static int await_hello(struct sbx *sbx, struct sbx_error *err)
         struct wire_hello hello;
         struct wire_fail fail;
     } m;
+    struct wire_hello hello;
+    char why[WIRE_TEXT_MAX];
     struct pollfd p = {.fd = sbx->ctl, .events = POLLIN};
     int fds[WFD_COUNT];
     int nfds = 0;
@@ -157,24 +159,15 @@ static int await_hello(struct sbx *sbx, struct sbx_error *err)
                         "the template did not start within %d s", TEMPLATE_START_TIMEOUT_MS / 1000);
     if (r < 0)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "poll: %s", strerror(errno));
-    memset(&m, 0, sizeof(m));
     n = wire_recv(sbx->ctl, &m, sizeof(m), fds, WFD_COUNT, &nfds);
     close_fds(fds, (size_t)nfds);
-    if (n >= (ssize_t)sizeof(struct wire_hdr) && m.hello.hdr.type == WIRE_FAIL) {
-        m.fail.text[sizeof(m.fail.text) - 1] = '\0';
-        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EIO, "%s", m.fail.text);
-    }
-    if (n != (ssize_t)sizeof(m.hello) || m.hello.hdr.type != WIRE_HELLO ||
-        m.hello.hdr.version != WIRE_VERSION)
-        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EIO,
-                        "the template ended before it was ready (is it the same version?)");
-    m.hello.python_version[sizeof(m.hello.python_version) - 1] = '\0';
-    m.hello.libseccomp_version[sizeof(m.hello.libseccomp_version) - 1] = '\0';
-    fmt(sbx->python_version, sizeof(sbx->python_version), "%s", m.hello.python_version);
-    fmt(sbx->libseccomp_version, sizeof(sbx->libseccomp_version), "%s", m.hello.libseccomp_version);
-    sbx->workspace_bytes = m.hello.workspace_bytes;
+    if (wire_decode_hello(&m, n < 0 ? 0 : (size_t)n, &hello, why, sizeof(why)) < 0)
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -EIO, "%s", why);
+    fmt(sbx->python_version, sizeof(sbx->python_version), "%s", hello.python_version);
+    fmt(sbx->libseccomp_version, sizeof(sbx->libseccomp_version), "%s", hello.libseccomp_version);
+    sbx->workspace_bytes = hello.workspace_bytes;
     for (int i = 0; i < WIRE_LAYERS; i++) {
-        sbx->layers[i] = m.hello.layers[i];
+        sbx->layers[i] = hello.layers[i];
         sbx->layers[i].detail[sizeof(sbx->layers[i].detail) - 1] = '\0';
     }
     return 0;
@@ -345,6 +338,7 @@ int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64
         struct wire_worker worker;
         struct wire_fail fail;
     } m;
+    struct wire_worker worker;
     int nfds = 0;
     ssize_t n = -EAGAIN;
 
@@ -386,20 +380,16 @@ int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64
         (void)poll(p, 3, (int)((until - now + 999999) / 1000000));
     }
 
-    if (m.hdr.type == WIRE_WORKER && n == (ssize_t)sizeof(m.worker) && nfds == WFD_COUNT) {
-        m.worker.workspace[sizeof(m.worker.workspace) - 1] = '\0';
-        w->pid = m.worker.pid;
-        w->uid = m.worker.uid;
-        w->gid = m.worker.gid;
-        fmt(w->workspace, sizeof(w->workspace), "%s", m.worker.workspace);
-        return 0;
+    int rc = wire_decode_worker(&m, (size_t)n, nfds, &worker, why, whylen);
+    if (rc < 0) {
+        close_fds(w->fds, WFD_COUNT);
+        return rc;
     }
-    close_fds(w->fds, WFD_COUNT);
-    if (m.hdr.type == WIRE_FAIL && n == (ssize_t)sizeof(m.fail)) {
-        m.fail.text[sizeof(m.fail.text) - 1] = '\0';
-        return errmsg(why, whylen, -EIO, "%s", m.fail.text);
-    }
-    return errmsg(why, whylen, -EPROTO, "malformed message from the template");
+    w->pid = worker.pid;
+    w->uid = worker.uid;
+    w->gid = worker.gid;
+    fmt(w->workspace, sizeof(w->workspace), "%s", worker.workspace);
+    return 0;
 }
 
 int control_health(struct sbx *sbx, struct sbx_health *h)

@@ -28,11 +28,11 @@
  * gone. */
 static void read_status(struct supervision *sv)
 {
-    struct wire_status st;
-    ssize_t n = read_full(sv->done_fd, &st, sizeof(st));
+    struct wire_status buf, st;
+    ssize_t n = read_full(sv->done_fd, &buf, sizeof(buf));
 
     sv->end_ns = now_ns();
-    if (n == (ssize_t)sizeof(st) && st.magic == WIRE_STATUS_MAGIC) {
+    if (n > 0 && wire_decode_status(&buf, (size_t)n, &st) == 0) {
         sv->outcome = (struct run_outcome){
             .wait_status = st.wait_status,
             .started = st.started != 0,

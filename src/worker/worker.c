@@ -3,7 +3,7 @@
 
 #include "confine.h"
 #include "pyrun.h"
-#include "pysbx.h"
+#include "request.h"
 #include "sysutil.h"
 #include "util.h"
 #include "wire.h"
@@ -35,8 +35,6 @@ enum {
     FD_FIRST_FREE = 7,
 };
 
-/* Input files are copied from the request socket in pieces of this size. */
-#define FILE_COPY_CHUNK 65536
 /* Without close_range(2), descriptors below this are closed one by one. */
 #define CLOSE_LOOP_MAX 65536
 
@@ -128,62 +126,6 @@ static int start_limits(uint64_t cpu_ms, uint64_t wall_ms)
     return write_full(FD_READY, msg, sizeof(msg));
 }
 
-static void write_input_files(uint32_t n)
-{
-    char name[WIRE_FILE_NAME_MAX + 1];
-    static char buf[FILE_COPY_CHUNK];
-
-    for (uint32_t i = 0; i < n; i++) {
-        struct wire_file f;
-        ssize_t got = read_full(FD_REQUEST, &f, sizeof(f));
-        if (got != (ssize_t)sizeof(f) || f.name_len == 0 || f.name_len > WIRE_FILE_NAME_MAX)
-            fail_request("pysbx: malformed request (file header)\n");
-        if (read_full(FD_REQUEST, name, f.name_len) != (ssize_t)f.name_len)
-            fail_request("pysbx: malformed request (file name)\n");
-        name[f.name_len] = '\0';
-        const char *why = name_problem(name, f.name_len);
-        if (why)
-            fail_request("pysbx: input file %s: %s\n", name, why);
-        int fd = open_beneath(FD_WORKSPACE, name, O_WRONLY | O_CREAT | O_EXCL, 0644, true);
-        if (fd < 0)
-            fail_request("pysbx: input file %s: %s\n", name, strerror(-fd));
-        uint64_t left = f.data_len;
-        while (left > 0) {
-            size_t want = left < sizeof(buf) ? (size_t)left : sizeof(buf);
-            ssize_t r = read_full(FD_REQUEST, buf, want);
-            if (r != (ssize_t)want)
-                fail_request("pysbx: malformed request (file %s cut short)\n", name);
-            int w = write_full(fd, buf, want);
-            if (w < 0)
-                fail_request("pysbx: input file %s: %s\n", name, strerror(-w));
-            left -= want;
-        }
-        close(fd);
-    }
-}
-
-static char *read_request(struct wire_req *req)
-{
-    char *code;
-    ssize_t got = read_full(FD_REQUEST, req, sizeof(*req));
-
-    if (got == 0)
-        _exit(0); /* the supervisor closed without a request: nothing to do */
-    if (got != (ssize_t)sizeof(*req) || req->magic != WIRE_REQ_MAGIC ||
-        req->version != WIRE_VERSION)
-        fail_request("pysbx: malformed request header\n");
-    if (req->code_len > SBX_MAX_CODE_BYTES)
-        fail_request("pysbx: code too large\n");
-    code = malloc(req->code_len + 1);
-    if (!code)
-        fail_request("pysbx: out of memory reading the code\n");
-    if (read_full(FD_REQUEST, code, req->code_len) != (ssize_t)req->code_len)
-        fail_request("pysbx: malformed request (code cut short)\n");
-    code[req->code_len] = '\0';
-    write_input_files(req->n_files);
-    return code;
-}
-
 _Noreturn void worker_main(const struct worker_args *a)
 {
     const int fds[FD_FIRST_FREE] = {
@@ -255,7 +197,11 @@ _Noreturn void worker_main(const struct worker_args *a)
         _exit(127);
 
     /* --- the request path --- */
-    code = read_request(&req);
+    rc = request_read(FD_REQUEST, FD_WORKSPACE, &req, &code, err, sizeof(err));
+    if (rc == -ENODATA)
+        _exit(0); /* the supervisor closed without a request: nothing to do */
+    if (rc < 0)
+        fail_request("%s", err);
     close(FD_REQUEST);
     close(FD_WORKSPACE);
 

@@ -1,0 +1,21 @@
+/*
+ * The one request a worker reads: its header, its code, then its input
+ * files, each written beneath the workspace as it arrives. Apart from the
+ * worker's fixed descriptors, so that a fuzzer runs this very code.
+ */
+#ifndef PYSBX_REQUEST_H
+#define PYSBX_REQUEST_H
+
+#include "wire.h"
+
+#include <stddef.h>
+
+/* Reads the request from |fd| and writes its files beneath |ws_fd|. Returns
+ * 0 with *code (malloc'd, NUL-terminated, req->code_len bytes before the
+ * NUL); -ENODATA when the stream ended before its first byte (the
+ * supervisor had nothing for us); or another -errno with |why| set to the
+ * line, newline included, that the worker writes on its stderr. Files
+ * written before a failure stay. */
+int request_read(int fd, int ws_fd, struct wire_req *req, char **code, char *why, size_t cap);
+
+#endif

@@ -1,0 +1,123 @@
+/* json_answer_result: the answer line of serve and batch, and the result's
+ * JSON, for any result the library can hand back (its text fields valid
+ * UTF-8 as documented; output, artifact bytes and the caller's id anything).
+ * The answer is always one line of valid JSON that reads back to the same
+ * id, status, output and artifact bytes. */
+#include "fuzz.h"
+#include "reqjson.h"
+#include "util.h"
+
+#include <stdbool.h>
+
+struct bytes {
+    const uint8_t *p;
+    size_t n;
+};
+
+static uint32_t take_u32(struct bytes *b)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4 && b->n; i++, b->p++, b->n--)
+        v = v << 8 | *b->p;
+    return v;
+}
+
+/* A piece of the input: its length comes first. */
+static size_t take_piece(struct bytes *b, const uint8_t **out)
+{
+    size_t len = take_u32(b) % 2048;
+    if (len > b->n)
+        len = b->n;
+    *out = b->p;
+    b->p += len;
+    b->n -= len;
+    return len;
+}
+
+/* Text as the library makes it: the valid UTF-8 prefix, NUL-terminated,
+ * without NUL bytes when |c_string|. */
+static char *take_text(struct bytes *b, size_t *len, bool c_string)
+{
+    const uint8_t *p;
+    size_t n = take_piece(b, &p);
+    n = utf8_valid_prefix(p, n);
+    if (c_string && memchr(p, '\0', n))
+        n = (size_t)((const uint8_t *)memchr(p, '\0', n) - p);
+    char *s = fuzz_string(p, n);
+    if (len)
+        *len = n;
+    return s;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct bytes b = {data, size};
+    struct sbx_result *r = calloc(1, sizeof(*r));
+    json_error_t jerr;
+
+    CHECK(r);
+    uint32_t bits = take_u32(&b);
+    r->status = (enum sbx_status)(bits % 8); /* a caller's cast may be out of range */
+    r->limit = (enum sbx_limit_kind)(bits / 8 % 6);
+    r->stdout_truncated = bits & (1u << 8);
+    r->stderr_truncated = bits & (1u << 9);
+    r->partial = bits & (1u << 10);
+    r->exit_code = (int)take_u32(&b);
+    r->signal = (int)take_u32(&b);
+    r->wall_ms = take_u32(&b) / 8.0;
+    r->cpu_ms = take_u32(&b) / 1024.0;
+    r->max_rss_kb = (long)take_u32(&b);
+    r->artifacts_dropped = take_u32(&b);
+    r->stdout_text = take_text(&b, &r->stdout_len, false);
+    r->stderr_text = take_text(&b, &r->stderr_len, false);
+    if (bits & (1u << 11))
+        r->reason = take_text(&b, NULL, true);
+    r->n_artifacts = bits >> 12 & 3;
+    r->artifacts = calloc(r->n_artifacts + 1, sizeof(*r->artifacts));
+    CHECK(r->artifacts);
+    for (size_t i = 0; i < r->n_artifacts; i++) {
+        struct sbx_artifact *a = &r->artifacts[i];
+        const uint8_t *p;
+        a->name = take_text(&b, NULL, true);
+        a->data_len = take_piece(&b, &p);
+        a->data = (unsigned char *)fuzz_copy(p, a->data_len);
+        a->size = a->data_len + (bits >> 14 & 1);
+        a->truncated = a->size > a->data_len;
+    }
+    /* The caller's id: any JSON value the rest of the input spells. */
+    json_t *id = json_loadb((const char *)b.p, b.n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+
+    char *line = json_answer_result(id, r);
+    CHECK(line != NULL);
+    size_t n = strlen(line);
+    CHECK(n > 1 && line[n - 1] == '\n' && !memchr(line, '\n', n - 1));
+    json_t *o = json_loadb(line, n - 1, JSON_ALLOW_NUL, &jerr);
+    CHECK(json_is_object(o));
+    CHECK(json_equal(json_object_get(o, "id"), id ? id : json_null()));
+    CHECK(strcmp(json_string_value(json_object_get(o, "status")), sbx_status_name(r->status)) == 0);
+    json_t *out = json_object_get(o, "stdout");
+    CHECK(json_string_length(out) == r->stdout_len &&
+          memcmp(json_string_value(out), r->stdout_text, r->stdout_len) == 0);
+    json_t *err = json_object_get(o, "stderr");
+    CHECK(json_string_length(err) == r->stderr_len &&
+          memcmp(json_string_value(err), r->stderr_text, r->stderr_len) == 0);
+    json_t *reason = json_object_get(o, "reason");
+    CHECK(r->reason ? strcmp(json_string_value(reason), r->reason) == 0 : json_is_null(reason));
+    json_t *arts = json_object_get(o, "artifacts");
+    CHECK(json_array_size(arts) == r->n_artifacts);
+    for (size_t i = 0; i < r->n_artifacts; i++) {
+        json_t *a = json_array_get(arts, i);
+        json_t *c = json_object_get(a, "content_base64");
+        size_t len = 0;
+        unsigned char *bytes = base64_decode(json_string_value(c), json_string_length(c), &len);
+        CHECK(strcmp(json_string_value(json_object_get(a, "name")), r->artifacts[i].name) == 0);
+        CHECK(bytes && len == r->artifacts[i].data_len &&
+              (len == 0 || memcmp(bytes, r->artifacts[i].data, len) == 0));
+        free(bytes);
+    }
+    json_decref(o);
+    free(line);
+    json_decref(id);
+    sbx_result_free(r);
+    return 0;
+}
