@@ -1,9 +1,18 @@
 """pysbx serve and pysbx batch as a client sees them. Run by test_serve.sh
 with Debian's python3; exits non-zero on the first failed check."""
-import json, os, socket, stat, subprocess, sys, tempfile, time
+import atexit, json, os, socket, stat, subprocess, sys, tempfile, time
 
 PYSBX = sys.argv[1]
 failures = 0
+started = []  # every server a check starts; killed at exit if still running
+
+
+@atexit.register
+def stop_servers():
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def check(name, ok, detail=""):
@@ -65,6 +74,7 @@ check("an exception: completed, exit 1", by_id['10'][0]["exit_code"] == 1
 d = tempfile.mkdtemp()
 path = os.path.join(d, "pysbx.sock")
 srv = subprocess.Popen([PYSBX, "serve", "--listen", path], stderr=subprocess.PIPE, text=True)
+started.append(srv)
 for _ in range(200):
     if os.path.exists(path):
         break
@@ -101,6 +111,119 @@ check("SIGTERM: exit 0", srv.wait(timeout=30) == 0)
 check("the socket is removed", not os.path.exists(path))
 os.rmdir(d)
 
+def section(fn):
+    """Runs one group of checks: an exception (a timeout, a server that died)
+    is a failure, and the servers it started are stopped before the next."""
+    n = len(started)
+    try:
+        fn()
+    except Exception as e:
+        check(fn.__name__, False, repr(e))
+    finally:
+        for p in started[n:]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# --- the id comes back as written -------------------------------------------
+
+
+def the_id_comes_back_as_written():
+    raw = [
+        ('1.00000000001', '{"id": 1.00000000001, "code": "pass"}'),
+        ('1.00000000002', '{"id": 1.00000000002, "code": "pass"}'),
+        ('18446744073709551616', '{"id": 18446744073709551616, "code": "pass"}'),
+        ('-0.0e00', '{"code": "pass", "id": -0.0e00}'),
+        ('"\\u00e9\\"x"', '{"id": "\\u00e9\\"x", "code": "pass"}'),
+        ('[1, {"id": 2}]', '{"id": [1, {"id": 2}], "code": "pass"}'),
+        ('"esc"', '{"\\u0069d": "esc", "code": "pass"}'),
+        ('"last"', '{"id": "first", "code": "pass", "id": "last"}'),
+        ('"nested"', '{"files": {"id": "x"}, "id": "nested", "code": "pass"}'),
+        ('9.99999999999999999999', '{"id": 9.99999999999999999999, "code": 7}'),
+        ('123456789012345678901234567890', '{"id": 123456789012345678901234567890, "x": 1}'),
+    ]
+    p = subprocess.run([PYSBX, "serve"], input="".join(l + "\n" for _, l in raw).encode(),
+                       capture_output=True, timeout=120)
+    out = p.stdout.decode().splitlines()
+    for text, _ in raw:
+        got = [l for l in out if l.startswith('{"id":' + text + ",")]
+        check(f"id {text} echoed as written, once", len(got) == 1, out)
+    check("no other answers", len(out) == len(raw), out)
+
+
+# --- unknown fields ----------------------------------------------------------
+
+
+def unknown_fields():
+    rc, answers = serve([json.dumps({"id": 1, "code": "1", "limit": {}}),
+                         json.dumps({"id": 2, "code": "1", "Code": "2"})])
+    errs = {a["id"]: a.get("error", {}) for a in answers}
+    check("an unknown field is refused, named", errs.get(1, {}).get("code") == "invalid_request"
+          and "'limit'" in errs[1].get("message", ""), answers)
+    check("field names are case-sensitive", errs.get(2, {}).get("code") == "invalid_request"
+          and "'Code'" in errs[2].get("message", ""), answers)
+
+
+# --- messages cut inside a character still make an answer with the id -----------
+
+
+def messages_cut_inside_a_character_still_make_an_answer_with_the_id():
+    long_name = "a" + "\u00e9" * 200
+    rc, answers = serve([json.dumps({"id": "f", "code": "pass", "files": {long_name: 5}}),
+                         json.dumps({"id": "g", "code": "pass", long_name: 1}),
+                         json.dumps({"id": "h", "code": "pass", "limits": {long_name: 1}})])
+    by = {a.get("id"): a for a in answers}
+    check("a message cut in a character: answered with the id", sorted(map(str, by)) == ["f", "g", "h"]
+          and by["f"]["error"]["code"] == "invalid_file"
+          and by["g"]["error"]["code"] == "invalid_request"
+          and by["h"]["error"]["code"] == "invalid_limit"
+          and all(by[k]["error"]["message"].startswith(("file a\u00e9", "unknown"))
+                  for k in "fgh"), answers)
+
+
+# --- ceilings ----------------------------------------------------------------
+
+
+def ceilings():
+    rc, answers = serve([
+        json.dumps({"id": "wall", "code": "pass", "limits": {"wall_seconds": 100}}),
+        json.dumps({"id": "mem", "code": "pass", "limits": {"memory_bytes": "1G"}}),
+        json.dumps({"id": "arts", "code": "pass", "limits": {"max_artifacts": 3}}),
+        json.dumps({"id": "out", "code": "pass", "limits": {"max_output_chars": 1001}}),
+        json.dumps({"id": "cpu", "code": "pass", "limits": {"cpu_seconds": 2.5}}),
+        json.dumps({"id": "ab", "code": "pass", "limits": {"max_artifact_bytes": 4097}}),
+        json.dumps({"id": "ok", "code": "print(1)", "limits": {"wall_seconds": 1, "max_artifacts": 2}}),
+        json.dumps({"id": "lowered", "code": "import time\ntime.sleep(5)"}),
+    ], "--max-wall", "1", "--max-cpu", "2", "--max-memory", "64M", "--max-output", "1000",
+        "--max-artifact-bytes", "4096", "--max-artifacts", "2")
+    by = {a.get("id"): a for a in answers}
+    msg = lambda k: by.get(k, {}).get("error", {}).get("message", "")
+    check("over a ceiling: invalid_limit naming it",
+          all(by.get(k, {}).get("error", {}).get("code") == "invalid_limit"
+              for k in ("wall", "mem", "arts", "out", "cpu", "ab"))
+          and msg("wall") == "wall_seconds 100 exceeds the server's ceiling of 1"
+          and msg("mem") == "memory_bytes 1073741824 exceeds the server's ceiling of 67108864"
+          and msg("arts") == "max_artifacts 3 exceeds the server's ceiling of 2"
+          and msg("cpu") == "cpu_seconds 2.5 exceeds the server's ceiling of 2", answers)
+    check("at the ceiling: runs", by.get("ok", {}).get("stdout") == "1\n", by.get("ok"))
+    check("a default above a ceiling is lowered to it",
+          by.get("lowered", {}).get("status") == "timeout" and by["lowered"]["limit"] == "wall"
+          and "1 s" in by["lowered"]["reason"], by.get("lowered"))
+    for bad in (["--max-memory", "1M"], ["--max-wall", "0"], ["--max-artifacts", "x"]):
+        p = subprocess.run([PYSBX, "serve", *bad], capture_output=True, text=True, timeout=60)
+        check(f"serve {' '.join(bad)}: usage error", p.returncode == 2, (p.returncode, p.stderr))
+    h = subprocess.run([PYSBX, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    check("serve --help documents the ceilings", all(
+        o in h for o in ("--max-wall", "--max-cpu", "--max-memory", "--max-output",
+                         "--max-artifact-bytes", "--max-artifacts")), h)
+
+
+section(the_id_comes_back_as_written)
+section(unknown_fields)
+section(messages_cut_inside_a_character_still_make_an_answer_with_the_id)
+section(ceilings)
+
 # --- batch ----------------------------------------------------------------
 d = tempfile.mkdtemp()
 for name, code in [("a_ok.py", "print('a')"), ("b_raise.py", "raise KeyError('k')"),
@@ -122,12 +245,15 @@ with open(jl, "w") as f:
     f.write(json.dumps({"id": "x", "code": "print(2 + 2)"}) + "\n")
     f.write("{broken\n")
     f.write(json.dumps({"code": "print('no id')"}) + "\n")
+    f.write('{"id": 1.00000000001, "code": "pass"}\n')
 out = os.path.join(d, "out.jsonl")
 p = subprocess.run([PYSBX, "batch", jl, "--out", out], capture_output=True, text=True,
                    timeout=120)
 lines = [json.loads(l) for l in open(out)]
 check("batch of JSONL: one line each, labelled", sorted(l["program"] for l in lines)
-      == ["line 1", "line 2", "line 3"], lines)
+      == ["line 1", "line 2", "line 3", "line 4"], lines)
+check("batch of JSONL: the id as written",
+      '{"program":"line 4","id":1.00000000001,"status":"completed"' in open(out).read())
 check("batch of JSONL: ids and errors", any(l.get("id") == "x" and l["stdout"] == "4\n"
                                              for l in lines)
       and any("error" in l and l["program"] == "line 2" for l in lines), lines)

@@ -18,6 +18,7 @@ struct serve_opts {
     unsigned jobs;           /* requests run at once per input stream */
     const char *listen_path; /* a UNIX socket instead of stdin/stdout */
     mode_t socket_mode;
+    struct sbx_limits ceilings; /* the most a request may ask for */
 };
 
 int serve_main(const struct serve_opts *o);

@@ -36,6 +36,7 @@ struct opts {
     struct sbx_file *files;
     size_t n_files;
     struct sbx_limits limits;
+    struct sbx_limits ceilings; /* serve: the most a request may ask */
 };
 
 /* "run", "serve", ... */

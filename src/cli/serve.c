@@ -40,11 +40,15 @@ struct job {
     struct json_request r;
 };
 
-static void answer(struct conn *c, char *line)
+/* Queues |line| (taken); when it could not be made, an answer with the
+ * request's id all the same, if memory allows. */
+static void answer(struct conn *c, const char *id_text, char *line)
 {
-    if (!line)
-        line = strdup("{\"id\":null,\"error\":{\"code\":\"sandbox_unavailable\","
-                      "\"message\":\"out of memory\"}}\n");
+    if (!line && asprintf(&line,
+                          "{\"id\":%s,\"error\":{\"code\":\"sandbox_unavailable\","
+                          "\"message\":\"out of memory\"}}\n",
+                          id_text ? id_text : "null") < 0)
+        line = NULL;
     pthread_mutex_lock(&c->lock);
     if (line)
         (void)write_full(c->out_fd, line, strlen(line));
@@ -60,9 +64,9 @@ static void *run_job(void *p)
     struct sbx_error err = {0};
 
     if (c->o->backend->run(c->o->backend->self, &j->r.req, &res, &err) == 0)
-        answer(c, json_answer_result(j->r.id, res));
+        answer(c, j->r.id_text, json_answer_result(j->r.id_text, res));
     else
-        answer(c, json_answer_error(j->r.id, &err));
+        answer(c, j->r.id_text, json_answer_error(j->r.id_text, &err));
     sbx_result_free(res);
     json_request_free(&j->r);
     free(j);
@@ -95,7 +99,7 @@ static void serve_conn(struct conn *c)
         if (lres == LINE_TOO_LONG) {
             sbx_fail(&err, SBX_ERR_TOO_LARGE, -E2BIG, "request line longer than %zu bytes",
                      c->o->max_line_bytes);
-            answer(c, json_answer_error(NULL, &err));
+            answer(c, NULL, json_answer_error(NULL, &err));
             continue;
         }
         if (blank(line, len))
@@ -103,12 +107,12 @@ static void serve_conn(struct conn *c)
         struct job *j = calloc(1, sizeof(*j));
         if (!j) {
             sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
-            answer(c, json_answer_error(NULL, &err));
+            answer(c, NULL, json_answer_error(NULL, &err));
             continue;
         }
         j->c = c;
-        if (json_request_parse(line, len, &j->r, &err) < 0) {
-            answer(c, json_answer_error(j->r.id, &err));
+        if (json_request_parse(line, len, &c->o->ceilings, &j->r, &err) < 0) {
+            answer(c, j->r.id_text, json_answer_error(j->r.id_text, &err));
             json_request_free(&j->r);
             free(j);
             continue;
@@ -125,7 +129,7 @@ static void serve_conn(struct conn *c)
             c->inflight--;
             pthread_mutex_unlock(&c->lock);
             sbx_fail(&err, SBX_ERR_UNAVAILABLE, -EAGAIN, "cannot start a thread");
-            answer(c, json_answer_error(j->r.id, &err));
+            answer(c, j->r.id_text, json_answer_error(j->r.id_text, &err));
             json_request_free(&j->r);
             free(j);
         }
