@@ -1,6 +1,6 @@
 """pysbx serve and pysbx batch as a client sees them. Run by test_serve.sh
 with Debian's python3; exits non-zero on the first failed check."""
-import atexit, json, os, socket, stat, subprocess, sys, tempfile, time
+import atexit, json, os, select, shutil, signal, socket, stat, subprocess, sys, tempfile, time
 
 PYSBX = sys.argv[1]
 failures = 0
@@ -126,6 +126,98 @@ def section(fn):
                 p.wait()
 
 
+# --- helpers for talking to a running server ---------------------------------
+
+
+class Lines:
+    """Lines from a descriptor (a pipe or a socket), each wait bounded."""
+
+    def __init__(self, fd):
+        self.fd, self.buf, self.eof = fd, b"", False
+
+    def next(self, timeout=60):
+        """The next line, or None at the end; TimeoutError if none comes."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf and not self.eof:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                raise TimeoutError(f"nothing in {timeout} s")
+            try:
+                d = os.read(self.fd, 1 << 20)
+            except ConnectionResetError:
+                d = b""
+            self.eof = not d
+            self.buf += d
+        if not self.buf:
+            return None
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode()
+
+    def until(self, pred, timeout=60):
+        """Lines until one satisfies pred; that line (TimeoutError, or None at the end)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.next(max(0.0, deadline - time.monotonic()))
+            if line is None or pred(line):
+                return line
+
+
+def start(*args, stdin=None):
+    p = subprocess.Popen([PYSBX, "serve", *args], stdin=stdin, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    started.append(p)
+    return p
+
+
+def wait_gone(path, present=False, tries=600):
+    """Waits (bounded) until |path| exists (present) or not."""
+    for _ in range(tries):
+        if os.path.exists(path) == present:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+SOCKETS = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, SOCKETS, True)
+
+
+def listening(*args):
+    path = os.path.join(SOCKETS, f"s{len(started)}.sock")
+    p = start("--listen", path, *args)
+    wait_gone(path, present=True)
+    return p, path, Lines(p.stderr.fileno())
+
+
+def connect(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    return s, Lines(s.fileno())
+
+
+def send(sock_or_pipe, *msgs):
+    data = "".join((m if isinstance(m, str) else json.dumps(m)) + "\n" for m in msgs).encode()
+    if isinstance(sock_or_pipe, socket.socket):
+        sock_or_pipe.sendall(data)
+    else:
+        sock_or_pipe.write(data)
+        sock_or_pipe.flush()
+
+
+SLEEP = "import time\ntime.sleep(120)"
+LONG = {"wall_seconds": 300, "cpu_seconds": 10}
+
+
+# A cancel for an id no one uses, sent after requests: lines are handled in
+# order, so once its error answer is back, those requests are in flight.
+MARKER = {"cancel": "marker"}
+
+
+def marked(lines):
+    if lines.until(lambda l: json.loads(l).get("cancel") == "marker") is None:
+        raise EOFError("the server ended before answering the marker")
+
+
 # --- the id comes back as written -------------------------------------------
 
 
@@ -157,12 +249,15 @@ def the_id_comes_back_as_written():
 
 def unknown_fields():
     rc, answers = serve([json.dumps({"id": 1, "code": "1", "limit": {}}),
-                         json.dumps({"id": 2, "code": "1", "Code": "2"})])
+                         json.dumps({"id": 2, "code": "1", "Code": "2"}),
+                         json.dumps({"cancel": 5, "id": 3})])
     errs = {a["id"]: a.get("error", {}) for a in answers}
     check("an unknown field is refused, named", errs.get(1, {}).get("code") == "invalid_request"
           and "'limit'" in errs[1].get("message", ""), answers)
     check("field names are case-sensitive", errs.get(2, {}).get("code") == "invalid_request"
           and "'Code'" in errs[2].get("message", ""), answers)
+    check("a cancel message has only cancel", errs.get(3, {}).get("code") == "invalid_request"
+          and "'id'" in errs[3].get("message", ""), answers)
 
 
 # --- messages cut inside a character still make an answer with the id -----------
@@ -210,19 +305,159 @@ def ceilings():
     check("a default above a ceiling is lowered to it",
           by.get("lowered", {}).get("status") == "timeout" and by["lowered"]["limit"] == "wall"
           and "1 s" in by["lowered"]["reason"], by.get("lowered"))
-    for bad in (["--max-memory", "1M"], ["--max-wall", "0"], ["--max-artifacts", "x"]):
+    for bad in (["--max-memory", "1M"], ["--max-wall", "0"], ["--max-artifacts", "x"],
+                ["--grace", "-1"], ["--max-pending-bytes", "10"]):
         p = subprocess.run([PYSBX, "serve", *bad], capture_output=True, text=True, timeout=60)
         check(f"serve {' '.join(bad)}: usage error", p.returncode == 2, (p.returncode, p.stderr))
     h = subprocess.run([PYSBX, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
-    check("serve --help documents the ceilings", all(
-        o in h for o in ("--max-wall", "--max-cpu", "--max-memory", "--max-output",
-                         "--max-artifact-bytes", "--max-artifacts")), h)
+    check("serve --help documents the new options", all(
+        o in h for o in ("--grace", "--max-pending-bytes", "--max-wall", "--max-cpu", "--max-memory",
+                         "--max-output", "--max-artifact-bytes", "--max-artifacts", "cancel")), h)
+
+
+# --- cancel, on standard input ------------------------------------------------
+
+
+def cancel_on_standard_input():
+    srv = start("--grace", "60", stdin=subprocess.PIPE)
+    out = Lines(srv.stdout.fileno())
+    send(srv.stdin, {"id": "s", "code": SLEEP, "limits": LONG},
+         {"id": 1.0, "code": SLEEP, "limits": LONG},
+         {"cancel": "s"})
+    a = json.loads(out.next())
+    check("cancel: the request answers cancelled", a.get("id") == "s"
+          and a.get("status") == "cancelled" and a.get("partial") is True, a)
+    send(srv.stdin, {"cancel": 1})
+    a = out.next()
+    check("cancel for an unknown id (1 is not 1.0): an error with the id given",
+          a.startswith('{"id":null,"cancel":1,"error":{"code":"invalid_request"'), a)
+    send(srv.stdin, {"cancel": 1.0})
+    a = out.next()
+    check("cancel compares the id as written", a.startswith('{"id":1.0,"status":"cancelled"'), a)
+    send(srv.stdin, {"cancel": "s"})
+    a = json.loads(out.next())
+    check("cancel after the answer: an error", a.get("cancel") == "s" and "error" in a, a)
+    srv.stdin.close()
+    check("stdin: exit 0 at end of input", srv.wait(timeout=60) == 0)
+
+
+# --- SIGTERM on standard input: the grace, then cancelled ------------------------
+
+
+def sigterm_on_standard_input_the_grace_then_cancelled():
+    srv = start("--grace", "5", stdin=subprocess.PIPE)
+    out = Lines(srv.stdout.fileno())
+    send(srv.stdin, {"id": "short", "code": "import time\ntime.sleep(0.2)\nprint('short')"},
+         {"id": "slow", "code": SLEEP, "limits": LONG}, MARKER)
+    marked(out)
+    srv.send_signal(signal.SIGTERM)
+    got = {a.get("id"): a for a in (json.loads(out.next()) for _ in range(2))}
+    check("stdin, SIGTERM: in flight and done within the grace is answered",
+          got.get("short", {}).get("stdout") == "short\n", got)
+    check("stdin, SIGTERM: left over after the grace is answered cancelled",
+          got.get("slow", {}).get("status") == "cancelled", got)
+    check("stdin, SIGTERM: nothing more", out.next() is None)
+    check("stdin, SIGTERM: exit 0", srv.wait(timeout=60) == 0)
+
+
+# --- a UNIX socket: hang-ups, slow readers, shutdown ------------------------------
+
+
+def a_client_that_hangs_up():
+    # One run at a time in all (--jobs 1 is also the sandbox's own bound): a
+    # second client's request runs only once the first client's run has ended.
+    srv, path, log = listening("--jobs", "1", "--grace", "60")
+    a_sock, a_in = connect(path)
+    send(a_sock, {"id": "hang", "code": SLEEP, "limits": LONG}, MARKER)
+    marked(a_in)
+    a_sock.close()
+    check("a client that hangs up: logged",
+          log.until(lambda l: "hung up" in l, timeout=60) is not None)
+    b_sock, b_in = connect(path)
+    send(b_sock, {"id": "after", "code": "print('after')"})
+    a = json.loads(b_in.next(timeout=60))
+    check("a client that hangs up has its run cancelled (the next one runs)",
+          a.get("stdout") == "after\n", a)
+    # Half-closed: a client that only says it is done still gets its answers.
+    b_sock.sendall((json.dumps({"id": "half", "code": "print('half')"}) + "\n").encode())
+    b_sock.shutdown(socket.SHUT_WR)
+    a = json.loads(b_in.next(timeout=60))
+    check("shutting only the writing side: still answered", a.get("stdout") == "half\n", a)
+    check("then the server closes the connection", b_in.next(timeout=60) is None)
+    b_sock.close()
+    srv.send_signal(signal.SIGTERM)
+    check("SIGTERM with nothing in flight: exit 0", srv.wait(timeout=60) == 0)
+    check("the socket is removed", not os.path.exists(path))
+
+
+def a_client_that_does_not_read():
+    """Cut off past --max-pending-bytes, without holding up anyone else."""
+    srv, path, log = listening("--max-pending-bytes", "1M", "--grace", "5")
+    big = {"code": "print('x' * 1000000)", "limits": {"max_output_chars": 1000000}}
+    s_sock, s_in = connect(path)
+    send(s_sock, *({"id": i, **big} for i in range(6)))
+    f_sock, f_in = connect(path)
+    send(f_sock, {"id": "fast", "code": "print(2)"})
+    a = json.loads(f_in.next(timeout=60))
+    check("another client is answered while one does not read", a.get("stdout") == "2\n", a)
+    check("the one that does not read is dropped: logged",
+          log.until(lambda l: "answers unread" in l, timeout=120) is not None)
+    n = 0
+    try:
+        while s_in.next(timeout=60) is not None:
+            n += 1
+    except TimeoutError:
+        n = -1
+    check("... and its connection is closed with fewer answers than asked", 0 <= n < 6, n)
+    f_sock.close()
+    srv.send_signal(signal.SIGTERM)
+    check("a dropped client does not hold up shutdown", srv.wait(timeout=60) == 0)
+    s_sock.close()
+
+
+def sigterm_on_a_socket():
+    """In flight past the grace is cancelled, answered, and the server ends."""
+    srv, path, log = listening("--grace", "0.5")
+    c_sock, c_in = connect(path)
+    send(c_sock, {"id": "g", "code": SLEEP, "limits": LONG}, MARKER)
+    marked(c_in)
+    srv.send_signal(signal.SIGTERM)
+    a = json.loads(c_in.next(timeout=60))
+    check("socket, SIGTERM: left over after the grace is answered cancelled",
+          a.get("id") == "g" and a.get("status") == "cancelled", a)
+    check("socket, SIGTERM: exit 0", srv.wait(timeout=60) == 0)
+    check("socket, SIGTERM: the socket is removed", not os.path.exists(path))
+    c_sock.close()
+
+
+def a_second_signal():
+    """At once, whatever the grace."""
+    srv, path, log = listening("--grace", "600")
+    c_sock, c_in = connect(path)
+    send(c_sock, {"id": "g", "code": SLEEP, "limits": LONG}, MARKER)
+    marked(c_in)
+    srv.send_signal(signal.SIGTERM)
+    check("the first signal removes the socket at once", wait_gone(path))
+    srv.send_signal(signal.SIGINT)
+    try:
+        code = srv.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        code = None
+    check("a second signal exits at once, status 1", code == 1, code)
+    check("the socket is gone", not os.path.exists(path))
+    c_sock.close()
 
 
 section(the_id_comes_back_as_written)
 section(unknown_fields)
 section(messages_cut_inside_a_character_still_make_an_answer_with_the_id)
 section(ceilings)
+section(cancel_on_standard_input)
+section(sigterm_on_standard_input_the_grace_then_cancelled)
+section(a_client_that_hangs_up)
+section(a_client_that_does_not_read)
+section(sigterm_on_a_socket)
+section(a_second_signal)
 
 # --- batch ----------------------------------------------------------------
 d = tempfile.mkdtemp()

@@ -36,7 +36,9 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .jobs = o.jobs,
                                 .listen_path = o.listen,
                                 .socket_mode = (mode_t)o.socket_mode,
-                                .ceilings = o.ceilings};
+                                .ceilings = o.ceilings,
+                                .grace_seconds = o.grace,
+                                .max_pending_bytes = o.max_pending};
         status = serve_main(&so);
     } else if (cmd == CMD_MCP) {
         struct mcp_opts mo = {&b, o.limits, o.max_line};

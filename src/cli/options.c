@@ -17,6 +17,11 @@
 
 /* A longer request line is refused, not read into memory. */
 #define DEFAULT_MAX_LINE (64u << 20)
+/* serve: how long runs in flight may finish after SIGTERM, and how many
+ * bytes of answers a client may leave unread before it is dropped. */
+#define DEFAULT_GRACE_SECONDS 10.0
+#define DEFAULT_MAX_PENDING   (64u << 20)
+#define MIN_MAX_PENDING       4096u
 
 static const char limits_help[] =
     "  --wall SECONDS          wall-clock limit (default 10)\n"
@@ -81,9 +86,14 @@ static const char serve_usage[] =
     "An answer: the result object of pysbx run --json with the request's id, or\n"
     "  {\"id\": ..., \"error\": {\"code\": \"...\", \"message\": \"...\"}}.\n"
     "Only those fields: any other is refused (invalid_request). The id comes back\n"
-    "exactly as written.\n"
+    "exactly as written. {\"cancel\": ID} cancels the requests in flight on the\n"
+    "same stream whose id is written ID (each then answers status \"cancelled\");\n"
+    "if there is none it is answered {\"id\": null, \"cancel\": ID, \"error\": ...}.\n"
     "At the end of input, finishes and answers what is in flight, and exits 0.\n"
-    "With --listen, runs until SIGINT or SIGTERM, then does the same.\n"
+    "With --listen, runs until SIGINT or SIGTERM; a client that hangs up has its\n"
+    "runs cancelled. On SIGINT or SIGTERM: reads no more, lets what is in flight\n"
+    "finish for --grace seconds, cancels and answers the rest, removes the socket\n"
+    "and exits 0; a second signal exits at once with status 1.\n"
     "\n"
     "options:\n"
     "  --listen PATH           serve on a UNIX socket (mode 0600) instead\n"
@@ -92,6 +102,12 @@ static const char serve_usage[] =
     "                          per core)\n"
     "  --max-line-bytes N      a longer request line is refused, not read into memory\n"
     "                          (default 67108864)\n"
+    "  --max-pending-bytes N   answers a client has not read, in bytes, past which it\n"
+    "                          is disconnected and its runs cancelled (default 64M;\n"
+    "                          one answer alone may exceed it); on standard output,\n"
+    "                          the server waits instead\n"
+    "  --grace SECONDS         at SIGINT or SIGTERM, how long runs in flight may still\n"
+    "                          finish before they are cancelled (default 10; 0: at once)\n"
     "ceilings: a request asking more is refused (invalid_limit), and a default above\n"
     "one is lowered to it (default: the library's ranges):\n"
     "  --max-wall SECONDS      wall_seconds\n"
@@ -331,6 +347,8 @@ enum {
     O_JOBS,
     O_LINE,
     O_OUTFILE,
+    O_GRACE,
+    O_PENDING,
     O_MAXWALL,
     O_MAXCPU,
     O_MAXMEM,
@@ -355,6 +373,8 @@ static const struct {
     {{"max-wall", required_argument, NULL, O_MAXWALL}, CMD_SERVE},
     {{"max-cpu", required_argument, NULL, O_MAXCPU}, CMD_SERVE},
     {{"max-memory", required_argument, NULL, O_MAXMEM}, CMD_SERVE},
+    {{"grace", required_argument, NULL, O_GRACE}, CMD_SERVE},
+    {{"max-pending-bytes", required_argument, NULL, O_PENDING}, CMD_SERVE},
     {{"file", required_argument, NULL, O_FILE}, CMD_RUN},
     {{"artifacts-dir", required_argument, NULL, O_DIR}, CMD_RUN},
     {{"template", required_argument, NULL, O_TMPL}, SANDBOX},
@@ -390,6 +410,8 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
     o->cmd = cmd;
     sbx_limits_init(&o->limits);
     json_ceilings_init(&o->ceilings);
+    o->grace = DEFAULT_GRACE_SECONDS;
+    o->max_pending = DEFAULT_MAX_PENDING;
     o->required = SBX_LAYERS_DEFAULT;
     o->max_line = DEFAULT_MAX_LINE;
     o->socket_mode = 0600;
@@ -437,6 +459,19 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                    optarg);
             break;
         }
+        case O_GRACE:
+            if (strcmp(optarg, "0") != 0 &&
+                (parse_seconds(optarg, &o->grace) < 0 || o->grace > SBX_MAX_SECONDS))
+                return usage_error(cmd, "--grace wants a number of seconds from 0 to 86400");
+            if (strcmp(optarg, "0") == 0)
+                o->grace = 0;
+            break;
+        case O_PENDING:
+            if (parse_size(optarg, &n) < 0 || n < MIN_MAX_PENDING || n > SIZE_MAX / 2)
+                return usage_error(cmd, "--max-pending-bytes wants a size of at least %u, not '%s'",
+                                   MIN_MAX_PENDING, optarg);
+            o->max_pending = (size_t)n;
+            break;
         case O_FILE:
             if ((rc = add_file(o, optarg)) != 0)
                 return rc;

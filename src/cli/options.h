@@ -37,6 +37,8 @@ struct opts {
     size_t n_files;
     struct sbx_limits limits;
     struct sbx_limits ceilings; /* serve: the most a request may ask */
+    double grace;               /* serve: seconds to drain at SIGTERM */
+    size_t max_pending;         /* serve: unsent answer bytes per client */
 };
 
 /* "run", "serve", ... */

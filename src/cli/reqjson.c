@@ -379,6 +379,7 @@ static json_t *parse_object(const char *text, size_t len, struct sbx_error *err)
 int json_request_parse(const char *text, size_t len, const struct sbx_limits *ceil,
                        struct json_request *r, struct sbx_error *err)
 {
+    static const char *const cancel_fields[] = {"cancel"};
     json_t *o = parse_object(text, len, err);
 
     memset(r, 0, sizeof(*r));
@@ -388,6 +389,12 @@ int json_request_parse(const char *text, size_t len, const struct sbx_limits *ce
     /* Only now is the text known to be JSON, which the scan relies on. */
     if (json_object_get(o, "id") && !(r->id_text = member_text(text, len, "id")))
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    if (json_object_get(o, "cancel")) {
+        if (!(r->cancel_text = member_text(text, len, "cancel")))
+            return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+        return unknown_field(o, cancel_fields, ARRAY_SIZE(cancel_fields),
+                             "a cancel message has only \"cancel\"", err);
+    }
     return json_request_from(o, ceil, r, err);
 }
 
@@ -399,6 +406,7 @@ void json_request_free(struct json_request *r)
     }
     free(r->files);
     free(r->id_text);
+    free(r->cancel_text);
     json_decref(r->doc);
     memset(r, 0, sizeof(*r));
 }
@@ -464,4 +472,16 @@ static char *error_object(const struct sbx_error *err)
 char *json_answer_error(const char *id_text, const struct sbx_error *err)
 {
     return with_id(id_text, error_object(err));
+}
+
+char *json_answer_cancel_error(const char *cancel_text, const struct sbx_error *err)
+{
+    char *head = NULL;
+    char *out;
+
+    if (asprintf(&head, "\"id\":null,\"cancel\":%s", cancel_text) < 0)
+        return NULL;
+    out = splice(head, error_object(err));
+    free(head);
+    return out;
 }

@@ -4,6 +4,7 @@
  *
  *   {"id": any, "code": "...", "files": {"name": "text"},
  *    "files_base64": {"name": "b64"}, "limits": {"wall_seconds": 2, ...}}
+ *   {"cancel": <the id of a request in flight>}          (serve only)
  *
  * An answer is the result object with the request's id, or
  *   {"id": <id or null>, "error": {"code": "...", "message": "..."}}.
@@ -18,14 +19,16 @@
 #include <jansson.h>
 
 struct json_request {
-    char *id_text; /* the id's JSON text as written; "null" when none */
-    json_t *doc;   /* the parsed line, which holds the code */
+    char *id_text;     /* the id's JSON text as written; "null" when none */
+    char *cancel_text; /* a cancel message: the id it names, as written */
+    json_t *doc;       /* the parsed line, which holds the code */
     struct sbx_request req;
     struct sbx_file *files;
     size_t n_files;
 };
 
-/* Parses one request. A limit above |ceil| (may be NULL) is refused, and a
+/* Parses one line: a request, or (r->cancel_text set, r->req unfilled) a
+ * cancel message. A limit above |ceil| (may be NULL) is refused, and a
  * default above it lowered to it. Returns 0, or -EINVAL with |err| set
  * (r->id_text holds the id whenever the line was a JSON object with one).
  * Free with json_request_free either way. */
@@ -49,5 +52,7 @@ int json_raw_member(const char *text, size_t len, const char *key, const char **
  * JSON text spliced in as it is (NULL: null). NULL only when out of memory. */
 char *json_answer_result(const char *id_text, const struct sbx_result *res);
 char *json_answer_error(const char *id_text, const struct sbx_error *err);
+/* The refusal of a cancel message: {"id":null,"cancel":<its id>,"error":...}. */
+char *json_answer_cancel_error(const char *cancel_text, const struct sbx_error *err);
 
 #endif
