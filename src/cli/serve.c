@@ -76,6 +76,7 @@ struct conn {
     pthread_mutex_t lock;
     pthread_cond_t changed; /* an answer queued or written, the end, a drop */
     unsigned inflight;      /* runs started and not yet answered */
+    unsigned running;       /* runs started and not yet returned */
     struct job *jobs;       /* requests read and not yet answered */
     struct answer *head, **tail;
     size_t pending; /* bytes of answers queued or being written */
@@ -125,7 +126,8 @@ static void drop_locked(struct conn *c, const char *why)
     pthread_cond_broadcast(&c->changed);
     notify(c->wake_fd);
     fprintf(stderr, "pysbx serve: %s %s; %u run%s cancelled\n",
-            c->socket ? "a client" : "standard output", why, runs, runs == 1 ? "" : "s");
+            c->socket ? "a client" : "the reader of standard output", why, runs,
+            runs == 1 ? "" : "s");
 }
 
 /* Queues |line| (taken) and, when |j| is given, retires that request in the
@@ -209,7 +211,12 @@ static void *run_job(void *p)
     char *line;
 
     j->r.req.cancel = j->cancel;
-    if (s->o->backend->run(s->o->backend->self, &j->r.req, &res, &err) == 0)
+    int rc = s->o->backend->run(s->o->backend->self, &j->r.req, &res, &err);
+    pthread_mutex_lock(&c->lock);
+    c->running--;
+    pthread_mutex_unlock(&c->lock);
+    notify(s->wake_fd);
+    if (rc == 0)
         line = json_answer_result(j->r.id_text, res);
     else
         line = json_answer_error(j->r.id_text, &err);
@@ -318,8 +325,12 @@ static void start_job(struct conn *c, struct job *j)
     wait_runs(c, s->o->jobs);
     pthread_mutex_lock(&c->lock);
     c->inflight++;
+    c->running++;
     pthread_mutex_unlock(&c->lock);
     if (start_detached(run_job, j) < 0) {
+        pthread_mutex_lock(&c->lock);
+        c->running--;
+        pthread_mutex_unlock(&c->lock);
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -EAGAIN, "cannot start a thread");
         finish(c, j, or_fallback(json_answer_error(j->r.id_text, &err), j->r.id_text));
         job_free(j);
@@ -475,6 +486,8 @@ static int add_conn(struct server *s, int in_fd, int out_fd, bool socket)
 
 /* --- shutdown ------------------------------------------------------------------ */
 
+/* What shutdown waits for: every stream ended (its answers written), or no
+ * run left in the sandbox (answers may still wait for a slow reader). */
 enum until { NO_CONNS, NO_RUNS };
 
 static bool reached(struct server *s, enum until what)
@@ -484,7 +497,7 @@ static bool reached(struct server *s, enum until what)
     pthread_mutex_lock(&s->lock);
     for (struct conn *c = s->conns; yes && c; c = c->next) {
         pthread_mutex_lock(&c->lock);
-        yes = what == NO_RUNS && !c->jobs;
+        yes = what == NO_RUNS && !c->running;
         pthread_mutex_unlock(&c->lock);
     }
     pthread_mutex_unlock(&s->lock);
@@ -560,7 +573,7 @@ static int drain(struct server *s, int sfd)
             drop_all(s);
             /* A socket's writer ends with the drop; standard output may
              * block for good, and is not waited for. */
-            r = s->o->listen_path ? wait_for(s, sfd, NO_CONNS, 0) : 1;
+            r = s->o->listen_path ? wait_for(s, sfd, NO_CONNS, 0) : 0;
         }
     }
     return r;
