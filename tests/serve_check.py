@@ -341,6 +341,29 @@ def cancel_on_standard_input():
     check("stdin: exit 0 at end of input", srv.wait(timeout=60) == 0)
 
 
+# --- cancel, behind more requests than run at once ---------------------------
+
+
+def cancel_behind_the_queue():
+    """With one run at a time, requests wait their turn; the server reads
+    ahead, so a cancel sent behind them is seen, and a waiting request is
+    answered at once, not when its turn comes."""
+    srv = start("--jobs", "1", "--grace", "60", stdin=subprocess.PIPE)
+    out = Lines(srv.stdout.fileno())
+    send(srv.stdin, *({"id": k, "code": SLEEP, "limits": LONG} for k in "abc"), {"cancel": "c"})
+    a = json.loads(out.next())
+    check("a waiting request is cancelled at once", a.get("id") == "c"
+          and a.get("status") == "cancelled", a)
+    send(srv.stdin, {"cancel": "a"})
+    a = json.loads(out.next())
+    check("the running one then", a.get("id") == "a" and a.get("status") == "cancelled", a)
+    send(srv.stdin, {"cancel": "b"})
+    a = json.loads(out.next())
+    check("and the next in turn", a.get("id") == "b" and a.get("status") == "cancelled", a)
+    srv.stdin.close()
+    check("then the end: exit 0", out.next() is None and srv.wait(timeout=60) == 0)
+
+
 # --- SIGTERM on standard input: the grace, then cancelled ------------------------
 
 
@@ -453,6 +476,7 @@ section(unknown_fields)
 section(messages_cut_inside_a_character_still_make_an_answer_with_the_id)
 section(ceilings)
 section(cancel_on_standard_input)
+section(cancel_behind_the_queue)
 section(sigterm_on_standard_input_the_grace_then_cancelled)
 section(a_client_that_hangs_up)
 section(a_client_that_does_not_read)

@@ -41,6 +41,10 @@
  * read their answers before they are cut off. */
 #define CANCEL_WAIT_SECONDS 10.0
 #define FLUSH_SECONDS       1.0
+/* Requests a stream may have read and waiting for one of its --jobs places
+ * (their lines together at most --max-line-bytes): reading ahead is what
+ * lets a cancel sent behind them be seen. */
+#define READ_AHEAD 1024u
 
 struct answer {
     struct answer *next;
@@ -59,7 +63,10 @@ struct server {
 };
 
 struct job {
-    struct job *next;
+    struct job *next;  /* in c->jobs */
+    struct job *wnext; /* in c's waiting queue */
+    bool waiting;
+    size_t bytes; /* of its line */
     struct conn *c;
     struct sbx_cancel *cancel;
     struct json_request r;
@@ -74,10 +81,14 @@ struct conn {
     int wake_fd; /* eventfd: a run ended, or the stream was dropped */
     pthread_t writer;
     pthread_mutex_t lock;
-    pthread_cond_t changed; /* an answer queued or written, the end, a drop */
-    unsigned inflight;      /* runs started and not yet answered */
-    unsigned running;       /* runs started and not yet returned */
-    struct job *jobs;       /* requests read and not yet answered */
+    pthread_cond_t changed;             /* an answer queued or written, the end, a drop */
+    unsigned inflight;                  /* requests read and not yet answered */
+    unsigned active;                    /* threads running this stream's requests: at most jobs */
+    unsigned running;                   /* runs started and not yet returned */
+    struct job *jobs;                   /* requests read and not yet answered */
+    struct job *wait_head, **wait_tail; /* read, waiting for a place */
+    unsigned n_waiting;
+    size_t waiting_bytes;
     struct answer *head, **tail;
     size_t pending; /* bytes of answers queued or being written */
     bool done;      /* no more answers will be queued */
@@ -130,10 +141,30 @@ static void drop_locked(struct conn *c, const char *why)
             runs == 1 ? "" : "s");
 }
 
-/* Queues |line| (taken) and, when |j| is given, retires that request in the
- * same step: a cancel either finds a request or comes after its answer. */
-static void finish(struct conn *c, struct job *j, char *line)
+static struct job *pop_waiting(struct conn *c)
 {
+    struct job *j = c->wait_head;
+
+    if (j) {
+        c->wait_head = j->wnext;
+        if (!c->wait_head)
+            c->wait_tail = &c->wait_head;
+        j->waiting = false;
+        c->n_waiting--;
+        c->waiting_bytes -= j->bytes;
+        c->running++;
+    }
+    return j;
+}
+
+/* Queues |line| (taken) and, when |j| is given, retires that request in the
+ * same step: a cancel either finds a request or comes after its answer.
+ * When |slot| (the caller holds one of the stream's places), returns the
+ * next waiting request, now the caller's to run, or gives the place up. */
+static struct job *finish(struct conn *c, struct job *j, char *line, bool slot)
+{
+    struct job *next = NULL;
+
     size_t max = c->s->o->max_pending_bytes;
     struct answer *a = line ? malloc(sizeof(*a)) : NULL;
     size_t len = line ? strlen(line) : 0;
@@ -164,6 +195,8 @@ static void finish(struct conn *c, struct job *j, char *line)
                 break;
             }
         c->inflight--;
+        if (slot && !(next = pop_waiting(c)))
+            c->active--;
         notify(c->wake_fd);
         /* Before the unlock: once it is done, the stream (and, at the end,
          * the server) may be gone. */
@@ -172,6 +205,7 @@ static void finish(struct conn *c, struct job *j, char *line)
     pthread_mutex_unlock(&c->lock);
     free(a);
     free(line);
+    return next;
 }
 
 /* An answer with the request's id whatever went wrong, if memory allows. */
@@ -191,7 +225,7 @@ static char *or_fallback(char *line, const char *id_text)
 
 static void answer_error(struct conn *c, const char *id_text, const struct sbx_error *err)
 {
-    finish(c, NULL, or_fallback(json_answer_error(id_text, err), id_text));
+    finish(c, NULL, or_fallback(json_answer_error(id_text, err), id_text), false);
 }
 
 static void job_free(struct job *j)
@@ -201,13 +235,14 @@ static void job_free(struct job *j)
     free(j);
 }
 
-static void *run_job(void *p)
+/* Runs |j| and answers it; returns the next request to run (see finish). */
+static struct job *run_one(struct job *j, bool slot)
 {
-    struct job *j = p;
     struct conn *c = j->c;
     struct server *s = c->s;
     struct sbx_result *res = NULL;
     struct sbx_error err = {0};
+    struct job *next;
     char *line;
 
     j->r.req.cancel = j->cancel;
@@ -221,8 +256,24 @@ static void *run_job(void *p)
     else
         line = json_answer_error(j->r.id_text, &err);
     sbx_result_free(res);
-    finish(c, j, or_fallback(line, j->r.id_text));
+    next = finish(c, j, or_fallback(line, j->r.id_text), slot);
     job_free(j);
+    return next;
+}
+
+/* A thread holding one of the stream's places: runs requests while some
+ * wait. */
+static void *run_jobs(void *p)
+{
+    for (struct job *j = p; j;)
+        j = run_one(j, true);
+    return NULL;
+}
+
+/* A request taken out of the queue by a cancel: it ends at once. */
+static void *run_unqueued(void *p)
+{
+    run_one(p, false);
     return NULL;
 }
 
@@ -254,13 +305,17 @@ static void *writer_main(void *p)
     return NULL;
 }
 
-/* Waits until fewer than |limit| runs of |c| are in flight, cancelling them
- * all if the client hangs up meanwhile. */
-static void wait_runs(struct conn *c, unsigned limit)
+/* Waits until every request of |c| is answered (|idle|) or there is room to
+ * read ahead, cancelling them all if the client hangs up meanwhile. */
+static void wait_stream(struct conn *c, bool idle)
 {
+    size_t max_bytes = c->s->o->max_line_bytes;
+
     for (;;) {
         pthread_mutex_lock(&c->lock);
-        bool ok = c->inflight < limit, watch = c->socket && !c->dropped;
+        bool ok =
+            idle ? c->inflight == 0 : c->n_waiting < READ_AHEAD && c->waiting_bytes < max_bytes;
+        bool watch = c->socket && !c->dropped;
         pthread_mutex_unlock(&c->lock);
         if (ok)
             return;
@@ -284,26 +339,52 @@ static void wait_runs(struct conn *c, unsigned limit)
 static void cancel_requests(struct conn *c, const char *id_text)
 {
     struct sbx_error err = {0};
+    struct job *now = NULL;
     unsigned n = 0;
 
     pthread_mutex_lock(&c->lock);
-    for (struct job *j = c->jobs; j; j = j->next)
-        if (strcmp(j->r.id_text ? j->r.id_text : "null", id_text) == 0) {
-            sbx_cancel_fire(j->cancel);
-            n++;
-        }
+    for (struct job *j = c->jobs; j; j = j->next) {
+        if (strcmp(j->r.id_text ? j->r.id_text : "null", id_text) != 0)
+            continue;
+        sbx_cancel_fire(j->cancel);
+        n++;
+        if (!j->waiting)
+            continue;
+        /* Out of the queue, so that it is answered now rather than once a
+         * place frees. */
+        for (struct job **pp = &c->wait_head; *pp; pp = &(*pp)->wnext)
+            if (*pp == j) {
+                *pp = j->wnext;
+                if (!*pp)
+                    c->wait_tail = pp;
+                break;
+            }
+        j->waiting = false;
+        c->n_waiting--;
+        c->waiting_bytes -= j->bytes;
+        c->running++;
+        j->wnext = now;
+        now = j;
+    }
     pthread_mutex_unlock(&c->lock);
+    while (now) {
+        struct job *j = now;
+        now = j->wnext;
+        if (start_detached(run_unqueued, j) < 0)
+            run_one(j, false); /* no thread to be had: here, at once all the same */
+    }
     if (n)
         return; /* the request's own answer says it */
     sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -ENOENT,
              "no request in flight on this stream has the id %s", id_text);
-    finish(c, NULL, json_answer_cancel_error(id_text, &err));
+    finish(c, NULL, json_answer_cancel_error(id_text, &err), false);
 }
 
 static void start_job(struct conn *c, struct job *j)
 {
     struct server *s = c->s;
     struct sbx_error err = {0};
+    bool now;
 
     j->c = c;
     if (!(j->cancel = sbx_cancel_new())) {
@@ -316,25 +397,28 @@ static void start_job(struct conn *c, struct job *j)
     pthread_mutex_lock(&c->lock);
     j->next = c->jobs;
     c->jobs = j;
+    c->inflight++;
     if (s->cancelling || c->dropped)
         sbx_cancel_fire(j->cancel); /* answered at once: cancelled */
+    /* At most jobs requests of a stream at a time; the rest wait in order. */
+    now = c->active < s->o->jobs;
+    if (now) {
+        c->active++;
+        c->running++;
+    } else {
+        j->waiting = true;
+        *c->wait_tail = j;
+        c->wait_tail = &j->wnext;
+        c->n_waiting++;
+        c->waiting_bytes += j->bytes;
+    }
     pthread_mutex_unlock(&c->lock);
     pthread_mutex_unlock(&s->lock);
-    /* At most jobs requests at a time: beyond that, stop reading, and let
-     * the client's own pipe or socket hold it back. */
-    wait_runs(c, s->o->jobs);
-    pthread_mutex_lock(&c->lock);
-    c->inflight++;
-    c->running++;
-    pthread_mutex_unlock(&c->lock);
-    if (start_detached(run_job, j) < 0) {
-        pthread_mutex_lock(&c->lock);
-        c->running--;
-        pthread_mutex_unlock(&c->lock);
-        sbx_fail(&err, SBX_ERR_UNAVAILABLE, -EAGAIN, "cannot start a thread");
-        finish(c, j, or_fallback(json_answer_error(j->r.id_text, &err), j->r.id_text));
-        job_free(j);
-    }
+    if (now && start_detached(run_jobs, j) < 0)
+        run_jobs(j); /* no thread to be had: here, reading nothing meanwhile */
+    /* Beyond the read-ahead, stop reading, and let the client's own pipe or
+     * socket hold it back. */
+    wait_stream(c, false);
 }
 
 static bool blank(const char *s, size_t n)
@@ -385,6 +469,7 @@ static void read_requests(struct conn *c)
         else if (j->r.cancel_text)
             cancel_requests(c, j->r.cancel_text);
         else {
+            j->bytes = len;
             start_job(c, j);
             continue;
         }
@@ -427,7 +512,7 @@ static void *conn_main(void *p)
     struct conn *c = p;
 
     read_requests(c);
-    wait_runs(c, 1);
+    wait_stream(c, true);
     pthread_mutex_lock(&c->lock);
     c->done = true;
     pthread_cond_broadcast(&c->changed);
@@ -449,6 +534,7 @@ static int add_conn(struct server *s, int in_fd, int out_fd, bool socket)
     c->out_fd = out_fd;
     c->socket = socket;
     c->tail = &c->head;
+    c->wait_tail = &c->wait_head;
     c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
@@ -497,7 +583,7 @@ static bool reached(struct server *s, enum until what)
     pthread_mutex_lock(&s->lock);
     for (struct conn *c = s->conns; yes && c; c = c->next) {
         pthread_mutex_lock(&c->lock);
-        yes = what == NO_RUNS && !c->running;
+        yes = what == NO_RUNS && !c->running && !c->n_waiting;
         pthread_mutex_unlock(&c->lock);
     }
     pthread_mutex_unlock(&s->lock);
