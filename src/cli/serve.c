@@ -163,11 +163,10 @@ static struct job *pop_waiting(struct conn *c)
  * next waiting request, now the caller's to run, or gives the place up. */
 static struct job *finish(struct conn *c, struct job *j, char *line, bool slot)
 {
-    struct job *next = NULL;
-
     size_t max = c->s->o->max_pending_bytes;
     struct answer *a = line ? malloc(sizeof(*a)) : NULL;
     size_t len = line ? strlen(line) : 0;
+    struct job *next = NULL;
 
     pthread_mutex_lock(&c->lock);
     /* Standard output: wait, as a blocking pipe would make us. A client:
