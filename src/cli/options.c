@@ -107,7 +107,10 @@ static const char serve_usage[] =
     "                          one answer alone may exceed it); on standard output,\n"
     "                          the server waits instead\n"
     "  --grace SECONDS         at SIGINT or SIGTERM, how long runs in flight may still\n"
-    "                          finish before they are cancelled (default 10; 0: at once)\n"
+    "                          finish before they are cancelled (default 10; 0: at once)\n";
+
+static const char serve_ceilings_help[] =
+    "\n"
     "ceilings: a request asking more is refused (invalid_limit), and a default above\n"
     "one is lowered to it (default: the library's ranges):\n"
     "  --max-wall SECONDS      wall_seconds\n"
@@ -187,8 +190,8 @@ static void print_usage(enum cmd c)
         printf("%s%s%s%s", run_usage_head, limits_help, sandbox_help, run_usage_tail);
         break;
     case CMD_SERVE:
-        printf("%s%s%s  -h, --help              this text\n", serve_usage, backend_help,
-               sandbox_help);
+        printf("%s%s%s  -h, --help              this text\n%s", serve_usage, backend_help,
+               sandbox_help, serve_ceilings_help);
         break;
     case CMD_MCP:
         printf("%s%s%s%s  -h, --help              this text\n", mcp_usage, limits_help,
