@@ -7,11 +7,12 @@
  * Threads: the main thread accepts clients (or starts the one stream of
  * stdin/stdout) and handles SIGINT and SIGTERM. Each stream has a reader
  * (its lines, in order), a writer (its answers, in the order they are
- * queued) and a thread per run. A request is on its stream's list, with its
- * cancel token, from when it is read until its answer is queued: that list
- * is what a cancel message, a client hanging up and shutdown fire. Answers
- * go through the writer so that a client that does not read holds up
- * nobody but itself.
+ * queued) and up to --jobs run threads, which take the requests waiting
+ * their turn in order. A request is on its stream's list, with its cancel
+ * token, from when it is read until its answer is queued: that list is what
+ * a cancel message, a client hanging up and shutdown fire. Answers go
+ * through the writer so that a client that does not read holds up nobody
+ * but itself.
  */
 #define _GNU_SOURCE
 #include "commands.h"
