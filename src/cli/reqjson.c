@@ -343,12 +343,18 @@ int json_raw_member(const char *text, size_t len, const char *key, const char **
     return rc;
 }
 
+/* The member's text, for echoing. A carriage return in it can only be
+ * whitespace between tokens (JSON strings hold none raw); it becomes a
+ * space, since many line readers would end the answer's line there. */
 static char *member_text(const char *text, size_t len, const char *key)
 {
     const char *v;
     size_t n;
+    char *t = json_raw_member(text, len, key, &v, &n) == 0 ? strndup(v, n) : NULL;
 
-    return json_raw_member(text, len, key, &v, &n) == 0 ? strndup(v, n) : NULL;
+    for (char *p = t; p && (p = strchr(p, '\r'));)
+        *p = ' ';
+    return t;
 }
 
 /* --- parsing a line ----------------------------------------------------------- */
