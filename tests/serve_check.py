@@ -1,6 +1,6 @@
 """pysbx serve and pysbx batch as a client sees them. Run by test_serve.sh
 with Debian's python3; exits non-zero on the first failed check."""
-import atexit, json, os, select, shutil, signal, socket, stat, subprocess, sys, tempfile, time
+import atexit, json, os, random, select, shutil, signal, socket, stat, subprocess, sys, tempfile, time
 
 PYSBX = sys.argv[1]
 failures = 0
@@ -246,6 +246,49 @@ def the_id_comes_back_as_written():
     check("no other answers", len(out) == len(raw), out)
 
 
+# --- the id scanner, on many generated objects --------------------------------
+
+
+def generated_ids():
+    """Ids of every kind, written with odd spacing, escaped keys, decoys
+    before them (nested and escaped "id" keys, a repeated id): each comes
+    back as written. The seed is fixed, so that a failure repeats."""
+    rnd = random.Random(7)
+    atoms = ["1", "-0", "1e5", "1.00000000001", "18446744073709551616", "3.14E-2", "true",
+             "false", "null", '"\\u0069\\n\\/"', "[]", "{}"]
+    strings = ["", "id", 'a"b', "\\", "\u00e9\u20ac\U0001d11e", "}", '{"id":1}', "\0", 'x\\"y']
+
+    def value(depth=0):
+        k = rnd.randrange(5 if depth < 3 else 2)
+        if k == 0:
+            return rnd.choice(atoms)
+        if k == 1:
+            return json.dumps(rnd.choice(strings), ensure_ascii=rnd.random() < 0.5)
+        ws = rnd.choice(["", " ", "\t", " \r "])
+        if k == 2:
+            return "[" + ws + ",".join(value(depth + 1) for _ in range(rnd.randrange(3))) + "]"
+        keys = ["id", "a", '\\"', "i d"]
+        return "{" + ",".join(ws + json.dumps(rnd.choice(keys)) + ws + ":" + ws + value(depth + 1)
+                              for _ in range(rnd.randrange(3))) + "}"
+
+    ids, lines = [], []
+    for _ in range(300):
+        raw = value()
+        key = rnd.choice(['"id"', '"\\u0069d"', '"i\\u0064"'])
+        decoy = rnd.choice(['', '"a": {"id": 5}, ', '"id": "dup", ', '"x\\"id": [1,"id"], '])
+        ws = rnd.choice(["", " ", " \t"])
+        lines.append("{" + ws + decoy + key + ws + ":" + ws + raw + ws + ', "nope": 1}')
+        ids.append(raw.replace("\r", " "))
+    p = subprocess.run([PYSBX, "serve"], input=("\n".join(lines) + "\n").encode(),
+                       capture_output=True, timeout=120)
+    out = p.stdout.decode().split("\n")[:-1]
+    wrong = [(l, o) for i, l, o in zip(ids, lines, out)
+             if not o.startswith('{"id":' + i + ',"error"') or json.loads(o)["error"]["code"]
+             != "invalid_request"]
+    check("300 generated ids come back as written", len(out) == 300 and not wrong,
+          (len(out), wrong[:3]))
+
+
 # --- unknown fields ----------------------------------------------------------
 
 
@@ -474,6 +517,7 @@ def a_second_signal():
 
 
 section(the_id_comes_back_as_written)
+section(generated_ids)
 section(unknown_fields)
 section(messages_cut_inside_a_character_still_make_an_answer_with_the_id)
 section(ceilings)
