@@ -142,19 +142,21 @@ static void drop_locked(struct conn *c, const char *why)
             runs == 1 ? "" : "s");
 }
 
-static struct job *pop_waiting(struct conn *c)
+/* Takes |j| (may be NULL) out of c's waiting queue, to be run at once.
+ * Under c->lock. Returns |j|. */
+static struct job *unqueue(struct conn *c, struct job *j)
 {
-    struct job *j = c->wait_head;
-
-    if (j) {
-        c->wait_head = j->wnext;
-        if (!c->wait_head)
-            c->wait_tail = &c->wait_head;
-        j->waiting = false;
-        c->n_waiting--;
-        c->waiting_bytes -= j->bytes;
-        c->running++;
-    }
+    for (struct job **pp = &c->wait_head; j && *pp; pp = &(*pp)->wnext)
+        if (*pp == j) {
+            *pp = j->wnext;
+            if (!*pp)
+                c->wait_tail = pp;
+            j->waiting = false;
+            c->n_waiting--;
+            c->waiting_bytes -= j->bytes;
+            c->running++;
+            break;
+        }
     return j;
 }
 
@@ -195,7 +197,7 @@ static struct job *finish(struct conn *c, struct job *j, char *line, bool slot)
                 break;
             }
         c->inflight--;
-        if (slot && !(next = pop_waiting(c)))
+        if (slot && !(next = unqueue(c, c->wait_head)))
             c->active--;
         notify(c->wake_fd);
         /* Before the unlock: once it is done, the stream (and, at the end,
@@ -352,17 +354,7 @@ static void cancel_requests(struct conn *c, const char *id_text)
             continue;
         /* Out of the queue, so that it is answered now rather than once a
          * place frees. */
-        for (struct job **pp = &c->wait_head; *pp; pp = &(*pp)->wnext)
-            if (*pp == j) {
-                *pp = j->wnext;
-                if (!*pp)
-                    c->wait_tail = pp;
-                break;
-            }
-        j->waiting = false;
-        c->n_waiting--;
-        c->waiting_bytes -= j->bytes;
-        c->running++;
+        unqueue(c, j);
         j->wnext = now;
         now = j;
     }
@@ -487,7 +479,7 @@ static void conn_free(struct conn *c)
 {
     if (c->socket)
         close(c->in_fd);
-    close(c->wake_fd);
+    close_fd(&c->wake_fd);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->changed);
     free(c);
@@ -540,12 +532,7 @@ static int add_conn(struct server *s, int in_fd, int out_fd, bool socket)
     pthread_cond_init(&c->changed, NULL);
     if (c->wake_fd < 0 || pthread_create(&c->writer, NULL, writer_main, c) != 0) {
         c->socket = false; /* the caller still owns the descriptor */
-        if (c->wake_fd >= 0)
-            close(c->wake_fd);
-        c->wake_fd = -1;
-        pthread_mutex_destroy(&c->lock);
-        pthread_cond_destroy(&c->changed);
-        free(c);
+        conn_free(c);
         return -EAGAIN;
     }
     pthread_mutex_lock(&s->lock);
@@ -561,10 +548,7 @@ static int add_conn(struct server *s, int in_fd, int out_fd, bool socket)
         pthread_join(c->writer, NULL);
         leave(s, c);
         c->socket = false;
-        close(c->wake_fd);
-        pthread_mutex_destroy(&c->lock);
-        pthread_cond_destroy(&c->changed);
-        free(c);
+        conn_free(c);
         return -EAGAIN;
     }
     return 0;
