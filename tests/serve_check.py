@@ -1,9 +1,18 @@
 """pysbx serve and pysbx batch as a client sees them. Run by test_serve.sh
 with Debian's python3; exits non-zero on the first failed check."""
-import json, os, socket, stat, subprocess, sys, tempfile, time
+import atexit, json, os, random, select, shutil, signal, socket, stat, subprocess, sys, tempfile, time
 
 PYSBX = sys.argv[1]
 failures = 0
+started = []  # every server a check starts; killed at exit if still running
+
+
+@atexit.register
+def stop_servers():
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def check(name, ok, detail=""):
@@ -65,6 +74,7 @@ check("an exception: completed, exit 1", by_id['10'][0]["exit_code"] == 1
 d = tempfile.mkdtemp()
 path = os.path.join(d, "pysbx.sock")
 srv = subprocess.Popen([PYSBX, "serve", "--listen", path], stderr=subprocess.PIPE, text=True)
+started.append(srv)
 for _ in range(200):
     if os.path.exists(path):
         break
@@ -101,6 +111,424 @@ check("SIGTERM: exit 0", srv.wait(timeout=30) == 0)
 check("the socket is removed", not os.path.exists(path))
 os.rmdir(d)
 
+def section(fn):
+    """Runs one group of checks: an exception (a timeout, a server that died)
+    is a failure, and the servers it started are stopped before the next."""
+    n = len(started)
+    try:
+        fn()
+    except Exception as e:
+        check(fn.__name__, False, repr(e))
+    finally:
+        for p in started[n:]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# --- helpers for talking to a running server ---------------------------------
+
+
+class Lines:
+    """Lines from a descriptor (a pipe or a socket), each wait bounded."""
+
+    def __init__(self, fd):
+        self.fd, self.buf, self.eof = fd, b"", False
+
+    def next(self, timeout=60):
+        """The next line, or None at the end; TimeoutError if none comes."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf and not self.eof:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                raise TimeoutError(f"nothing in {timeout} s")
+            try:
+                d = os.read(self.fd, 1 << 20)
+            except ConnectionResetError:
+                d = b""
+            self.eof = not d
+            self.buf += d
+        if not self.buf:
+            return None
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode()
+
+    def until(self, pred, timeout=60):
+        """Lines until one satisfies pred; that line (TimeoutError, or None at the end)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.next(max(0.0, deadline - time.monotonic()))
+            if line is None or pred(line):
+                return line
+
+
+def start(*args, stdin=None):
+    p = subprocess.Popen([PYSBX, "serve", *args], stdin=stdin, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    started.append(p)
+    return p
+
+
+def wait_gone(path, present=False, tries=600):
+    """Waits (bounded) until |path| exists (present) or not."""
+    for _ in range(tries):
+        if os.path.exists(path) == present:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+SOCKETS = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, SOCKETS, True)
+
+
+def listening(*args):
+    path = os.path.join(SOCKETS, f"s{len(started)}.sock")
+    p = start("--listen", path, *args)
+    wait_gone(path, present=True)
+    return p, path, Lines(p.stderr.fileno())
+
+
+def connect(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    return s, Lines(s.fileno())
+
+
+def send(sock_or_pipe, *msgs):
+    data = "".join((m if isinstance(m, str) else json.dumps(m)) + "\n" for m in msgs).encode()
+    if isinstance(sock_or_pipe, socket.socket):
+        sock_or_pipe.sendall(data)
+    else:
+        sock_or_pipe.write(data)
+        sock_or_pipe.flush()
+
+
+SLEEP = "import time\ntime.sleep(120)"
+LONG = {"wall_seconds": 300, "cpu_seconds": 10}
+
+
+# A cancel for an id no one uses, sent after requests: lines are handled in
+# order, so once its error answer is back, those requests are in flight.
+MARKER = {"cancel": "marker"}
+
+
+def marked(lines):
+    if lines.until(lambda l: json.loads(l).get("cancel") == "marker") is None:
+        raise EOFError("the server ended before answering the marker")
+
+
+# --- the id comes back as written -------------------------------------------
+
+
+def the_id_comes_back_as_written():
+    raw = [
+        ('1.00000000001', '{"id": 1.00000000001, "code": "pass"}'),
+        ('1.00000000002', '{"id": 1.00000000002, "code": "pass"}'),
+        ('18446744073709551616', '{"id": 18446744073709551616, "code": "pass"}'),
+        ('-0.0e00', '{"code": "pass", "id": -0.0e00}'),
+        ('"\\u00e9\\"x"', '{"id": "\\u00e9\\"x", "code": "pass"}'),
+        ('[1, {"id": 2}]', '{"id": [1, {"id": 2}], "code": "pass"}'),
+        ('"esc"', '{"\\u0069d": "esc", "code": "pass"}'),
+        ('"last"', '{"id": "first", "code": "pass", "id": "last"}'),
+        ('"nested"', '{"files": {"id": "x"}, "id": "nested", "code": "pass"}'),
+        ('9.99999999999999999999', '{"id": 9.99999999999999999999, "code": 7}'),
+        ('123456789012345678901234567890', '{"id": 123456789012345678901234567890, "x": 1}'),
+        # a carriage return between tokens would end the line for many readers
+        ('[1, 2]', '{"id": [1,\r2], "code": "pass"}'),
+    ]
+    p = subprocess.run([PYSBX, "serve"], input="".join(l + "\n" for _, l in raw).encode(),
+                       capture_output=True, timeout=120)
+    out = p.stdout.decode().split("\n")[:-1]
+    for text, _ in raw:
+        got = [l for l in out if l.startswith('{"id":' + text + ",")]
+        check(f"id {text} echoed as written, once", len(got) == 1, out)
+    check("no other answers", len(out) == len(raw), out)
+
+
+# --- the id scanner, on many generated objects --------------------------------
+
+
+def generated_ids():
+    """Ids of every kind, written with odd spacing, escaped keys, decoys
+    before them (nested and escaped "id" keys, a repeated id): each comes
+    back as written. The seed is fixed, so that a failure repeats."""
+    rnd = random.Random(7)
+    atoms = ["1", "-0", "1e5", "1.00000000001", "18446744073709551616", "3.14E-2", "true",
+             "false", "null", '"\\u0069\\n\\/"', "[]", "{}"]
+    strings = ["", "id", 'a"b', "\\", "\u00e9\u20ac\U0001d11e", "}", '{"id":1}', "\0", 'x\\"y']
+
+    def value(depth=0):
+        k = rnd.randrange(5 if depth < 3 else 2)
+        if k == 0:
+            return rnd.choice(atoms)
+        if k == 1:
+            return json.dumps(rnd.choice(strings), ensure_ascii=rnd.random() < 0.5)
+        ws = rnd.choice(["", " ", "\t", " \r "])
+        if k == 2:
+            return "[" + ws + ",".join(value(depth + 1) for _ in range(rnd.randrange(3))) + "]"
+        keys = ["id", "a", '\\"', "i d"]
+        return "{" + ",".join(ws + json.dumps(rnd.choice(keys)) + ws + ":" + ws + value(depth + 1)
+                              for _ in range(rnd.randrange(3))) + "}"
+
+    ids, lines = [], []
+    for _ in range(300):
+        raw = value()
+        key = rnd.choice(['"id"', '"\\u0069d"', '"i\\u0064"'])
+        decoy = rnd.choice(['', '"a": {"id": 5}, ', '"id": "dup", ', '"x\\"id": [1,"id"], '])
+        ws = rnd.choice(["", " ", " \t"])
+        lines.append("{" + ws + decoy + key + ws + ":" + ws + raw + ws + ', "nope": 1}')
+        ids.append(raw.replace("\r", " "))
+    p = subprocess.run([PYSBX, "serve"], input=("\n".join(lines) + "\n").encode(),
+                       capture_output=True, timeout=120)
+    out = p.stdout.decode().split("\n")[:-1]
+    wrong = [(l, o) for i, l, o in zip(ids, lines, out)
+             if not o.startswith('{"id":' + i + ',"error"') or json.loads(o)["error"]["code"]
+             != "invalid_request"]
+    check("300 generated ids come back as written", len(out) == 300 and not wrong,
+          (len(out), wrong[:3]))
+
+
+# --- unknown fields ----------------------------------------------------------
+
+
+def unknown_fields():
+    rc, answers = serve([json.dumps({"id": 1, "code": "1", "limit": {}}),
+                         json.dumps({"id": 2, "code": "1", "Code": "2"}),
+                         json.dumps({"cancel": 5, "id": 3})])
+    errs = {a["id"]: a.get("error", {}) for a in answers}
+    check("an unknown field is refused, named", errs.get(1, {}).get("code") == "invalid_request"
+          and "'limit'" in errs[1].get("message", ""), answers)
+    check("field names are case-sensitive", errs.get(2, {}).get("code") == "invalid_request"
+          and "'Code'" in errs[2].get("message", ""), answers)
+    check("a cancel message has only cancel", errs.get(3, {}).get("code") == "invalid_request"
+          and "'id'" in errs[3].get("message", ""), answers)
+
+
+# --- messages cut inside a character still make an answer with the id -----------
+
+
+def messages_cut_inside_a_character_still_make_an_answer_with_the_id():
+    long_name = "a" + "\u00e9" * 200
+    rc, answers = serve([json.dumps({"id": "f", "code": "pass", "files": {long_name: 5}}),
+                         json.dumps({"id": "g", "code": "pass", long_name: 1}),
+                         json.dumps({"id": "h", "code": "pass", "limits": {long_name: 1}})])
+    by = {a.get("id"): a for a in answers}
+    check("a message cut in a character: answered with the id", sorted(map(str, by)) == ["f", "g", "h"]
+          and by["f"]["error"]["code"] == "invalid_file"
+          and by["g"]["error"]["code"] == "invalid_request"
+          and by["h"]["error"]["code"] == "invalid_limit"
+          and all(by[k]["error"]["message"].startswith(("file a\u00e9", "unknown"))
+                  for k in "fgh"), answers)
+
+
+# --- ceilings ----------------------------------------------------------------
+
+
+def ceilings():
+    rc, answers = serve([
+        json.dumps({"id": "wall", "code": "pass", "limits": {"wall_seconds": 100}}),
+        json.dumps({"id": "mem", "code": "pass", "limits": {"memory_bytes": "1G"}}),
+        json.dumps({"id": "arts", "code": "pass", "limits": {"max_artifacts": 3}}),
+        json.dumps({"id": "out", "code": "pass", "limits": {"max_output_chars": 1001}}),
+        json.dumps({"id": "cpu", "code": "pass", "limits": {"cpu_seconds": 2.5}}),
+        json.dumps({"id": "ab", "code": "pass", "limits": {"max_artifact_bytes": 4097}}),
+        json.dumps({"id": "ok", "code": "print(1)", "limits": {"wall_seconds": 1, "max_artifacts": 2}}),
+        json.dumps({"id": "lowered", "code": "import time\ntime.sleep(5)"}),
+    ], "--max-wall", "1", "--max-cpu", "2", "--max-memory", "64M", "--max-output", "1000",
+        "--max-artifact-bytes", "4096", "--max-artifacts", "2")
+    by = {a.get("id"): a for a in answers}
+    msg = lambda k: by.get(k, {}).get("error", {}).get("message", "")
+    check("over a ceiling: invalid_limit naming it",
+          all(by.get(k, {}).get("error", {}).get("code") == "invalid_limit"
+              for k in ("wall", "mem", "arts", "out", "cpu", "ab"))
+          and msg("wall") == "wall_seconds 100 exceeds the server's ceiling of 1"
+          and msg("mem") == "memory_bytes 1073741824 exceeds the server's ceiling of 67108864"
+          and msg("arts") == "max_artifacts 3 exceeds the server's ceiling of 2"
+          and msg("cpu") == "cpu_seconds 2.5 exceeds the server's ceiling of 2", answers)
+    check("at the ceiling: runs", by.get("ok", {}).get("stdout") == "1\n", by.get("ok"))
+    check("a default above a ceiling is lowered to it",
+          by.get("lowered", {}).get("status") == "timeout" and by["lowered"]["limit"] == "wall"
+          and "1 s" in by["lowered"]["reason"], by.get("lowered"))
+    for bad in (["--max-memory", "1M"], ["--max-wall", "0"], ["--max-artifacts", "x"],
+                ["--grace", "-1"], ["--max-pending-bytes", "10"]):
+        p = subprocess.run([PYSBX, "serve", *bad], capture_output=True, text=True, timeout=60)
+        check(f"serve {' '.join(bad)}: usage error", p.returncode == 2, (p.returncode, p.stderr))
+    h = subprocess.run([PYSBX, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    check("serve --help documents the new options", all(
+        o in h for o in ("--grace", "--max-pending-bytes", "--max-wall", "--max-cpu", "--max-memory",
+                         "--max-output", "--max-artifact-bytes", "--max-artifacts", "cancel")), h)
+
+
+# --- cancel, on standard input ------------------------------------------------
+
+
+def cancel_on_standard_input():
+    srv = start("--grace", "60", stdin=subprocess.PIPE)
+    out = Lines(srv.stdout.fileno())
+    send(srv.stdin, {"id": "s", "code": SLEEP, "limits": LONG},
+         {"id": 1.0, "code": SLEEP, "limits": LONG},
+         {"cancel": "s"})
+    a = json.loads(out.next())
+    check("cancel: the request answers cancelled", a.get("id") == "s"
+          and a.get("status") == "cancelled" and a.get("partial") is True, a)
+    send(srv.stdin, {"cancel": 1})
+    a = out.next()
+    check("cancel for an unknown id (1 is not 1.0): an error with the id given",
+          a.startswith('{"id":null,"cancel":1,"error":{"code":"invalid_request"'), a)
+    send(srv.stdin, {"cancel": 1.0})
+    a = out.next()
+    check("cancel compares the id as written", a.startswith('{"id":1.0,"status":"cancelled"'), a)
+    send(srv.stdin, {"cancel": "s"})
+    a = json.loads(out.next())
+    check("cancel after the answer: an error", a.get("cancel") == "s" and "error" in a, a)
+    srv.stdin.close()
+    check("stdin: exit 0 at end of input", srv.wait(timeout=60) == 0)
+
+
+# --- cancel, behind more requests than run at once ---------------------------
+
+
+def cancel_behind_the_queue():
+    """With one run at a time, requests wait their turn; the server reads
+    ahead, so a cancel sent behind them is seen, and a waiting request is
+    answered at once, not when its turn comes."""
+    srv = start("--jobs", "1", "--grace", "60", stdin=subprocess.PIPE)
+    out = Lines(srv.stdout.fileno())
+    send(srv.stdin, *({"id": k, "code": SLEEP, "limits": LONG} for k in "abc"), {"cancel": "c"})
+    a = json.loads(out.next())
+    check("a waiting request is cancelled at once", a.get("id") == "c"
+          and a.get("status") == "cancelled", a)
+    send(srv.stdin, {"cancel": "a"})
+    a = json.loads(out.next())
+    check("the running one then", a.get("id") == "a" and a.get("status") == "cancelled", a)
+    send(srv.stdin, {"cancel": "b"})
+    a = json.loads(out.next())
+    check("and the next in turn", a.get("id") == "b" and a.get("status") == "cancelled", a)
+    srv.stdin.close()
+    check("then the end: exit 0", out.next() is None and srv.wait(timeout=60) == 0)
+
+
+# --- SIGTERM on standard input: the grace, then cancelled ------------------------
+
+
+def sigterm_on_standard_input_the_grace_then_cancelled():
+    srv = start("--grace", "5", stdin=subprocess.PIPE)
+    out = Lines(srv.stdout.fileno())
+    send(srv.stdin, {"id": "short", "code": "import time\ntime.sleep(0.2)\nprint('short')"},
+         {"id": "slow", "code": SLEEP, "limits": LONG}, MARKER)
+    marked(out)
+    srv.send_signal(signal.SIGTERM)
+    got = {a.get("id"): a for a in (json.loads(out.next()) for _ in range(2))}
+    check("stdin, SIGTERM: in flight and done within the grace is answered",
+          got.get("short", {}).get("stdout") == "short\n", got)
+    check("stdin, SIGTERM: left over after the grace is answered cancelled",
+          got.get("slow", {}).get("status") == "cancelled", got)
+    check("stdin, SIGTERM: nothing more", out.next() is None)
+    check("stdin, SIGTERM: exit 0", srv.wait(timeout=60) == 0)
+
+
+# --- a UNIX socket: hang-ups, slow readers, shutdown ------------------------------
+
+
+def a_client_that_hangs_up():
+    # One run at a time in all (--jobs 1 is also the sandbox's own bound): a
+    # second client's request runs only once the first client's run has ended.
+    srv, path, log = listening("--jobs", "1", "--grace", "60")
+    a_sock, a_in = connect(path)
+    send(a_sock, {"id": "hang", "code": SLEEP, "limits": LONG}, MARKER)
+    marked(a_in)
+    a_sock.close()
+    check("a client that hangs up: logged",
+          log.until(lambda l: "hung up" in l, timeout=60) is not None)
+    b_sock, b_in = connect(path)
+    send(b_sock, {"id": "after", "code": "print('after')"})
+    a = json.loads(b_in.next(timeout=60))
+    check("a client that hangs up has its run cancelled (the next one runs)",
+          a.get("stdout") == "after\n", a)
+    # Half-closed: a client that only says it is done still gets its answers.
+    b_sock.sendall((json.dumps({"id": "half", "code": "print('half')"}) + "\n").encode())
+    b_sock.shutdown(socket.SHUT_WR)
+    a = json.loads(b_in.next(timeout=60))
+    check("shutting only the writing side: still answered", a.get("stdout") == "half\n", a)
+    check("then the server closes the connection", b_in.next(timeout=60) is None)
+    b_sock.close()
+    srv.send_signal(signal.SIGTERM)
+    check("SIGTERM with nothing in flight: exit 0", srv.wait(timeout=60) == 0)
+    check("the socket is removed", not os.path.exists(path))
+
+
+def a_client_that_does_not_read():
+    """Cut off past --max-pending-bytes, without holding up anyone else."""
+    srv, path, log = listening("--max-pending-bytes", "1M", "--grace", "5")
+    big = {"code": "print('x' * 1000000)", "limits": {"max_output_chars": 1000000}}
+    s_sock, s_in = connect(path)
+    send(s_sock, *({"id": i, **big} for i in range(6)))
+    f_sock, f_in = connect(path)
+    send(f_sock, {"id": "fast", "code": "print(2)"})
+    a = json.loads(f_in.next(timeout=60))
+    check("another client is answered while one does not read", a.get("stdout") == "2\n", a)
+    check("the one that does not read is dropped: logged",
+          log.until(lambda l: "answers unread" in l, timeout=120) is not None)
+    n = 0
+    try:
+        while s_in.next(timeout=60) is not None:
+            n += 1
+    except TimeoutError:
+        n = -1
+    check("... and its connection is closed with fewer answers than asked", 0 <= n < 6, n)
+    f_sock.close()
+    srv.send_signal(signal.SIGTERM)
+    check("a dropped client does not hold up shutdown", srv.wait(timeout=60) == 0)
+    s_sock.close()
+
+
+def sigterm_on_a_socket():
+    """In flight past the grace is cancelled, answered, and the server ends."""
+    srv, path, log = listening("--grace", "0.5")
+    c_sock, c_in = connect(path)
+    send(c_sock, {"id": "g", "code": SLEEP, "limits": LONG}, MARKER)
+    marked(c_in)
+    srv.send_signal(signal.SIGTERM)
+    a = json.loads(c_in.next(timeout=60))
+    check("socket, SIGTERM: left over after the grace is answered cancelled",
+          a.get("id") == "g" and a.get("status") == "cancelled", a)
+    check("socket, SIGTERM: exit 0", srv.wait(timeout=60) == 0)
+    check("socket, SIGTERM: the socket is removed", not os.path.exists(path))
+    c_sock.close()
+
+
+def a_second_signal():
+    """At once, whatever the grace."""
+    srv, path, log = listening("--grace", "600")
+    c_sock, c_in = connect(path)
+    send(c_sock, {"id": "g", "code": SLEEP, "limits": LONG}, MARKER)
+    marked(c_in)
+    srv.send_signal(signal.SIGTERM)
+    check("the first signal removes the socket at once", wait_gone(path))
+    srv.send_signal(signal.SIGINT)
+    try:
+        code = srv.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        code = None
+    check("a second signal exits at once, status 1", code == 1, code)
+    check("the socket is gone", not os.path.exists(path))
+    c_sock.close()
+
+
+section(the_id_comes_back_as_written)
+section(generated_ids)
+section(unknown_fields)
+section(messages_cut_inside_a_character_still_make_an_answer_with_the_id)
+section(ceilings)
+section(cancel_on_standard_input)
+section(cancel_behind_the_queue)
+section(sigterm_on_standard_input_the_grace_then_cancelled)
+section(a_client_that_hangs_up)
+section(a_client_that_does_not_read)
+section(sigterm_on_a_socket)
+section(a_second_signal)
+
 # --- batch ----------------------------------------------------------------
 d = tempfile.mkdtemp()
 for name, code in [("a_ok.py", "print('a')"), ("b_raise.py", "raise KeyError('k')"),
@@ -122,12 +550,15 @@ with open(jl, "w") as f:
     f.write(json.dumps({"id": "x", "code": "print(2 + 2)"}) + "\n")
     f.write("{broken\n")
     f.write(json.dumps({"code": "print('no id')"}) + "\n")
+    f.write('{"id": 1.00000000001, "code": "pass"}\n')
 out = os.path.join(d, "out.jsonl")
 p = subprocess.run([PYSBX, "batch", jl, "--out", out], capture_output=True, text=True,
                    timeout=120)
 lines = [json.loads(l) for l in open(out)]
 check("batch of JSONL: one line each, labelled", sorted(l["program"] for l in lines)
-      == ["line 1", "line 2", "line 3"], lines)
+      == ["line 1", "line 2", "line 3", "line 4"], lines)
+check("batch of JSONL: the id as written",
+      '{"program":"line 4","id":1.00000000001,"status":"completed"' in open(out).read())
 check("batch of JSONL: ids and errors", any(l.get("id") == "x" and l["stdout"] == "4\n"
                                              for l in lines)
       and any("error" in l and l["program"] == "line 2" for l in lines), lines)

@@ -90,10 +90,36 @@ static void verdicts_follow_the_table(void **state)
     }
 }
 
+/* What the worker said before the code, cut by the supervisor's buffer in
+ * the middle of a character, must still make a result that encodes. */
+static void a_reason_cut_inside_a_character_stays_utf8(void **state)
+{
+    (void)state;
+    struct sbx_limits l;
+    struct sbx_result res;
+    sbx_limits_init(&l);
+    memset(&res, 0, sizeof(res));
+    struct verdict_input in = {
+        .wait_status = EXITED(125),
+        .limits = &l,
+        .setup_error = "pysbx: input file \xc3\xa9\xe2\x82", /* an \u00e9, then 2 of 3 bytes */
+    };
+
+    assert_int_equal(verdict_classify(&in, &res), 0);
+    assert_int_equal(res.status, SBX_SANDBOX_ERROR);
+    assert_string_equal(res.reason, "pysbx: input file \xc3\xa9");
+    char *json = sbx_result_to_json(&res);
+    assert_non_null(json);
+    assert_non_null(strstr(json, "\"reason\":\"pysbx: input file \xc3\xa9\""));
+    free(json);
+    free(res.reason);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(verdicts_follow_the_table),
+        cmocka_unit_test(a_reason_cut_inside_a_character_stays_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

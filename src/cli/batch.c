@@ -162,31 +162,21 @@ static void record(struct batch *b, size_t i, char *line, const struct sbx_resul
     free(line);
 }
 
-/* The answer line, with the program's label first. */
+/* The answer line, with the program's label first. The answer's own text
+ * follows as it is, so that its id stays as the request wrote it. */
 static char *labelled(const char *label, char *answer)
 {
-    json_t *o = answer ? json_loads(answer, 0, NULL) : NULL;
-    char *l = NULL;
+    json_t *l = json_string(label ? label : "?");
+    char *ltext = l ? json_dumps(l, JSON_ENCODE_ANY) : NULL;
+    char *out = NULL;
+
+    json_decref(l);
+    if (ltext && answer && answer[0] == '{' &&
+        asprintf(&out, "{\"program\":%s,%s", ltext, answer + 1) < 0)
+        out = NULL;
+    free(ltext);
     free(answer);
-    if (o) {
-        json_t *out = json_pack("{s:s}", "program", label ? label : "?");
-        json_object_update(out, o);
-        l = json_dumps(out, JSON_COMPACT | JSON_REAL_PRECISION(10));
-        json_decref(out);
-        json_decref(o);
-    }
-    if (l) {
-        size_t n = strlen(l);
-        char *t = realloc(l, n + 2);
-        if (!t) {
-            free(l);
-            return NULL;
-        }
-        t[n] = '\n';
-        t[n + 1] = '\0';
-        l = t;
-    }
-    return l;
+    return out;
 }
 
 static void *worker(void *p)
@@ -208,13 +198,14 @@ static void *worker(void *p)
 
         memset(&r, 0, sizeof(r));
         if (!pr->text) {
-            r.id = json_null();
             rc = sbx_fail(&err, pr->is_request ? SBX_ERR_TOO_LARGE : SBX_ERR_INVALID_REQUEST,
                           -EINVAL, pr->is_request ? "request line too long" : "cannot read it");
-        } else if (pr->is_request)
-            rc = json_request_parse(pr->text, pr->len, &r, &err);
-        else {
-            r.id = json_null();
+        } else if (pr->is_request) {
+            rc = json_request_parse(pr->text, pr->len, NULL, &r, &err);
+            if (rc == 0 && r.cancel_text)
+                rc = sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                              "a cancel message means nothing to a batch");
+        } else {
             sbx_request_init(&r.req);
             r.req.code = pr->text;
             r.req.code_len = pr->len;
@@ -226,7 +217,7 @@ static void *worker(void *p)
         if (rc == 0)
             rc = b->o->backend->run(b->o->backend->self, &r.req, &res, &err);
         double ms = (double)(now_ns() - t0) / 1e6;
-        answer = rc == 0 ? json_answer_result(r.id, res) : json_answer_error(r.id, &err);
+        answer = rc == 0 ? json_answer_result(r.id_text, res) : json_answer_error(r.id_text, &err);
         record(b, i, labelled(pr->label, answer), rc == 0 ? res : NULL, ms);
         sbx_result_free(res);
         json_request_free(&r);

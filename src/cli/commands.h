@@ -18,6 +18,9 @@ struct serve_opts {
     unsigned jobs;           /* requests run at once per input stream */
     const char *listen_path; /* a UNIX socket instead of stdin/stdout */
     mode_t socket_mode;
+    struct sbx_limits ceilings; /* the most a request may ask for */
+    double grace_seconds;       /* at SIGTERM: how long runs in flight may finish */
+    size_t max_pending_bytes;   /* answers a client leaves unread, before it is dropped */
 };
 
 int serve_main(const struct serve_opts *o);

@@ -1,6 +1,7 @@
 #include "lines.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,6 +11,22 @@ void line_reader_init(struct line_reader *lr, int fd, size_t max)
     memset(lr, 0, sizeof(*lr));
     lr->fd = fd;
     lr->max = max;
+    lr->stop_fd = -1;
+}
+
+/* Waits until |lr|'s descriptor can be read; false once stop_fd says to stop. */
+static bool may_read(struct line_reader *lr)
+{
+    struct pollfd p[2] = {{lr->fd, POLLIN, 0}, {lr->stop_fd, POLLIN, 0}};
+
+    if (lr->stop_fd < 0)
+        return true;
+    while (poll(p, 2, -1) < 0)
+        if (errno != EINTR)
+            return true; /* let read() say what is wrong */
+    if (p[1].revents)
+        lr->stopped = true;
+    return !lr->stopped;
 }
 
 void line_reader_free(struct line_reader *lr)
@@ -37,6 +54,8 @@ enum line_result line_next(struct line_reader *lr, const char **line, size_t *le
                 return LINE_TOO_LONG;
             return LINE_OK;
         }
+        if (lr->stopped)
+            return LINE_END;
         if (lr->eof) {
             if (lr->len > lr->start && !lr->discarding) {
                 /* A last line without its newline. */
@@ -69,6 +88,8 @@ enum line_result line_next(struct line_reader *lr, const char **line, size_t *le
             lr->buf = b;
             lr->cap = cap;
         }
+        if (!may_read(lr))
+            continue; /* stopped: what is whole in the buffer, then the end */
         ssize_t n = read(lr->fd, lr->buf + lr->len, lr->cap - lr->len);
         if (n < 0 && errno == EINTR)
             continue;

@@ -9,9 +9,13 @@
 struct line_reader {
     int fd;
     size_t max; /* longest line accepted, in bytes */
+    /* -1, or a descriptor whose becoming readable ends the input: the lines
+     * already whole in the buffer are still returned, nothing more is read,
+     * and a part line is dropped. */
+    int stop_fd;
     char *buf;
     size_t len, cap, start;
-    bool discarding, eof;
+    bool discarding, eof, stopped;
 };
 
 void line_reader_init(struct line_reader *lr, int fd, size_t max);

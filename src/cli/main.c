@@ -31,7 +31,14 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
         return EXIT_SANDBOX;
     }
     if (cmd == CMD_SERVE) {
-        struct serve_opts so = {&b, o.max_line, o.jobs, o.listen, (mode_t)o.socket_mode};
+        struct serve_opts so = {.backend = &b,
+                                .max_line_bytes = o.max_line,
+                                .jobs = o.jobs,
+                                .listen_path = o.listen,
+                                .socket_mode = (mode_t)o.socket_mode,
+                                .ceilings = o.ceilings,
+                                .grace_seconds = o.grace,
+                                .max_pending_bytes = o.max_pending};
         status = serve_main(&so);
     } else if (cmd == CMD_MCP) {
         struct mcp_opts mo = {&b, o.limits, o.max_line};

@@ -218,8 +218,9 @@ static void *run_call(void *p)
     json_t *req = json_pack("{s:O, s:O*, s:o}", "code", json_object_get(j->args, "code"), "files",
                             json_object_get(j->args, "files"), "limits", json_object());
 
+    memset(&r, 0, sizeof(r));
     /* The tool's own limits, whatever the model asks. */
-    if (req && json_request_from(req, &r, &err) == 0) {
+    if (req && json_request_from(req, NULL, &r, &err) == 0) {
         r.req.limits = s->o->limits;
         r.req.cancel = j->call.cancel;
         if (sbx_request_check(&r.req, &err) == 0 &&

@@ -1,8 +1,9 @@
 #define _GNU_SOURCE
 #include "options.h"
 
-#include "util.h"
+#include "reqjson.h"
 #include "sysutil.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +17,11 @@
 
 /* A longer request line is refused, not read into memory. */
 #define DEFAULT_MAX_LINE (64u << 20)
+/* serve: how long runs in flight may finish after SIGTERM, and how many
+ * bytes of answers a client may leave unread before it is dropped. */
+#define DEFAULT_GRACE_SECONDS 10.0
+#define DEFAULT_MAX_PENDING   (64u << 20)
+#define MIN_MAX_PENDING       4096u
 
 static const char limits_help[] =
     "  --wall SECONDS          wall-clock limit (default 10)\n"
@@ -79,8 +85,15 @@ static const char serve_usage[] =
     "   \"max_artifact_bytes\": 65536, \"max_artifacts\": 8}}\n"
     "An answer: the result object of pysbx run --json with the request's id, or\n"
     "  {\"id\": ..., \"error\": {\"code\": \"...\", \"message\": \"...\"}}.\n"
+    "Only those fields: any other is refused (invalid_request). The id comes back\n"
+    "exactly as written. {\"cancel\": ID} cancels the requests in flight on the\n"
+    "same stream whose id is written ID (each then answers status \"cancelled\");\n"
+    "if there is none it is answered {\"id\": null, \"cancel\": ID, \"error\": ...}.\n"
     "At the end of input, finishes and answers what is in flight, and exits 0.\n"
-    "With --listen, runs until SIGINT or SIGTERM, then does the same.\n"
+    "With --listen, runs until SIGINT or SIGTERM; a client that hangs up has its\n"
+    "runs cancelled. On SIGINT or SIGTERM: reads no more, lets what is in flight\n"
+    "finish for --grace seconds, cancels and answers the rest, removes the socket\n"
+    "and exits 0; a second signal exits at once with status 1.\n"
     "\n"
     "options:\n"
     "  --listen PATH           serve on a UNIX socket (mode 0600) instead\n"
@@ -88,7 +101,24 @@ static const char serve_usage[] =
     "  --jobs N                requests run at once per input stream (default: two\n"
     "                          per core)\n"
     "  --max-line-bytes N      a longer request line is refused, not read into memory\n"
-    "                          (default 67108864)\n";
+    "                          (default 67108864)\n"
+    "  --max-pending-bytes N   answers a client has not read, in bytes, past which it\n"
+    "                          is disconnected and its runs cancelled (default 64M;\n"
+    "                          one answer alone may exceed it); on standard output,\n"
+    "                          the server waits instead\n"
+    "  --grace SECONDS         at SIGINT or SIGTERM, how long runs in flight may still\n"
+    "                          finish before they are cancelled (default 10; 0: at once)\n";
+
+static const char serve_ceilings_help[] =
+    "\n"
+    "ceilings: a request asking more is refused (invalid_limit), and a default above\n"
+    "one is lowered to it (default: the library's ranges):\n"
+    "  --max-wall SECONDS      wall_seconds\n"
+    "  --max-cpu SECONDS       cpu_seconds\n"
+    "  --max-memory SIZE       memory_bytes (bytes, or with K, M, G, T)\n"
+    "  --max-output CHARS      max_output_chars\n"
+    "  --max-artifact-bytes N  max_artifact_bytes\n"
+    "  --max-artifacts N       max_artifacts\n";
 
 static const char mcp_usage[] =
     "usage: pysbx mcp [options]\n"
@@ -160,8 +190,8 @@ static void print_usage(enum cmd c)
         printf("%s%s%s%s", run_usage_head, limits_help, sandbox_help, run_usage_tail);
         break;
     case CMD_SERVE:
-        printf("%s%s%s  -h, --help              this text\n", serve_usage, backend_help,
-               sandbox_help);
+        printf("%s%s%s  -h, --help              this text\n%s", serve_usage, backend_help,
+               sandbox_help, serve_ceilings_help);
         break;
     case CMD_MCP:
         printf("%s%s%s%s  -h, --help              this text\n", mcp_usage, limits_help,
@@ -320,6 +350,11 @@ enum {
     O_JOBS,
     O_LINE,
     O_OUTFILE,
+    O_GRACE,
+    O_PENDING,
+    O_MAXWALL,
+    O_MAXCPU,
+    O_MAXMEM,
 };
 
 #define LIMITS  (CMD_RUN | CMD_MCP | CMD_BATCH)
@@ -334,9 +369,15 @@ static const struct {
     {{"wall", required_argument, NULL, O_WALL}, LIMITS},
     {{"cpu", required_argument, NULL, O_CPU}, LIMITS},
     {{"memory", required_argument, NULL, O_MEM}, LIMITS},
-    {{"max-output", required_argument, NULL, O_OUT}, LIMITS},
-    {{"max-artifact-bytes", required_argument, NULL, O_ABYTES}, LIMITS},
-    {{"max-artifacts", required_argument, NULL, O_ARTS}, LIMITS},
+    /* For serve, these three are ceilings (the limits are the requests'). */
+    {{"max-output", required_argument, NULL, O_OUT}, LIMITS | CMD_SERVE},
+    {{"max-artifact-bytes", required_argument, NULL, O_ABYTES}, LIMITS | CMD_SERVE},
+    {{"max-artifacts", required_argument, NULL, O_ARTS}, LIMITS | CMD_SERVE},
+    {{"max-wall", required_argument, NULL, O_MAXWALL}, CMD_SERVE},
+    {{"max-cpu", required_argument, NULL, O_MAXCPU}, CMD_SERVE},
+    {{"max-memory", required_argument, NULL, O_MAXMEM}, CMD_SERVE},
+    {{"grace", required_argument, NULL, O_GRACE}, CMD_SERVE},
+    {{"max-pending-bytes", required_argument, NULL, O_PENDING}, CMD_SERVE},
     {{"file", required_argument, NULL, O_FILE}, CMD_RUN},
     {{"artifacts-dir", required_argument, NULL, O_DIR}, CMD_RUN},
     {{"template", required_argument, NULL, O_TMPL}, SANDBOX},
@@ -371,6 +412,9 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
     memset(o, 0, sizeof(*o));
     o->cmd = cmd;
     sbx_limits_init(&o->limits);
+    json_ceilings_init(&o->ceilings);
+    o->grace = DEFAULT_GRACE_SECONDS;
+    o->max_pending = DEFAULT_MAX_PENDING;
     o->required = SBX_LAYERS_DEFAULT;
     o->max_line = DEFAULT_MAX_LINE;
     o->socket_mode = 0600;
@@ -389,13 +433,19 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
             break;
         case O_WALL:
         case O_CPU:
-            if (parse_seconds(optarg,
-                              c == O_WALL ? &o->limits.wall_seconds : &o->limits.cpu_seconds) < 0)
+        case O_MAXWALL:
+        case O_MAXCPU:
+            if (parse_seconds(optarg, c == O_WALL      ? &o->limits.wall_seconds
+                                      : c == O_CPU     ? &o->limits.cpu_seconds
+                                      : c == O_MAXWALL ? &o->ceilings.wall_seconds
+                                                       : &o->ceilings.cpu_seconds) < 0)
                 return usage_error(cmd, "--%s wants a number of seconds above 0, not '%s'",
                                    option_name(c), optarg);
             break;
         case O_MEM:
-            if (parse_size(optarg, &o->limits.memory_bytes) < 0)
+        case O_MAXMEM:
+            if (parse_size(optarg,
+                           c == O_MEM ? &o->limits.memory_bytes : &o->ceilings.memory_bytes) < 0)
                 return usage_error(cmd,
                                    "--memory wants a size such as 256M, 1G or 268435456, "
                                    "not '%s'",
@@ -403,12 +453,27 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
             break;
         case O_OUT:
         case O_ABYTES:
-        case O_ARTS:
-            if (parse_u64(optarg, c == O_OUT      ? &o->limits.max_output_chars
-                                  : c == O_ABYTES ? &o->limits.max_artifact_bytes
-                                                  : &o->limits.max_artifacts) < 0)
+        case O_ARTS: {
+            struct sbx_limits *l = cmd == CMD_SERVE ? &o->ceilings : &o->limits;
+            if (parse_u64(optarg, c == O_OUT      ? &l->max_output_chars
+                                  : c == O_ABYTES ? &l->max_artifact_bytes
+                                                  : &l->max_artifacts) < 0)
                 return usage_error(cmd, "--%s wants a whole number, not '%s'", option_name(c),
                                    optarg);
+            break;
+        }
+        case O_GRACE:
+            if (strcmp(optarg, "0") != 0 &&
+                (parse_seconds(optarg, &o->grace) < 0 || o->grace > SBX_MAX_SECONDS))
+                return usage_error(cmd, "--grace wants a number of seconds from 0 to 86400");
+            if (strcmp(optarg, "0") == 0)
+                o->grace = 0;
+            break;
+        case O_PENDING:
+            if (parse_size(optarg, &n) < 0 || n < MIN_MAX_PENDING || n > SIZE_MAX / 2)
+                return usage_error(cmd, "--max-pending-bytes wants a size of at least %u, not '%s'",
+                                   MIN_MAX_PENDING, optarg);
+            o->max_pending = (size_t)n;
             break;
         case O_FILE:
             if ((rc = add_file(o, optarg)) != 0)
@@ -482,6 +547,9 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         probe.limits = o->limits;
         if (sbx_request_check(&probe, &err) < 0)
             return usage_error(cmd, "%s", err.message);
+        probe.limits = o->ceilings;
+        if (cmd == CMD_SERVE && sbx_request_check(&probe, &err) < 0)
+            return usage_error(cmd, "a ceiling out of range: %s", err.message);
     }
     return 0;
 }

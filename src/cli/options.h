@@ -36,6 +36,9 @@ struct opts {
     struct sbx_file *files;
     size_t n_files;
     struct sbx_limits limits;
+    struct sbx_limits ceilings; /* serve: the most a request may ask */
+    double grace;               /* serve: seconds to drain at SIGTERM */
+    size_t max_pending;         /* serve: unsent answer bytes per client */
 };
 
 /* "run", "serve", ... */

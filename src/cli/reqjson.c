@@ -6,9 +6,61 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The limits a request may set, with the library's ceiling on each. */
+static const struct limit_field {
+    const char *name;
+    bool seconds; /* a double; else a uint64_t */
+    size_t off;
+    double max;
+} limit_fields[] = {
+    {"wall_seconds", true, offsetof(struct sbx_limits, wall_seconds), SBX_MAX_SECONDS},
+    {"cpu_seconds", true, offsetof(struct sbx_limits, cpu_seconds), SBX_MAX_SECONDS},
+    {"memory_bytes", false, offsetof(struct sbx_limits, memory_bytes), SBX_MAX_MEMORY_BYTES},
+    {"max_output_chars", false, offsetof(struct sbx_limits, max_output_chars),
+     SBX_MAX_OUTPUT_CHARS_LIMIT},
+    {"max_artifact_bytes", false, offsetof(struct sbx_limits, max_artifact_bytes),
+     SBX_MAX_ARTIFACT_BYTES_LIMIT},
+    {"max_artifacts", false, offsetof(struct sbx_limits, max_artifacts), SBX_MAX_ARTIFACTS_LIMIT},
+};
+
+/* What a request may hold, besides the limits' own keys. */
+static const char *const request_fields[] = {"id", "code", "files", "files_base64", "limits"};
+
+static double *seconds_of(struct sbx_limits *l, const struct limit_field *f)
+{
+    return (double *)((char *)l + f->off);
+}
+
+static uint64_t *count_of(struct sbx_limits *l, const struct limit_field *f)
+{
+    return (uint64_t *)((char *)l + f->off);
+}
+
+static double seconds_in(const struct sbx_limits *l, const struct limit_field *f)
+{
+    return *(const double *)((const char *)l + f->off);
+}
+
+static uint64_t count_in(const struct sbx_limits *l, const struct limit_field *f)
+{
+    return *(const uint64_t *)((const char *)l + f->off);
+}
+
+void json_ceilings_init(struct sbx_limits *ceil)
+{
+    for (size_t i = 0; i < ARRAY_SIZE(limit_fields); i++) {
+        const struct limit_field *f = &limit_fields[i];
+        if (f->seconds)
+            *seconds_of(ceil, f) = f->max;
+        else
+            *count_of(ceil, f) = (uint64_t)f->max;
+    }
+}
 
 static int number(json_t *v, const char *name, double *out, struct sbx_error *err)
 {
@@ -18,46 +70,87 @@ static int number(json_t *v, const char *name, double *out, struct sbx_error *er
     return 0;
 }
 
+/* A whole number. Integers past 2^63 reach us as reals (see parse_object),
+ * so a real with no fraction counts too. */
 static int count(json_t *v, const char *name, uint64_t *out, struct sbx_error *err)
 {
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
+    double d = json_is_real(v) ? json_real_value(v) : -1;
+
+    if (json_is_integer(v) && json_integer_value(v) >= 0)
+        *out = (uint64_t)json_integer_value(v);
+    else if (d >= 0 && d == floor(d))
+        *out = d >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)d;
+    else
         return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
                         "limit %s must be a whole number, 0 or more", name);
-    *out = (uint64_t)json_integer_value(v);
     return 0;
 }
 
-static int parse_limits(json_t *l, struct sbx_limits *out, struct sbx_error *err)
+static int parse_limit(const struct limit_field *f, json_t *v, struct sbx_limits *out,
+                       struct sbx_error *err)
 {
+    /* memory_bytes: bytes, or a size such as "256M" */
+    if (f->off == offsetof(struct sbx_limits, memory_bytes) && json_is_string(v) &&
+        parse_size(json_string_value(v), &out->memory_bytes) == 0)
+        return 0;
+    if (f->seconds)
+        return number(v, f->name, seconds_of(out, f), err);
+    return count(v, f->name, count_of(out, f), err);
+}
+
+/* A limit asked above the server's ceiling is refused; where the ceiling is
+ * the library's own range, the library's check says it instead. A default
+ * above the ceiling is lowered to it. */
+static int apply_ceiling(const struct limit_field *f, bool given, struct sbx_limits *l,
+                         const struct sbx_limits *ceil, struct sbx_error *err)
+{
+    if (f->seconds) {
+        double v = seconds_in(l, f), top = seconds_in(ceil, f);
+        if (v <= top || top >= f->max)
+            return 0;
+        if (!given) {
+            *seconds_of(l, f) = top;
+            return 0;
+        }
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
+                        "%s %g exceeds the server's ceiling of %g", f->name, v, top);
+    }
+    uint64_t v = count_in(l, f), top = count_in(ceil, f);
+    if (v <= top || (double)top >= f->max)
+        return 0;
+    if (!given) {
+        *count_of(l, f) = top;
+        return 0;
+    }
+    return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
+                    "%s %llu exceeds the server's ceiling of %llu", f->name, (unsigned long long)v,
+                    (unsigned long long)top);
+}
+
+static int parse_limits(json_t *l, struct sbx_limits *out, const struct sbx_limits *ceil,
+                        struct sbx_error *err)
+{
+    bool given[ARRAY_SIZE(limit_fields)] = {false};
     const char *k;
     json_t *v;
-    int rc = 0;
+    int rc;
 
-    if (!json_is_object(l))
+    if (l && !json_is_object(l))
         return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "limits must be an object");
     json_object_foreach(l, k, v)
     {
-        if (strcmp(k, "wall_seconds") == 0)
-            rc = number(v, k, &out->wall_seconds, err);
-        else if (strcmp(k, "cpu_seconds") == 0)
-            rc = number(v, k, &out->cpu_seconds, err);
-        else if (strcmp(k, "memory_bytes") == 0) {
-            /* bytes, or a size such as "256M" */
-            if (json_is_string(v) && parse_size(json_string_value(v), &out->memory_bytes) == 0)
-                rc = 0;
-            else
-                rc = count(v, k, &out->memory_bytes, err);
-        } else if (strcmp(k, "max_output_chars") == 0)
-            rc = count(v, k, &out->max_output_chars, err);
-        else if (strcmp(k, "max_artifact_bytes") == 0)
-            rc = count(v, k, &out->max_artifact_bytes, err);
-        else if (strcmp(k, "max_artifacts") == 0)
-            rc = count(v, k, &out->max_artifacts, err);
-        else
-            rc = sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "unknown limit '%s'", k);
-        if (rc < 0)
+        size_t i = 0;
+        while (i < ARRAY_SIZE(limit_fields) && strcmp(k, limit_fields[i].name) != 0)
+            i++;
+        if (i == ARRAY_SIZE(limit_fields))
+            return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "unknown limit '%s'", k);
+        if ((rc = parse_limit(&limit_fields[i], v, out, err)) < 0)
             return rc;
+        given[i] = true;
     }
+    for (size_t i = 0; ceil && i < ARRAY_SIZE(limit_fields); i++)
+        if ((rc = apply_ceiling(&limit_fields[i], given[i], out, ceil, err)) < 0)
+            return rc;
     return 0;
 }
 
@@ -113,22 +206,41 @@ static int parse_files(json_t *o, bool b64, struct json_request *r, struct sbx_e
     return 0;
 }
 
-int json_request_from(json_t *o, struct json_request *r, struct sbx_error *err)
+static int unknown_field(json_t *o, const char *const *known, size_t n, const char *what,
+                         struct sbx_error *err)
+{
+    const char *k;
+    json_t *v;
+
+    json_object_foreach(o, k, v)
+    {
+        size_t i = 0;
+        while (i < n && strcmp(k, known[i]) != 0)
+            i++;
+        if (i == n)
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "unknown field '%s' (%s)", k,
+                            what);
+    }
+    return 0;
+}
+
+int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_request *r,
+                      struct sbx_error *err)
 {
     json_t *code;
     int rc;
 
-    memset(r, 0, sizeof(*r));
     sbx_request_init(&r->req);
-    r->id = json_incref(json_object_get(o, "id"));
-    if (!r->id)
-        r->id = json_null();
+    /* A misspelt field would otherwise be ignored, and the request run
+     * without what its caller thinks it asked for. */
+    if ((rc = unknown_field(o, request_fields, ARRAY_SIZE(request_fields),
+                            "a request has id, code, files, files_base64, limits", err)) < 0)
+        return rc;
     code = json_object_get(o, "code");
     if (!json_is_string(code))
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                         "a request needs \"code\", a string");
-    json_t *limits = json_object_get(o, "limits");
-    if (limits && (rc = parse_limits(limits, &r->req.limits, err)) < 0)
+    if ((rc = parse_limits(json_object_get(o, "limits"), &r->req.limits, ceil, err)) < 0)
         return rc;
     if ((rc = parse_files(json_object_get(o, "files"), false, r, err)) < 0 ||
         (rc = parse_files(json_object_get(o, "files_base64"), true, r, err)) < 0)
@@ -141,26 +253,155 @@ int json_request_from(json_t *o, struct json_request *r, struct sbx_error *err)
     return sbx_request_check(&r->req, err);
 }
 
-int json_request_parse(const char *text, size_t len, struct json_request *r, struct sbx_error *err)
+/* --- the text of a member, as written ---------------------------------------- */
+
+static size_t skip_ws(const char *s, size_t i, size_t n)
+{
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n'))
+        i++;
+    return i;
+}
+
+/* s[i] is the opening quote; returns the index after the closing one. A
+ * backslash always escapes the next byte (\uXXXX's digits are plain). */
+static size_t skip_string(const char *s, size_t i, size_t n)
+{
+    for (i++; i < n && s[i] != '"'; i++)
+        if (s[i] == '\\')
+            i++;
+    return i < n ? i + 1 : n;
+}
+
+static size_t skip_value(const char *s, size_t i, size_t n)
+{
+    size_t depth = 0;
+
+    if (i < n && s[i] == '"')
+        return skip_string(s, i, n);
+    if (i < n && s[i] != '{' && s[i] != '[') {
+        /* a number, true, false or null: up to what ends it */
+        while (i < n && !strchr(",}] \t\r\n", s[i]))
+            i++;
+        return i;
+    }
+    while (i < n) {
+        char ch = s[i];
+        if (ch == '"') {
+            i = skip_string(s, i, n);
+            continue;
+        }
+        if (ch == '{' || ch == '[')
+            depth++;
+        else if ((ch == '}' || ch == ']') && --depth == 0)
+            return i + 1;
+        i++;
+    }
+    return n;
+}
+
+/* Whether the string token s[a..b) (quotes included) decodes to |key|: a key
+ * may be written with escapes ("\u0069d" is "id"). */
+static bool key_is(const char *s, size_t a, size_t b, const char *key)
+{
+    size_t klen = strlen(key);
+
+    if (b - a < 2)
+        return false;
+    if (!memchr(s + a, '\\', b - a))
+        return b - a - 2 == klen && memcmp(s + a + 1, key, klen) == 0;
+    json_t *k = json_loadb(s + a, b - a, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    bool same = json_is_string(k) && json_string_length(k) == klen &&
+                memcmp(json_string_value(k), key, klen) == 0;
+    json_decref(k);
+    return same;
+}
+
+int json_raw_member(const char *text, size_t len, const char *key, const char **val, size_t *vlen)
+{
+    size_t i = skip_ws(text, 0, len);
+    int rc = -ENOENT;
+
+    if (i >= len || text[i] != '{')
+        return -ENOENT;
+    i = skip_ws(text, i + 1, len);
+    while (i < len && text[i] == '"') {
+        size_t ka = i, kb = skip_string(text, i, len);
+        i = skip_ws(text, kb, len);
+        if (i >= len || text[i] != ':')
+            break;
+        size_t va = skip_ws(text, i + 1, len), vb = skip_value(text, va, len);
+        if (key_is(text, ka, kb, key)) { /* the last one wins, as in the parser */
+            *val = text + va;
+            *vlen = vb - va;
+            rc = 0;
+        }
+        i = skip_ws(text, vb, len);
+        if (i >= len || text[i] != ',')
+            break;
+        i = skip_ws(text, i + 1, len);
+    }
+    return rc;
+}
+
+/* The member's text, for echoing. A carriage return in it can only be
+ * whitespace between tokens (JSON strings hold none raw); it becomes a
+ * space, since many line readers would end the answer's line there. */
+static char *member_text(const char *text, size_t len, const char *key)
+{
+    const char *v;
+    size_t n;
+    char *t = json_raw_member(text, len, key, &v, &n) == 0 ? strndup(v, n) : NULL;
+
+    for (char *p = t; p && (p = strchr(p, '\r'));)
+        *p = ' ';
+    return t;
+}
+
+/* --- parsing a line ----------------------------------------------------------- */
+
+static json_t *parse_object(const char *text, size_t len, struct sbx_error *err)
 {
     json_error_t jerr;
     json_t *o = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);
-    int rc;
 
-    memset(r, 0, sizeof(*r));
+    /* jansson refuses integers past 2^63 unless all numbers are reals;
+     * only the id (echoed as written) and whole-number limits (which take
+     * reals without a fraction) can tell. */
+    if (!o && json_error_code(&jerr) == json_error_numeric_overflow)
+        o = json_loadb(text, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &jerr);
     if (!o) {
-        r->id = json_null();
-        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "not JSON: %s (column %d)",
-                        jerr.text, jerr.column);
+        sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "not JSON: %s (column %d)", jerr.text,
+                 jerr.column);
+        return NULL;
     }
     if (!json_is_object(o)) {
         json_decref(o);
-        r->id = json_null();
-        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "a request is a JSON object");
+        sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "a request is a JSON object");
+        return NULL;
     }
-    rc = json_request_from(o, r, err);
+    return o;
+}
+
+int json_request_parse(const char *text, size_t len, const struct sbx_limits *ceil,
+                       struct json_request *r, struct sbx_error *err)
+{
+    static const char *const cancel_fields[] = {"cancel"};
+    json_t *o = parse_object(text, len, err);
+
+    memset(r, 0, sizeof(*r));
+    if (!o)
+        return -EINVAL;
     r->doc = o; /* it holds the code string */
-    return rc;
+    /* Only now is the text known to be JSON, which the scan relies on. */
+    if (json_object_get(o, "id") && !(r->id_text = member_text(text, len, "id")))
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    if (json_object_get(o, "cancel")) {
+        if (!(r->cancel_text = member_text(text, len, "cancel")))
+            return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+        return unknown_field(o, cancel_fields, ARRAY_SIZE(cancel_fields),
+                             "a cancel message has only \"cancel\"", err);
+    }
+    return json_request_from(o, ceil, r, err);
 }
 
 void json_request_free(struct json_request *r)
@@ -170,48 +411,83 @@ void json_request_free(struct json_request *r)
         free((void *)r->files[i].data);
     }
     free(r->files);
-    json_decref(r->id);
+    free(r->id_text);
+    free(r->cancel_text);
     json_decref(r->doc);
     memset(r, 0, sizeof(*r));
 }
 
-static char *line(json_t *o)
-{
-    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
-    char *l = NULL;
+/* --- answers ------------------------------------------------------------------ */
 
-    json_decref(o);
-    if (!s)
-        return NULL;
-    size_t n = strlen(s);
-    l = realloc(s, n + 2);
-    if (!l) {
-        free(s);
-        return NULL;
-    }
-    l[n] = '\n';
-    l[n + 1] = '\0';
-    return l;
-}
-
-char *json_answer_result(json_t *id, const struct sbx_result *res)
+/* "{" head "," rest-of-|obj| "\n": members spliced in front of an encoded
+ * object's own, so that their text stays as it was. */
+static char *splice(const char *head, char *obj)
 {
-    /* The result's own JSON text, with the id spliced in first:
-     * {"id":<id>,"status":...} */
-    char *idtext = json_dumps(id ? id : json_null(), JSON_ENCODE_ANY | JSON_COMPACT);
-    char *result = sbx_result_to_json(res);
     char *out = NULL;
 
-    if (idtext && result && result[0] == '{' &&
-        asprintf(&out, "{\"id\":%s,%s\n", idtext, result + 1) < 0)
+    if (obj && obj[0] == '{' &&
+        asprintf(&out, "{%s%s%s\n", head, obj[1] == '}' ? "" : ",", obj + 1) < 0)
         out = NULL;
-    free(idtext);
-    free(result);
+    free(obj);
     return out;
 }
 
-char *json_answer_error(json_t *id, const struct sbx_error *err)
+static char *with_id(const char *id_text, char *obj)
 {
-    return line(json_pack("{s:O, s:{s:s, s:s}}", "id", id ? id : json_null(), "error", "code",
-                          sbx_error_code_name(err->code), "message", err->message));
+    char *head = NULL;
+    char *out;
+
+    if (asprintf(&head, "\"id\":%s", id_text ? id_text : "null") < 0) {
+        free(obj);
+        return NULL;
+    }
+    out = splice(head, obj);
+    free(head);
+    return out;
+}
+
+char *json_answer_result(const char *id_text, const struct sbx_result *res)
+{
+    char *result = sbx_result_to_json(res);
+
+    if (!result) {
+        /* Still an answer to this id, rather than none. */
+        struct sbx_error err;
+        sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "the result (status %s) could not be encoded",
+                 sbx_status_name(res->status));
+        return json_answer_error(id_text, &err);
+    }
+    return with_id(id_text, result);
+}
+
+/* {"error":{"code":...,"message":...}}. A message is cut to 255 bytes,
+ * possibly inside a character (a long file name): keep whole characters, or
+ * the encoder refuses it all. */
+static char *error_object(const struct sbx_error *err)
+{
+    size_t n = strnlen(err->message, sizeof(err->message));
+    n = utf8_valid_prefix((const unsigned char *)err->message, n);
+    json_t *o = json_pack("{s:{s:s, s:s%}}", "error", "code", sbx_error_code_name(err->code),
+                          "message", err->message, n);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+    json_decref(o);
+    return s;
+}
+
+char *json_answer_error(const char *id_text, const struct sbx_error *err)
+{
+    return with_id(id_text, error_object(err));
+}
+
+char *json_answer_cancel_error(const char *cancel_text, const struct sbx_error *err)
+{
+    char *head = NULL;
+    char *out;
+
+    if (asprintf(&head, "\"id\":null,\"cancel\":%s", cancel_text) < 0)
+        return NULL;
+    out = splice(head, error_object(err));
+    free(head);
+    return out;
 }

@@ -3,6 +3,16 @@
  * socket. Requests run concurrently and are answered as they finish, each
  * exactly once; a line that cannot be run is answered with an error and the
  * server goes on.
+ *
+ * Threads: the main thread accepts clients (or starts the one stream of
+ * stdin/stdout) and handles SIGINT and SIGTERM. Each stream has a reader
+ * (its lines, in order), a writer (its answers, in the order they are
+ * queued) and up to --jobs run threads, which take the requests waiting
+ * their turn in order. A request is on its stream's list, with its cancel
+ * token, from when it is read until its answer is queued: that list is what
+ * a cancel message, a client hanging up and shutdown fire. Answers go
+ * through the writer so that a client that does not read holds up nobody
+ * but itself.
  */
 #define _GNU_SOURCE
 #include "commands.h"
@@ -20,57 +30,387 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-/* One input stream and the answers to it. */
-struct conn {
+/* At shutdown, once the grace is over and what was left is cancelled: how
+ * long the cancelled runs may take to end, then how long clients have to
+ * read their answers before they are cut off. */
+#define CANCEL_WAIT_SECONDS 10.0
+#define FLUSH_SECONDS       1.0
+/* Requests a stream may have read and waiting for one of its --jobs places
+ * (their lines together at most --max-line-bytes): reading ahead is what
+ * lets a cancel sent behind them be seen. */
+#define READ_AHEAD 1024u
+
+struct answer {
+    struct answer *next;
+    char *text;
+    size_t len;
+};
+
+struct server {
     const struct serve_opts *o;
-    int in_fd, out_fd;
-    pthread_mutex_t lock; /* answers are whole lines, one at a time */
-    pthread_cond_t idle;
-    unsigned inflight;
+    pthread_mutex_t lock; /* conns, n_conns, cancelling; taken before a conn's */
+    struct conn *conns;
+    unsigned n_conns;
+    bool cancelling; /* the grace is over: a run is cancelled as it registers */
+    int stop_fd;     /* eventfd, written at shutdown and never read: readers stop */
+    int wake_fd;     /* eventfd: a stream ended or a run did; the main thread looks */
 };
 
 struct job {
+    struct job *next;  /* in c->jobs */
+    struct job *wnext; /* in c's waiting queue */
+    bool waiting;
+    size_t bytes; /* of its line */
     struct conn *c;
+    struct sbx_cancel *cancel;
     struct json_request r;
 };
 
-static void answer(struct conn *c, char *line)
+/* One input stream and the answers to it. */
+struct conn {
+    struct server *s;
+    struct conn *next;
+    int in_fd, out_fd;
+    bool socket; /* a client's connection, rather than stdin/stdout */
+    int wake_fd; /* eventfd: a run ended, or the stream was dropped */
+    pthread_t writer;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;             /* an answer queued or written, the end, a drop */
+    unsigned inflight;                  /* requests read and not yet answered */
+    unsigned active;                    /* threads running this stream's requests: at most jobs */
+    unsigned running;                   /* runs started and not yet returned */
+    struct job *jobs;                   /* requests read and not yet answered */
+    struct job *wait_head, **wait_tail; /* read, waiting for a place */
+    unsigned n_waiting;
+    size_t waiting_bytes;
+    struct answer *head, **tail;
+    size_t pending; /* bytes of answers queued or being written */
+    bool done;      /* no more answers will be queued */
+    bool dropped;   /* the client is gone or cut off: its answers go nowhere */
+};
+
+static void notify(int efd)
 {
-    if (!line)
-        line = strdup("{\"id\":null,\"error\":{\"code\":\"sandbox_unavailable\","
-                      "\"message\":\"out of memory\"}}\n");
-    pthread_mutex_lock(&c->lock);
-    if (line)
-        (void)write_full(c->out_fd, line, strlen(line));
-    pthread_mutex_unlock(&c->lock);
-    free(line);
+    uint64_t one = 1;
+    (void)!write(efd, &one, sizeof(one));
 }
 
-static void *run_job(void *p)
+static void consume(int efd)
 {
-    struct job *j = p;
+    uint64_t n;
+    (void)!read(efd, &n, sizeof(n));
+}
+
+static void free_answers(struct conn *c)
+{
+    while (c->head) {
+        struct answer *a = c->head;
+        c->head = a->next;
+        c->pending -= a->len;
+        free(a->text);
+        free(a);
+    }
+    c->tail = &c->head;
+}
+
+/* The client is gone, or will not be waited for: cancel its runs, forget its
+ * answers, wake whoever waits on it. Under c->lock. */
+static void drop_locked(struct conn *c, const char *why)
+{
+    unsigned runs = 0;
+
+    if (c->dropped)
+        return;
+    c->dropped = true;
+    for (struct job *j = c->jobs; j; j = j->next, runs++)
+        sbx_cancel_fire(j->cancel);
+    free_answers(c);
+    /* Ends the reader's read() and the writer's write() on the socket. */
+    if (c->socket)
+        shutdown(c->in_fd, SHUT_RDWR);
+    pthread_cond_broadcast(&c->changed);
+    notify(c->wake_fd);
+    fprintf(stderr, "pysbx serve: %s %s; %u run%s cancelled\n",
+            c->socket ? "a client" : "the reader of standard output", why, runs,
+            runs == 1 ? "" : "s");
+}
+
+/* Takes |j| (may be NULL) out of c's waiting queue, to be run at once.
+ * Under c->lock. Returns |j|. */
+static struct job *unqueue(struct conn *c, struct job *j)
+{
+    for (struct job **pp = &c->wait_head; j && *pp; pp = &(*pp)->wnext)
+        if (*pp == j) {
+            *pp = j->wnext;
+            if (!*pp)
+                c->wait_tail = pp;
+            j->waiting = false;
+            c->n_waiting--;
+            c->waiting_bytes -= j->bytes;
+            c->running++;
+            break;
+        }
+    return j;
+}
+
+/* Queues |line| (taken) and, when |j| is given, retires that request in the
+ * same step: a cancel either finds a request or comes after its answer.
+ * When |slot| (the caller holds one of the stream's places), returns the
+ * next waiting request, now the caller's to run, or gives the place up. */
+static struct job *finish(struct conn *c, struct job *j, char *line, bool slot)
+{
+    size_t max = c->s->o->max_pending_bytes;
+    struct answer *a = line ? malloc(sizeof(*a)) : NULL;
+    size_t len = line ? strlen(line) : 0;
+    struct job *next = NULL;
+
+    pthread_mutex_lock(&c->lock);
+    /* Standard output: wait, as a blocking pipe would make us. A client:
+     * past its allowance (one answer alone may exceed it), cut it off. */
+    while (!c->socket && !c->dropped && c->pending && c->pending + len > max)
+        pthread_cond_wait(&c->changed, &c->lock);
+    if (c->socket && !c->dropped && c->pending && c->pending + len > max) {
+        char why[96];
+        fmt(why, sizeof(why), "left more than %zu bytes of answers unread", max);
+        drop_locked(c, why);
+    }
+    if (a && !c->dropped) {
+        *a = (struct answer){NULL, line, len};
+        *c->tail = a;
+        c->tail = &a->next;
+        c->pending += len;
+        pthread_cond_broadcast(&c->changed);
+        a = NULL;
+        line = NULL;
+    }
+    if (j) {
+        for (struct job **pp = &c->jobs; *pp; pp = &(*pp)->next)
+            if (*pp == j) {
+                *pp = j->next;
+                break;
+            }
+        c->inflight--;
+        if (slot && !(next = unqueue(c, c->wait_head)))
+            c->active--;
+        notify(c->wake_fd);
+        /* Before the unlock: once it is done, the stream (and, at the end,
+         * the server) may be gone. */
+        notify(c->s->wake_fd);
+    }
+    pthread_mutex_unlock(&c->lock);
+    free(a);
+    free(line);
+    return next;
+}
+
+/* An answer with the request's id whatever went wrong, if memory allows. */
+static char *or_fallback(char *line, const char *id_text)
+{
+    char *l = NULL;
+
+    if (line)
+        return line;
+    if (asprintf(&l,
+                 "{\"id\":%s,\"error\":{\"code\":\"sandbox_unavailable\","
+                 "\"message\":\"out of memory\"}}\n",
+                 id_text ? id_text : "null") < 0)
+        return NULL;
+    return l;
+}
+
+static void answer_error(struct conn *c, const char *id_text, const struct sbx_error *err)
+{
+    finish(c, NULL, or_fallback(json_answer_error(id_text, err), id_text), false);
+}
+
+static void job_free(struct job *j)
+{
+    json_request_free(&j->r);
+    sbx_cancel_free(j->cancel);
+    free(j);
+}
+
+/* Runs |j| and answers it; returns the next request to run (see finish). */
+static struct job *run_one(struct job *j, bool slot)
+{
     struct conn *c = j->c;
+    struct server *s = c->s;
     struct sbx_result *res = NULL;
     struct sbx_error err = {0};
+    struct job *next;
+    char *line;
 
-    if (c->o->backend->run(c->o->backend->self, &j->r.req, &res, &err) == 0)
-        answer(c, json_answer_result(j->r.id, res));
-    else
-        answer(c, json_answer_error(j->r.id, &err));
-    sbx_result_free(res);
-    json_request_free(&j->r);
-    free(j);
+    j->r.req.cancel = j->cancel;
+    int rc = s->o->backend->run(s->o->backend->self, &j->r.req, &res, &err);
     pthread_mutex_lock(&c->lock);
-    c->inflight--;
-    pthread_cond_broadcast(&c->idle);
+    c->running--;
+    pthread_mutex_unlock(&c->lock);
+    notify(s->wake_fd);
+    if (rc == 0)
+        line = json_answer_result(j->r.id_text, res);
+    else
+        line = json_answer_error(j->r.id_text, &err);
+    sbx_result_free(res);
+    next = finish(c, j, or_fallback(line, j->r.id_text), slot);
+    job_free(j);
+    return next;
+}
+
+/* A thread holding one of the stream's places: runs requests while some
+ * wait. */
+static void *run_jobs(void *p)
+{
+    for (struct job *j = p; j;)
+        j = run_one(j, true);
+    return NULL;
+}
+
+/* A request taken out of the queue by a cancel: it ends at once. */
+static void *run_unqueued(void *p)
+{
+    run_one(p, false);
+    return NULL;
+}
+
+static void *writer_main(void *p)
+{
+    struct conn *c = p;
+
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (!c->head && !c->done && !c->dropped)
+            pthread_cond_wait(&c->changed, &c->lock);
+        if (c->dropped || !c->head)
+            break;
+        struct answer *a = c->head;
+        c->head = a->next;
+        if (!c->head)
+            c->tail = &c->head;
+        pthread_mutex_unlock(&c->lock);
+        int rc = write_full(c->out_fd, a->text, a->len);
+        pthread_mutex_lock(&c->lock);
+        c->pending -= a->len;
+        free(a->text);
+        free(a);
+        pthread_cond_broadcast(&c->changed);
+        if (rc < 0)
+            drop_locked(c, rc == -EPIPE ? "hung up" : "cannot be written to");
+    }
     pthread_mutex_unlock(&c->lock);
     return NULL;
+}
+
+/* Waits until every request of |c| is answered (|idle|) or there is room to
+ * read ahead, cancelling them all if the client hangs up meanwhile. */
+static void wait_stream(struct conn *c, bool idle)
+{
+    size_t max_bytes = c->s->o->max_line_bytes;
+
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        bool ok =
+            idle ? c->inflight == 0 : c->n_waiting < READ_AHEAD && c->waiting_bytes < max_bytes;
+        bool watch = c->socket && !c->dropped;
+        pthread_mutex_unlock(&c->lock);
+        if (ok)
+            return;
+        /* No events asked of the socket: poll() reports a hang-up (both
+         * directions shut, the client closed) but not unread requests or a
+         * client that only shut its writing side to say it is done. */
+        struct pollfd p[2] = {{c->wake_fd, POLLIN, 0}, {watch ? c->in_fd : -1, 0, 0}};
+        if (poll(p, 2, -1) < 0 && errno != EINTR)
+            return;
+        if (p[1].revents & (POLLHUP | POLLERR)) {
+            pthread_mutex_lock(&c->lock);
+            drop_locked(c, "hung up");
+            pthread_mutex_unlock(&c->lock);
+        }
+        if (p[0].revents)
+            consume(c->wake_fd);
+    }
+}
+
+/* {"cancel": ID}: every request of this stream in flight with that id. */
+static void cancel_requests(struct conn *c, const char *id_text)
+{
+    struct sbx_error err = {0};
+    struct job *now = NULL;
+    unsigned n = 0;
+
+    pthread_mutex_lock(&c->lock);
+    for (struct job *j = c->jobs; j; j = j->next) {
+        if (strcmp(j->r.id_text ? j->r.id_text : "null", id_text) != 0)
+            continue;
+        sbx_cancel_fire(j->cancel);
+        n++;
+        if (!j->waiting)
+            continue;
+        /* Out of the queue, so that it is answered now rather than once a
+         * place frees. */
+        unqueue(c, j);
+        j->wnext = now;
+        now = j;
+    }
+    pthread_mutex_unlock(&c->lock);
+    while (now) {
+        struct job *j = now;
+        now = j->wnext;
+        if (start_detached(run_unqueued, j) < 0)
+            run_one(j, false); /* no thread to be had: here, at once all the same */
+    }
+    if (n)
+        return; /* the request's own answer says it */
+    sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -ENOENT,
+             "no request in flight on this stream has the id %s", id_text);
+    finish(c, NULL, json_answer_cancel_error(id_text, &err), false);
+}
+
+static void start_job(struct conn *c, struct job *j)
+{
+    struct server *s = c->s;
+    struct sbx_error err = {0};
+    bool now;
+
+    j->c = c;
+    if (!(j->cancel = sbx_cancel_new())) {
+        sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+        answer_error(c, j->r.id_text, &err);
+        job_free(j);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    pthread_mutex_lock(&c->lock);
+    j->next = c->jobs;
+    c->jobs = j;
+    c->inflight++;
+    if (s->cancelling || c->dropped)
+        sbx_cancel_fire(j->cancel); /* answered at once: cancelled */
+    /* At most jobs requests of a stream at a time; the rest wait in order. */
+    now = c->active < s->o->jobs;
+    if (now) {
+        c->active++;
+        c->running++;
+    } else {
+        j->waiting = true;
+        *c->wait_tail = j;
+        c->wait_tail = &j->wnext;
+        c->n_waiting++;
+        c->waiting_bytes += j->bytes;
+    }
+    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&s->lock);
+    if (now && start_detached(run_jobs, j) < 0)
+        run_jobs(j); /* no thread to be had: here, reading nothing meanwhile */
+    /* Beyond the read-ahead, stop reading, and let the client's own pipe or
+     * socket hold it back. */
+    wait_stream(c, false);
 }
 
 static bool blank(const char *s, size_t n)
@@ -81,21 +421,31 @@ static bool blank(const char *s, size_t n)
     return true;
 }
 
-/* Reads requests from c->in_fd until its end, then waits for every answer. */
-static void serve_conn(struct conn *c)
+static bool dropped(struct conn *c)
 {
+    pthread_mutex_lock(&c->lock);
+    bool d = c->dropped;
+    pthread_mutex_unlock(&c->lock);
+    return d;
+}
+
+/* Reads requests until the end of input, shutdown or a drop. */
+static void read_requests(struct conn *c)
+{
+    const struct serve_opts *o = c->s->o;
     struct line_reader lr;
     const char *line;
     size_t len;
-    enum line_result lres;
+    enum line_result lres = LINE_END;
 
-    line_reader_init(&lr, c->in_fd, c->o->max_line_bytes);
-    while ((lres = line_next(&lr, &line, &len)) != LINE_END && lres != LINE_ERROR) {
+    line_reader_init(&lr, c->in_fd, o->max_line_bytes);
+    lr.stop_fd = c->s->stop_fd;
+    while (!dropped(c) && (lres = line_next(&lr, &line, &len)) != LINE_END && lres != LINE_ERROR) {
         struct sbx_error err = {0};
         if (lres == LINE_TOO_LONG) {
             sbx_fail(&err, SBX_ERR_TOO_LARGE, -E2BIG, "request line longer than %zu bytes",
-                     c->o->max_line_bytes);
-            answer(c, json_answer_error(NULL, &err));
+                     o->max_line_bytes);
+            answer_error(c, NULL, &err);
             continue;
         }
         if (blank(line, len))
@@ -103,102 +453,212 @@ static void serve_conn(struct conn *c)
         struct job *j = calloc(1, sizeof(*j));
         if (!j) {
             sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
-            answer(c, json_answer_error(NULL, &err));
+            answer_error(c, NULL, &err);
             continue;
         }
-        j->c = c;
-        if (json_request_parse(line, len, &j->r, &err) < 0) {
-            answer(c, json_answer_error(j->r.id, &err));
-            json_request_free(&j->r);
-            free(j);
+        if (json_request_parse(line, len, &o->ceilings, &j->r, &err) < 0)
+            answer_error(c, j->r.id_text, &err);
+        else if (j->r.cancel_text)
+            cancel_requests(c, j->r.cancel_text);
+        else {
+            j->bytes = len;
+            start_job(c, j);
             continue;
         }
-        /* At most jobs requests at a time: beyond that, stop reading, and
-         * let the writer's own pipe or socket hold it back. */
-        pthread_mutex_lock(&c->lock);
-        while (c->inflight >= c->o->jobs)
-            pthread_cond_wait(&c->idle, &c->lock);
-        c->inflight++;
-        pthread_mutex_unlock(&c->lock);
-        if (start_detached(run_job, j) < 0) {
-            pthread_mutex_lock(&c->lock);
-            c->inflight--;
-            pthread_mutex_unlock(&c->lock);
-            sbx_fail(&err, SBX_ERR_UNAVAILABLE, -EAGAIN, "cannot start a thread");
-            answer(c, json_answer_error(j->r.id, &err));
-            json_request_free(&j->r);
-            free(j);
-        }
+        job_free(j);
     }
     line_reader_free(&lr);
-    pthread_mutex_lock(&c->lock);
-    while (c->inflight > 0)
-        pthread_cond_wait(&c->idle, &c->lock);
-    pthread_mutex_unlock(&c->lock);
+    if (lres == LINE_ERROR && c->socket) {
+        pthread_mutex_lock(&c->lock);
+        drop_locked(c, "cannot be read from");
+        pthread_mutex_unlock(&c->lock);
+    }
 }
 
-static void conn_init(struct conn *c, const struct serve_opts *o, int in_fd, int out_fd)
+static void conn_free(struct conn *c)
 {
-    memset(c, 0, sizeof(*c));
-    c->o = o;
-    c->in_fd = in_fd;
-    c->out_fd = out_fd;
-    pthread_mutex_init(&c->lock, NULL);
-    pthread_cond_init(&c->idle, NULL);
-}
-
-static void conn_destroy(struct conn *c)
-{
+    if (c->socket)
+        close(c->in_fd);
+    close_fd(&c->wake_fd);
     pthread_mutex_destroy(&c->lock);
-    pthread_cond_destroy(&c->idle);
+    pthread_cond_destroy(&c->changed);
+    free(c);
 }
 
-/* --- a UNIX socket: one connection per client -------------------------------- */
-
-struct client {
-    struct listener *l;
-    struct client *next;
-    struct conn c;
-    int fd;
-};
-
-struct listener {
-    pthread_mutex_t lock;
-    pthread_cond_t idle;
-    unsigned conns;
-    struct client *clients;
-};
-
-static void *serve_client(void *p)
+static void leave(struct server *s, struct conn *c)
 {
-    struct client *cl = p;
-    serve_conn(&cl->c);
-    struct listener *l = cl->l;
-    pthread_mutex_lock(&l->lock);
-    for (struct client **pp = &l->clients; *pp; pp = &(*pp)->next)
-        if (*pp == cl) {
-            *pp = cl->next;
+    pthread_mutex_lock(&s->lock);
+    for (struct conn **pp = &s->conns; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
             break;
         }
-    l->conns--;
-    pthread_cond_broadcast(&l->idle);
-    pthread_mutex_unlock(&l->lock);
-    close(cl->fd);
-    conn_destroy(&cl->c);
-    free(cl);
+    s->n_conns--;
+    notify(s->wake_fd); /* under the lock: the main thread may end once it sees none */
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* A stream's life: its requests, the answers to all of them, then the end. */
+static void *conn_main(void *p)
+{
+    struct conn *c = p;
+
+    read_requests(c);
+    wait_stream(c, true);
+    pthread_mutex_lock(&c->lock);
+    c->done = true;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+    pthread_join(c->writer, NULL);
+    leave(c->s, c);
+    conn_free(c);
     return NULL;
 }
 
-static int listen_on(const struct serve_opts *o)
+static int add_conn(struct server *s, int in_fd, int out_fd, bool socket)
+{
+    struct conn *c = calloc(1, sizeof(*c));
+
+    if (!c)
+        return -ENOMEM;
+    c->s = s;
+    c->in_fd = in_fd;
+    c->out_fd = out_fd;
+    c->socket = socket;
+    c->tail = &c->head;
+    c->wait_tail = &c->wait_head;
+    c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->changed, NULL);
+    if (c->wake_fd < 0 || pthread_create(&c->writer, NULL, writer_main, c) != 0) {
+        c->socket = false; /* the caller still owns the descriptor */
+        conn_free(c);
+        return -EAGAIN;
+    }
+    pthread_mutex_lock(&s->lock);
+    c->next = s->conns;
+    s->conns = c;
+    s->n_conns++;
+    pthread_mutex_unlock(&s->lock);
+    if (start_detached(conn_main, c) < 0) {
+        pthread_mutex_lock(&c->lock);
+        c->done = true;
+        pthread_cond_broadcast(&c->changed);
+        pthread_mutex_unlock(&c->lock);
+        pthread_join(c->writer, NULL);
+        leave(s, c);
+        c->socket = false;
+        conn_free(c);
+        return -EAGAIN;
+    }
+    return 0;
+}
+
+/* --- shutdown ------------------------------------------------------------------ */
+
+/* What shutdown waits for: every stream ended (its answers written), or no
+ * run left in the sandbox (answers may still wait for a slow reader). */
+enum until { NO_CONNS, NO_RUNS };
+
+static bool reached(struct server *s, enum until what)
+{
+    bool yes = true;
+
+    pthread_mutex_lock(&s->lock);
+    for (struct conn *c = s->conns; yes && c; c = c->next) {
+        pthread_mutex_lock(&c->lock);
+        yes = what == NO_RUNS && !c->running && !c->n_waiting;
+        pthread_mutex_unlock(&c->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return yes;
+}
+
+/* Waits for |what|, at most until |deadline| (now_ns(); 0: no end). Returns
+ * 1 when reached, 0 at the deadline, -1 on another SIGINT or SIGTERM. */
+static int wait_for(struct server *s, int sfd, enum until what, uint64_t deadline)
+{
+    for (;;) {
+        if (reached(s, what))
+            return 1;
+        uint64_t now = now_ns();
+        if (deadline && now >= deadline)
+            return 0;
+        int ms = deadline ? (int)((deadline - now + 999999) / 1000000) : -1;
+        struct pollfd p[2] = {{sfd, POLLIN, 0}, {s->wake_fd, POLLIN, 0}};
+        if (poll(p, 2, ms) < 0 && errno != EINTR)
+            return 1;
+        if (p[0].revents)
+            return -1;
+        if (p[1].revents)
+            consume(s->wake_fd);
+    }
+}
+
+static void cancel_all(struct server *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->cancelling = true;
+    for (struct conn *c = s->conns; c; c = c->next) {
+        pthread_mutex_lock(&c->lock);
+        for (struct job *j = c->jobs; j; j = j->next)
+            sbx_cancel_fire(j->cancel);
+        pthread_mutex_unlock(&c->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void drop_all(struct server *s)
+{
+    pthread_mutex_lock(&s->lock);
+    for (struct conn *c = s->conns; c; c = c->next) {
+        pthread_mutex_lock(&c->lock);
+        drop_locked(c, "did not read its answers at shutdown");
+        pthread_mutex_unlock(&c->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static uint64_t after(double seconds)
+{
+    return now_ns() + (uint64_t)(seconds * 1e9);
+}
+
+/* After SIGINT or SIGTERM: no more requests; what is in flight has the
+ * grace to finish, then is cancelled and answered. Returns 1 when every
+ * stream has ended, 0 when one could not be waited for, -1 on a second
+ * signal. */
+static int drain(struct server *s, int sfd)
+{
+    int r;
+
+    notify(s->stop_fd);
+    r = wait_for(s, sfd, NO_CONNS, after(s->o->grace_seconds));
+    if (r == 0) {
+        cancel_all(s);
+        r = wait_for(s, sfd, NO_RUNS, after(CANCEL_WAIT_SECONDS));
+        if (r >= 0)
+            r = wait_for(s, sfd, NO_CONNS, after(FLUSH_SECONDS));
+        if (r == 0) {
+            drop_all(s);
+            /* A socket's writer ends with the drop; standard output may
+             * block for good, and is not waited for. */
+            r = s->o->listen_path ? wait_for(s, sfd, NO_CONNS, 0) : 0;
+        }
+    }
+    return r;
+}
+
+/* --- the server ------------------------------------------------------------------ */
+
+static int open_listener(const struct serve_opts *o)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    struct listener l = {.conns = 0};
-    sigset_t stop;
-    int sfd = -1, lfd = -1, rc = 1;
+    int lfd;
 
     if (strlen(o->listen_path) >= sizeof(addr.sun_path)) {
         fprintf(stderr, "pysbx serve: socket path too long: %s\n", o->listen_path);
-        return 2;
+        return -ENAMETOOLONG;
     }
     strcpy(addr.sun_path, o->listen_path);
     lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -206,79 +666,99 @@ static int listen_on(const struct serve_opts *o)
     int b = lfd < 0 ? -1 : bind(lfd, (struct sockaddr *)&addr, sizeof(addr));
     umask(old);
     if (b < 0 || listen(lfd, 64) < 0) {
+        int e = -errno;
         fprintf(stderr, "pysbx serve: %s: %s\n", o->listen_path, strerror(errno));
-        goto out;
+        if (lfd >= 0)
+            close(lfd);
+        return e;
     }
     chmod(o->listen_path, o->socket_mode);
-    /* SIGINT and SIGTERM end the server: stop accepting, finish what is in
-     * flight, remove the socket. */
+    fprintf(stderr, "pysbx serve: listening on %s (backend %s)\n", o->listen_path,
+            o->backend->name);
+    return lfd;
+}
+
+/* Until the input ends (stdin) or a signal comes (either). Returns 1 on a
+ * signal, 0 when every stream has ended. */
+static int serve_until_signal(struct server *s, int sfd, int lfd)
+{
+    for (;;) {
+        if (lfd < 0 && reached(s, NO_CONNS))
+            return 0;
+        struct pollfd p[3] = {{sfd, POLLIN, 0}, {s->wake_fd, POLLIN, 0}, {lfd, POLLIN, 0}};
+        if (poll(p, 3, -1) < 0 && errno != EINTR)
+            return 1;
+        if (p[0].revents) {
+            struct signalfd_siginfo si;
+            (void)!read(sfd, &si, sizeof(si)); /* so that only another one counts */
+            return 1;
+        }
+        if (p[1].revents)
+            consume(s->wake_fd);
+        if (!p[2].revents)
+            continue;
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0 && add_conn(s, fd, fd, true) < 0)
+            close(fd);
+    }
+}
+
+int serve_main(const struct serve_opts *o)
+{
+    struct server s = {.o = o, .stop_fd = -1, .wake_fd = -1};
+    sigset_t stop;
+    int sfd = -1, lfd = -1, rc = 1;
+
+    /* SIGINT and SIGTERM are read from a descriptor by the main thread;
+     * blocked before any thread starts, so that every thread inherits it. */
     sigemptyset(&stop);
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     sfd = signalfd(-1, &stop, SFD_CLOEXEC);
-    pthread_mutex_init(&l.lock, NULL);
-    pthread_cond_init(&l.idle, NULL);
-    fprintf(stderr, "pysbx serve: listening on %s (backend %s)\n", o->listen_path,
-            o->backend->name);
-    for (;;) {
-        struct pollfd p[2] = {{lfd, POLLIN, 0}, {sfd, POLLIN, 0}};
-        if (poll(p, 2, -1) < 0 && errno != EINTR)
-            break;
-        if (p[1].revents)
-            break;
-        if (!p[0].revents)
-            continue;
-        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0)
-            continue;
-        struct client *cl = calloc(1, sizeof(*cl));
-        if (!cl) {
-            close(fd);
-            continue;
+    s.stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pthread_mutex_init(&s.lock, NULL);
+    if (sfd < 0 || s.stop_fd < 0 || s.wake_fd < 0) {
+        fprintf(stderr, "pysbx serve: %s\n", strerror(errno));
+        goto out;
+    }
+    if (o->listen_path) {
+        lfd = open_listener(o);
+        if (lfd < 0) {
+            rc = lfd == -ENAMETOOLONG ? 2 : 1;
+            goto out;
         }
-        cl->l = &l;
-        cl->fd = fd;
-        conn_init(&cl->c, o, fd, fd);
-        pthread_mutex_lock(&l.lock);
-        l.conns++;
-        cl->next = l.clients;
-        l.clients = cl;
-        pthread_mutex_unlock(&l.lock);
-        if (start_detached(serve_client, cl) < 0) {
-            pthread_mutex_lock(&l.lock);
-            l.conns--;
-            l.clients = cl->next;
-            pthread_mutex_unlock(&l.lock);
-            conn_destroy(&cl->c);
-            close(fd);
-            free(cl);
+    } else if (add_conn(&s, 0, 1, false) < 0) {
+        fputs("pysbx serve: cannot start a thread\n", stderr);
+        goto out;
+    }
+    if (serve_until_signal(&s, sfd, lfd)) {
+        /* No new clients: the socket goes at once, so that they are told
+         * so rather than left waiting in the backlog. */
+        if (lfd >= 0) {
+            close_fd(&lfd);
+            unlink(o->listen_path);
+        }
+        int r = drain(&s, sfd);
+        if (r <= 0) {
+            /* Threads still hold the streams (and perhaps runs): end the
+             * process here rather than free what they use. */
+            if (r < 0)
+                fputs("pysbx serve: a second signal: exiting now\n", stderr);
+            fflush(stderr);
+            _exit(r < 0 ? 1 : 0);
         }
     }
-    /* No new connections; the open ones read no more, and finish and answer
-     * what they were sent. */
-    close_fd(&lfd);
-    unlink(o->listen_path);
-    pthread_mutex_lock(&l.lock);
-    for (struct client *cl = l.clients; cl; cl = cl->next)
-        shutdown(cl->fd, SHUT_RD);
-    while (l.conns > 0)
-        pthread_cond_wait(&l.idle, &l.lock);
-    pthread_mutex_unlock(&l.lock);
     rc = 0;
 out:
+    if (lfd >= 0) {
+        close_fd(&lfd);
+        unlink(o->listen_path);
+    }
     close_fd(&sfd);
-    close_fd(&lfd);
+    close_fd(&s.stop_fd);
+    close_fd(&s.wake_fd);
+    pthread_mutex_destroy(&s.lock);
     return rc;
-}
-
-int serve_main(const struct serve_opts *o)
-{
-    if (o->listen_path)
-        return listen_on(o);
-    struct conn c;
-    conn_init(&c, o, 0, 1);
-    serve_conn(&c);
-    conn_destroy(&c);
-    return 0;
 }

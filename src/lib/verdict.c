@@ -26,6 +26,10 @@ static int set_reason(struct sbx_result *res, const char *format, ...)
     va_end(ap);
     if (n < 0)
         return -ENOMEM;
+    /* A reason may quote what the worker said, cut to a buffer's size
+     * possibly inside a character: keep whole characters, or the result
+     * could not be encoded as JSON at all. */
+    s[utf8_valid_prefix((const unsigned char *)s, (size_t)n)] = '\0';
     free(res->reason);
     res->reason = s;
     return 0;
