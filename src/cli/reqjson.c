@@ -343,17 +343,20 @@ int json_raw_member(const char *text, size_t len, const char *key, const char **
     return rc;
 }
 
-/* The member's text, for echoing. A carriage return in it can only be
- * whitespace between tokens (JSON strings hold none raw); it becomes a
- * space, since many line readers would end the answer's line there. */
+/* The member's text, for echoing. A carriage return or a newline in it can
+ * only be whitespace between tokens (JSON strings hold none raw); it
+ * becomes a space, since line readers would end the answer's line there.
+ * (A line from the line reader holds no newline; a caller with a document
+ * of several lines might.) */
 static char *member_text(const char *text, size_t len, const char *key)
 {
     const char *v;
     size_t n;
     char *t = json_raw_member(text, len, key, &v, &n) == 0 ? strndup(v, n) : NULL;
 
-    for (char *p = t; p && (p = strchr(p, '\r'));)
-        *p = ' ';
+    for (char *p = t; p && *p; p++)
+        if (*p == '\r' || *p == '\n')
+            *p = ' ';
     return t;
 }
 

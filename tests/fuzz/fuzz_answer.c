@@ -86,8 +86,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* The caller's id: any JSON value the rest of the input spells. */
     json_t *id = json_loadb((const char *)b.p, b.n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+    char *id_text = id ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
 
-    char *line = json_answer_result(id, r);
+    char *line = json_answer_result(id_text, r);
     CHECK(line != NULL);
     size_t n = strlen(line);
     CHECK(n > 1 && line[n - 1] == '\n' && !memchr(line, '\n', n - 1));
@@ -117,6 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     json_decref(o);
     free(line);
+    free(id_text);
     json_decref(id);
     sbx_result_free(r);
     return 0;

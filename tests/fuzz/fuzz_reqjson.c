@@ -11,16 +11,28 @@
 #include <errno.h>
 #include <math.h>
 
-/* The answer is one line, and reads back as the object it should be. */
-static json_t *check_answer(char *line, json_t *id)
+/* The answer is one line, reads back as the object it should be, and
+ * carries the id exactly as the request wrote it. */
+static json_t *check_answer(char *line, const char *id_text)
 {
     CHECK(line != NULL);
     size_t n = strlen(line);
     CHECK(n > 1 && line[n - 1] == '\n' && !memchr(line, '\n', n - 1));
     json_error_t jerr;
-    json_t *o = json_loadb(line, n - 1, JSON_ALLOW_NUL, &jerr);
+    /* Integers past 2^63 are valid JSON that jansson reads only as reals
+     * (the parser under test does the same, and echoes them as written). */
+    json_t *o = json_loadb(line, n - 1, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &jerr);
     CHECK(json_is_object(o));
-    CHECK(json_equal(json_object_get(o, "id"), id ? id : json_null()));
+    json_t *id =
+        json_loads(id_text, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &jerr);
+    CHECK(id != NULL);
+    CHECK(json_equal(json_object_get(o, "id"), id));
+    json_decref(id);
+    /* Byte for byte, but for a carriage return between tokens (a space). */
+    CHECK(strncmp(line, "{\"id\":", 6) == 0);
+    for (size_t i = 0; id_text[i]; i++)
+        CHECK(line[6 + i] == id_text[i] ||
+              ((id_text[i] == '\r' || id_text[i] == '\n') && line[6 + i] == ' '));
     free(line);
     return o;
 }
@@ -53,10 +65,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *text = fuzz_copy(data, size);
     struct json_request r;
     struct sbx_error err = {0};
-    int rc = json_request_parse(text, size, &r, &err);
+    struct sbx_limits ceil;
+    json_ceilings_init(&ceil);
+    ceil.wall_seconds = 30; /* a server's ceiling: nothing accepted above it */
+    int rc = json_request_parse(text, size, &ceil, &r, &err);
 
-    CHECK(r.id != NULL);
+    /* No id (not an object, or none in it): answered with a null id. */
+    const char *id_text = r.id_text ? r.id_text : "null";
+    if (rc == 0 && r.cancel_text) {
+        /* A cancel message names an id as written; a refusal of it says so. */
+        sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL, "no request with that id in flight");
+        json_t *answer = check_answer(json_answer_cancel_error(r.cancel_text, &err), "null");
+        json_decref(answer);
+        json_request_free(&r);
+        free(text);
+        return 0;
+    }
     if (rc == 0) {
+        CHECK(r.req.limits.wall_seconds <= 30);
         check_accepted(&r);
         /* Refused by the backend after all: the answer still carries the
          * id, and a message with the request's own text in it. */
@@ -66,7 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(err.code != SBX_ERR_NONE && err.message[0] != '\0');
         CHECK(memchr(err.message, '\0', sizeof(err.message)));
     }
-    json_t *answer = check_answer(json_answer_error(r.id, &err), r.id);
+    json_t *answer = check_answer(json_answer_error(r.id_text, &err), id_text);
     json_t *e = json_object_get(answer, "error");
     CHECK(json_is_string(json_object_get(e, "code")));
     CHECK(strcmp(json_string_value(json_object_get(e, "code")), sbx_error_code_name(err.code)) ==
