@@ -165,6 +165,18 @@ wait "$pid" || status=$?
 check "SIGINT: batch exits 128+2" 130 "$status"
 expect_in "SIGINT: batch still prints its summary" "stopped by signal 2" "$T/batch.err"
 check "SIGINT: batch leaves nothing in the work root" "" "$(ls -A "$W")"
+# pysbx mcp: SIGTERM ends the input, answers what is in flight, closes.
+mkfifo "$T/mcp.in"
+TMPDIR="$W" "$PYSBX" mcp <"$T/mcp.in" >"$T/mcp.out" 2>&1 &
+pid=$!
+exec 9>"$T/mcp.in" # the client: input stays open
+for _ in $(seq 100); do [ -n "$(ls -A "$W")" ] && break; sleep 0.05; done
+kill -TERM "$pid"
+status=0
+wait "$pid" || status=$?
+exec 9>&-
+check "SIGTERM: mcp exits 128+15" 143 "$status"
+check "SIGTERM: mcp leaves nothing in the work root" "" "$(ls -A "$W")"
 # A run killed with SIGKILL leaves its work directory; the next start
 # removes it (its owner lock is free), but never a live one's.
 TMPDIR="$W" "$PYSBX" run "$T/sleep.py" >"$T/k.out" 2>&1 &

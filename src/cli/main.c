@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "commands.h"
 #include "options.h"
+#include "stopper.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +27,10 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
         return status < 0 ? 0 : status;
     if (!o.jobs)
         o.jobs = 2 * cores();
+    /* run, mcp and batch turn SIGINT/SIGTERM/SIGHUP into a cancellation
+     * (stopper.h) from before their sandbox exists; serve has its own. */
+    if (cmd != CMD_SERVE)
+        (void)stopper_start();
     if (open_backend(&o, &b, &err) < 0) {
         fprintf(stderr, "pysbx %s: cannot start the sandbox: %s\n", cmd_name(cmd), err.message);
         return EXIT_SANDBOX;

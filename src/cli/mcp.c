@@ -9,6 +9,7 @@
 #include "lines.h"
 #include "reqjson.h"
 #include "sbxerr.h"
+#include "stopper.h"
 #include "sysutil.h"
 #include "util.h"
 
@@ -360,6 +361,10 @@ int mcp_main(const struct mcp_opts *o)
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.idle, NULL);
     line_reader_init(&lr, 0, o->max_line_bytes);
+    /* SIGINT, SIGTERM, SIGHUP: no more input; the calls in flight are
+     * cancelled and answered, and the sandbox is closed on the way out. */
+    if (stopper_start())
+        lr.stop_fd = stopper_fd();
     while ((lres = line_next(&lr, &line, &len)) != LINE_END && lres != LINE_ERROR) {
         if (lres == LINE_TOO_LONG) {
             reply_error(&s, NULL, -32600, "message too long");
@@ -380,10 +385,13 @@ int mcp_main(const struct mcp_opts *o)
     line_reader_free(&lr);
     /* End of input: answer what is in flight, then go. */
     pthread_mutex_lock(&s.lock);
+    if (stopper_signal())
+        for (struct call *c = s.calls; c; c = c->next)
+            sbx_cancel_fire(c->cancel);
     while (s.inflight > 0)
         pthread_cond_wait(&s.idle, &s.lock);
     pthread_mutex_unlock(&s.lock);
     pthread_mutex_destroy(&s.lock);
     pthread_cond_destroy(&s.idle);
-    return 0;
+    return stopper_signal() ? 128 + stopper_signal() : 0;
 }

@@ -157,11 +157,13 @@ int cmd_run(int argc, char **argv)
         status = usage_error(CMD_RUN, "%s", err.message);
         goto out;
     }
+    (void)stopper_start();
     if (open_backend(&o, &b, &err) < 0) {
         status = cannot_start(&o, &err);
         goto out;
     }
-    /* A signal cancels the run; the sandbox is still closed below. */
+    /* A signal cancels the run; the sandbox is still closed below. (The
+     * stopper started before the sandbox did: no window without it.) */
     req.cancel = stopper_start();
     if (!o.json)
         req.on_output = pass_through;

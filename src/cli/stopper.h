@@ -9,10 +9,14 @@
 
 #include "pysbx.h"
 
-/* Call before any other thread exists. Returns the token to give each run
- * (owned by the stopper), or NULL when one could not be had (the signals
- * then keep their default action). */
+/* Call before any other thread exists (later calls return the same token).
+ * Returns the token to give each run (owned by the stopper), or NULL when
+ * one could not be had (the signals then keep their default action). */
 struct sbx_cancel *stopper_start(void);
+
+/* A descriptor that becomes readable once stopped (for a poll alongside
+ * input), or -1. */
+int stopper_fd(void);
 
 /* The signal that stopped us, or 0. */
 int stopper_signal(void);
