@@ -27,23 +27,20 @@
  * source (in a user namespace a remount that drops them is refused). */
 static unsigned long locked_flags(const char *target)
 {
+    static const struct {
+        unsigned long st, ms;
+    } flags[] = {
+        {ST_NOSUID, MS_NOSUID},   {ST_NODEV, MS_NODEV},           {ST_NOEXEC, MS_NOEXEC},
+        {ST_NOATIME, MS_NOATIME}, {ST_NODIRATIME, MS_NODIRATIME}, {ST_RELATIME, MS_RELATIME},
+    };
     struct statvfs v;
     unsigned long f = 0;
 
     if (statvfs(target, &v) < 0)
         return 0;
-    if (v.f_flag & ST_NOSUID)
-        f |= MS_NOSUID;
-    if (v.f_flag & ST_NODEV)
-        f |= MS_NODEV;
-    if (v.f_flag & ST_NOEXEC)
-        f |= MS_NOEXEC;
-    if (v.f_flag & ST_NOATIME)
-        f |= MS_NOATIME;
-    if (v.f_flag & ST_NODIRATIME)
-        f |= MS_NODIRATIME;
-    if (v.f_flag & ST_RELATIME)
-        f |= MS_RELATIME;
+    for (size_t i = 0; i < ARRAY_SIZE(flags); i++)
+        if (v.f_flag & flags[i].st)
+            f |= flags[i].ms;
     return f;
 }
 
