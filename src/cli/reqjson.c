@@ -343,20 +343,23 @@ int json_raw_member(const char *text, size_t len, const char *key, const char **
     return rc;
 }
 
-/* The member's text, for echoing. A carriage return or a newline in it can
- * only be whitespace between tokens (JSON strings hold none raw); it
- * becomes a space, since line readers would end the answer's line there.
- * (A line from the line reader holds no newline; a caller with a document
- * of several lines might.) */
+/* The member's text, for echoing. A carriage return, a newline or a NUL
+ * byte in it can only stand between tokens (JSON strings hold none raw, and
+ * jansson lets a NUL end a number); each becomes a space, since line readers
+ * would end the answer's line there and C strings at the NUL. (A line from
+ * the line reader holds no newline; a caller with a document of several
+ * lines might.) */
 static char *member_text(const char *text, size_t len, const char *key)
 {
     const char *v;
     size_t n;
-    char *t = json_raw_member(text, len, key, &v, &n) == 0 ? strndup(v, n) : NULL;
+    char *t = json_raw_member(text, len, key, &v, &n) == 0 ? malloc(n + 1) : NULL;
 
-    for (char *p = t; p && *p; p++)
-        if (*p == '\r' || *p == '\n')
-            *p = ' ';
+    if (!t)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        t[i] = v[i] == '\r' || v[i] == '\n' || v[i] == '\0' ? ' ' : v[i];
+    t[n] = '\0';
     return t;
 }
 

@@ -33,6 +33,7 @@ static json_t *check_answer(char *line, const char *id_text)
     for (size_t i = 0; id_text[i]; i++)
         CHECK(line[6 + i] == id_text[i] ||
               ((id_text[i] == '\r' || id_text[i] == '\n') && line[6 + i] == ' '));
+    CHECK(line[6 + strlen(id_text)] == ',' || line[6 + strlen(id_text)] == '}');
     free(line);
     return o;
 }
