@@ -32,6 +32,13 @@ void remove_dir(const char *path)
     close(pfd);
 }
 
+void test_config_init(struct sbx_config *cfg, const char *work_root)
+{
+    sbx_config_init(cfg);
+    cfg->template_path = PYSBX_TEST_TEMPLATE;
+    cfg->work_root = work_root;
+}
+
 int fixture_open(void **state)
 {
     struct fixture *f = calloc(1, sizeof(*f));
@@ -42,9 +49,7 @@ int fixture_open(void **state)
         return -1;
     make_temp_dir(f->root, sizeof(f->root));
     chmod(f->root, 0711); /* workers under their own uid pass through it */
-    sbx_config_init(&cfg);
-    cfg.template_path = PYSBX_TEST_TEMPLATE;
-    cfg.work_root = f->root;
+    test_config_init(&cfg, f->root);
     if (sbx_open(&cfg, &f->sbx, &err) < 0) {
         fprintf(stderr, "sbx_open: %s\n", err.message);
         rmdir(f->root);

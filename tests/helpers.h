@@ -19,6 +19,9 @@ struct fixture {
     char root[256]; /* a private work root, removed at teardown */
 };
 
+/* sbx_config_init, then the build tree's template and |work_root|. */
+void test_config_init(struct sbx_config *cfg, const char *work_root);
+
 /* cmocka group setup/teardown: state is a struct fixture. */
 int fixture_open(void **state);
 int fixture_close(void **state);

@@ -21,9 +21,7 @@ static int open_backends(void **state)
     struct sbx_error err;
     make_temp_dir(s->root, sizeof(s->root));
     chmod(s->root, 0711);
-    sbx_config_init(&cfg);
-    cfg.template_path = PYSBX_TEST_TEMPLATE;
-    cfg.work_root = s->root;
+    test_config_init(&cfg, s->root);
     if (sbx_backend_open("embedded", &cfg, &s->b[0], &err) < 0 ||
         sbx_backend_open("python3", &cfg, &s->b[1], &err) < 0) {
         fprintf(stderr, "%s\n", err.message);

@@ -179,9 +179,7 @@ static void many_callers_and_random_kills_lose_nothing(void **state)
     chmod(root, 0711);
     int fds_before = count_fds();
     int mounts_before = count_lines("/proc/self/mountinfo");
-    sbx_config_init(&cfg);
-    cfg.template_path = PYSBX_TEST_TEMPLATE;
-    cfg.work_root = root;
+    test_config_init(&cfg, root);
     cfg.max_running = 8;
     if (sbx_open(&cfg, &sbx, &err) < 0)
         fail_msg("sbx_open: %s", err.message);

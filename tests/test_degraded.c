@@ -29,9 +29,7 @@ static struct sbx *open_without(unsigned disable, unsigned ids)
     struct sbx_error err = {0};
     struct sbx *sbx = NULL;
 
-    sbx_config_init(&cfg);
-    cfg.template_path = PYSBX_TEST_TEMPLATE;
-    cfg.work_root = root;
+    test_config_init(&cfg, root);
     cfg.required_layers = 0; /* a deployment that accepts less says so */
     cfg.disable_layers = disable;
     cfg.worker_ids = ids;

@@ -141,9 +141,7 @@ static void every_injected_fault_ends_in_one_answer_and_leaks_nothing(void **sta
     make_temp_dir(root, sizeof(root));
     chmod(root, 0711);
     int fds_before = count_fds();
-    sbx_config_init(&cfg);
-    cfg.template_path = PYSBX_TEST_TEMPLATE;
-    cfg.work_root = root;
+    test_config_init(&cfg, root);
     assert_int_equal(sbx_open(&cfg, &sbx, &err), 0);
     const struct sbx_file in = {"in.txt", "input", 5};
     for (size_t k = 0; k < sizeof(faults) / sizeof(faults[0]); k++) {

@@ -35,9 +35,7 @@ static struct sbx *open_sbx(unsigned pool, unsigned max_running)
     struct sbx_error err = {0};
     struct sbx *sbx = NULL;
 
-    sbx_config_init(&cfg);
-    cfg.template_path = PYSBX_TEST_TEMPLATE;
-    cfg.work_root = root;
+    test_config_init(&cfg, root);
     cfg.pool_size = pool;
     cfg.max_running = max_running;
     if (sbx_open(&cfg, &sbx, &err) < 0)

@@ -287,9 +287,7 @@ static void when_every_worker_is_busy_callers_queue_with_a_deadline(void **state
     struct sbx_config cfg;
     struct sbx_error err;
     struct sbx *sbx;
-    sbx_config_init(&cfg);
-    cfg.template_path = PYSBX_TEST_TEMPLATE;
-    cfg.work_root = root;
+    test_config_init(&cfg, root);
     cfg.max_running = 1;
     cfg.max_queued = 1;
     assert_int_equal(sbx_open(&cfg, &sbx, &err), 0);

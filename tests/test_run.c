@@ -653,9 +653,7 @@ static void a_work_root_workers_cannot_pass_is_refused(void **state)
     struct sbx_config cfg;
     struct sbx_error err = {0};
     struct sbx *sbx = NULL;
-    sbx_config_init(&cfg);
-    cfg.template_path = PYSBX_TEST_TEMPLATE;
-    cfg.work_root = root;
+    test_config_init(&cfg, root);
     assert_int_equal(sbx_open(&cfg, &sbx, &err), -EACCES);
     assert_null(sbx);
     assert_int_equal(err.code, SBX_ERR_UNAVAILABLE);
