@@ -27,7 +27,7 @@
  *          ... res->status, res->stdout_text, res->artifacts ...
  *          sbx_result_free(res);
  *
- *   4. Close it when no run is in flight.
+ *   4. Close it. Runs still in flight in other threads end as cancelled.
  *
  *          sbx_close(sbx);
  *
