@@ -133,7 +133,11 @@ _Noreturn static void child(const struct sbx_limits *l, int ws_fd, int out, int 
     if (fchdir(ws_fd) < 0 || dup2(report, 4) < 0 || fcntl(4, F_SETFD, FD_CLOEXEC) < 0)
         goto fail;
     close_range(5, ~0U, 0);
-    if (setsid() < 0)
+    /* A host (the command, for one) may block signals in its threads: the
+     * baseline's python3 starts as a fresh process would. */
+    sigset_t none;
+    sigemptyset(&none);
+    if (setsid() < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0)
         goto fail;
     limit(RLIMIT_AS, l->memory_bytes, l->memory_bytes);
     limit(RLIMIT_CPU, cpu, cpu); /* SIGKILL at the limit, rounded up */
