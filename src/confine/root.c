@@ -187,18 +187,6 @@ int root_enter(const struct root_spec *s, char *err, size_t errlen)
     }
     for (const char *const *d = s->module_dirs; rc == 0 && d && *d; d++)
         rc = bind_path(*d, true, true, MS_RDONLY | MS_NOSUID | MS_NODEV, err, errlen);
-    if (rc == 0) {
-        /* By path: the supervisor's descriptor belongs to the host's mount
-         * namespace, and a bind needs a source in ours. Not recursive: the
-         * new root itself is mounted inside it. */
-        int wfd = open(s->work_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        rc = wfd < 0
-                 ? errmsg(err, errlen, -errno, "private root: %s: %s", s->work_dir, strerror(errno))
-                 : bind(wfd, s->work_dir, true, false, MS_NOSUID | MS_NODEV | MS_NOEXEC, err,
-                        errlen);
-        if (wfd >= 0)
-            close(wfd);
-    }
     if (rc == 0)
         rc = write_etc(s, err, errlen);
     if (rc == 0 && make_dirs(WORKSPACE_MOUNT + 1) < 0)

@@ -14,7 +14,9 @@
 #include <sys/types.h>
 
 struct root_spec {
-    const char *work_dir; /* bound read-write at the same path */
+    /* Where the new root is made (in a scratch tmpfs); not part of it:
+     * workspaces are detached mounts (workspace.h). */
+    const char *work_dir;
     int work_fd;
     const char *const *module_dirs; /* NULL-terminated; read-only, same paths */
     /* /etc/passwd and /etc/group name the workers' ids "sandbox", each with

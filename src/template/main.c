@@ -172,7 +172,11 @@ int main(void)
     }
     if (enter_root(&t, err, sizeof(err)) < 0)
         goto fail;
-    if (t.jail.mount_ns && sweeper_start(&t.sweeper, t.base_path, t.base_fd, err, sizeof(err)) < 0)
+    /* Workspaces mounted in our namespace are unmounted and removed by the
+     * sweeper; under the private root they are detached mounts that go
+     * with their last descriptor. */
+    if (t.jail.mount_ns && !t.root &&
+        sweeper_start(&t.sweeper, t.base_path, t.base_fd, err, sizeof(err)) < 0)
         goto fail;
     if (uids_init(&t.uids, &t.jail) < 0) {
         errmsg(err, sizeof(err), -ENOMEM, "template: out of memory");

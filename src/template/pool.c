@@ -64,7 +64,7 @@ static void spawn_worker(struct tmpl *t)
     struct worker_rec *w = calloc(1, sizeof(*w));
     int req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
     int status[2] = {-1, -1}, ready[2] = {-1, -1};
-    int ws = -1, ruleset = -1;
+    int ws = -1, ws_mount = -1, ruleset = -1;
     char path[4096];
     char why[256];
     pid_t pid;
@@ -90,12 +90,22 @@ static void spawn_worker(struct tmpl *t)
         fmt(why, sizeof(why), "template: making a worker's pipes: %s", strerror(errno));
         goto fail;
     }
-    if (workspace_make(&t->jail, w->uid, w->gid, t->base_fd, w->name, path, why, sizeof(why)) < 0)
-        goto fail;
-    /* By path, in our own mount namespace: through the supervisor's
-     * descriptor, the lookup would stay in the host's and find the
-     * directory under the tmpfs instead of the tmpfs. */
-    ws = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (t->root) {
+        /* A tmpfs mounted nowhere: no directory to make on the disk, none
+         * to sweep, no mount in our namespace for each worker to copy. */
+        ws_mount = workspace_mount_detached(&t->jail, w->uid, w->gid, why, sizeof(why));
+        if (ws_mount < 0)
+            goto fail;
+        ws = openat(ws_mount, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } else {
+        if (workspace_make(&t->jail, w->uid, w->gid, t->base_fd, w->name, path, why, sizeof(why)) <
+            0)
+            goto fail;
+        /* By path, in our own mount namespace: through the supervisor's
+         * descriptor, the lookup would stay in the host's and find the
+         * directory under the tmpfs instead of the tmpfs. */
+        ws = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    }
     if (ws < 0) {
         fmt(why, sizeof(why), "template: opening workspace %s: %s", path, strerror(errno));
         goto fail;
@@ -120,7 +130,7 @@ static void spawn_worker(struct tmpl *t)
             .ws_fd = ws,
             .devnull_fd = t->devnull,
             .ws_path = t->root ? WORKSPACE_MOUNT : path,
-            .isolate_from = t->root ? t->base_path : NULL,
+            .ws_mount_fd = ws_mount,
             .plan =
                 {
                     .switch_user = t->jail.switch_user,
@@ -136,6 +146,7 @@ static void spawn_worker(struct tmpl *t)
         worker_main(&a);
     }
     close_fd(&ruleset);
+    close_fd(&ws_mount); /* the worker's copy keeps it until it is mounted */
     w->pid = pid;
     close(req[1]);
     close(out[1]);
@@ -168,13 +179,14 @@ fail:
     close_fds(err, 2);
     close_fds(status, 2);
     close_fds(ready, 2);
-    if (ws >= 0) {
+    if (ws >= 0 && !t->root) {
         if (t->jail.mount_ns)
             sweeper_release(&t->sweeper, w->name);
         else
             (void)unlinkat(t->base_fd, w->name, AT_REMOVEDIR);
     }
     close_fd(&ws);
+    close_fd(&ws_mount);
     close_fd(&ruleset);
     uids_release(&t->uids, w->slot);
     free(w);

@@ -31,8 +31,9 @@ enum {
     FD_REQUEST = 3,
     FD_READY = 4,
     FD_WORKSPACE = 5,
-    FD_RULESET = 6, /* Landlock ruleset, or /dev/null when there is none */
-    FD_FIRST_FREE = 7,
+    FD_RULESET = 6,  /* Landlock ruleset, or /dev/null when there is none */
+    FD_WS_MOUNT = 7, /* the workspace's detached mount, or /dev/null */
+    FD_FIRST_FREE = 8,
 };
 
 /* Without close_range(2), descriptors below this are closed one by one. */
@@ -136,6 +137,7 @@ _Noreturn void worker_main(const struct worker_args *a)
         a->ready_fd,
         a->ws_fd,
         a->plan.ruleset_fd >= 0 ? a->plan.ruleset_fd : a->devnull_fd,
+        a->ws_mount_fd >= 0 ? a->ws_mount_fd : a->devnull_fd,
     };
     struct confine_plan plan = a->plan;
     char err[WIRE_TEXT_MAX];
@@ -165,10 +167,10 @@ _Noreturn void worker_main(const struct worker_args *a)
 
     /* 3. The workspace is the working directory; under the private root it
      * is the only workspace this worker's mount namespace has. */
-    if (a->isolate_from &&
-        (rc = workspace_isolate(FD_WORKSPACE, a->isolate_from, err, sizeof(err))) < 0)
+    if (a->ws_mount_fd >= 0 && (rc = workspace_attach(FD_WS_MOUNT, err, sizeof(err))) < 0)
         fail_idle("%s", err);
-    if ((a->isolate_from ? chdir(a->ws_path) : fchdir(FD_WORKSPACE)) < 0)
+    close(FD_WS_MOUNT);
+    if ((a->ws_mount_fd >= 0 ? chdir(a->ws_path) : fchdir(FD_WORKSPACE)) < 0)
         fail_idle("entering the workspace: %s", strerror(errno));
     umask(022);
 
