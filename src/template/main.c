@@ -5,6 +5,7 @@
  * only the control socket open (as TEMPLATE_CTL_FD). It is single-threaded.
  */
 #define _GNU_SOURCE
+#include "confine.h"
 #include "interp.h"
 #include "root.h"
 #include "pysbx.h"
@@ -171,6 +172,10 @@ int main(void)
         goto fail;
     }
     if (enter_root(&t, err, sizeof(err)) < 0)
+        goto fail;
+    /* Nothing is executed from here on (jail_setup ran the id-mapping
+     * helpers): the bounding set can go, once for every worker. */
+    if (confine_drop_bounding_set(err, sizeof(err)) < 0)
         goto fail;
     /* Workspaces mounted in our namespace are unmounted and removed by the
      * sweeper; under the private root they are detached mounts that go
