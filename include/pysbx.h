@@ -110,6 +110,7 @@ enum sbx_layer {
 #define SBX_DEFAULT_WORKER_ID_BASE 2130706432L /* 0x7f000000 */
 #define SBX_DEFAULT_WORKER_IDS     4096u
 #define SBX_MAX_WORKER_IDS         65536u
+#define SBX_SINGLE_RUN_WORKER_IDS  4u
 
 struct sbx_layer_info {
     enum sbx_layer layer;
@@ -164,6 +165,13 @@ struct sbx_config {
     /* Callers that may wait for a worker; one more is refused at once with
      * SBX_ERR_BUSY. 0: 1024. */
     unsigned max_queued;
+    /* The sandbox will run one program and close (a command-line run):
+     * start as fast as possible rather than be ready for many. The template
+     * imports no warm modules (unless warm_modules names some), makes one
+     * worker, which skips its idle rehearsal, and replaces none; the worker
+     * ids default to SBX_SINGLE_RUN_WORKER_IDS. A second run waits for a
+     * worker that never comes (its deadline, or cancellation, ends it). */
+    bool single_run;
 };
 
 /* Per-run ceilings. */

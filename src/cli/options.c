@@ -575,8 +575,10 @@ void opts_config(const struct opts *o, struct sbx_config *cfg, char *tmpl, size_
     cfg->template_path = find_template(o->template_path, tmpl, tmpl_cap);
     cfg->required_layers = o->required;
     cfg->policy_debug = o->policy_debug;
-    if (o->cmd == CMD_RUN || o->cmd == CMD_DOCTOR)
+    if (o->cmd == CMD_DOCTOR)
         cfg->pool_size = 1;
+    /* One program: no warm modules to import, one worker, nothing kept. */
+    cfg->single_run = o->cmd == CMD_RUN;
     if (o->jobs) {
         cfg->max_running = o->jobs;
         cfg->pool_size = o->jobs < POOL_FOR_JOBS_MAX ? o->jobs : POOL_FOR_JOBS_MAX;

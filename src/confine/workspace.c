@@ -67,19 +67,27 @@ int workspace_make(const struct jail *j, uid_t uid, gid_t gid, int base_fd, cons
 int workspace_mount_detached(const struct jail *j, uid_t uid, gid_t gid, char *err, size_t errlen)
 {
     struct ws_opts o;
+    const char *step = "fsopen";
     int fs = fsopen("tmpfs", FSOPEN_CLOEXEC), mnt = -1;
 
     ws_opts(j, uid, gid, &o);
-    if (fs < 0 || fsconfig(fs, FSCONFIG_SET_STRING, "source", "pysbx", 0) < 0 ||
-        fsconfig(fs, FSCONFIG_SET_STRING, "size", o.size, 0) < 0 ||
-        fsconfig(fs, FSCONFIG_SET_STRING, "nr_inodes", o.nr_inodes, 0) < 0 ||
-        fsconfig(fs, FSCONFIG_SET_STRING, "mode", o.mode, 0) < 0 ||
-        fsconfig(fs, FSCONFIG_SET_STRING, "uid", o.uid, 0) < 0 ||
-        fsconfig(fs, FSCONFIG_SET_STRING, "gid", o.gid, 0) < 0 ||
-        fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0 ||
-        (mnt = fsmount(fs, FSMOUNT_CLOEXEC,
-                       MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)) < 0)
-        mnt = errmsg(err, errlen, -errno, "making a workspace tmpfs: %s", strerror(errno));
+    if (fs >= 0) {
+        step = "fsconfig";
+        if (fsconfig(fs, FSCONFIG_SET_STRING, "source", "pysbx", 0) == 0 &&
+            fsconfig(fs, FSCONFIG_SET_STRING, "size", o.size, 0) == 0 &&
+            fsconfig(fs, FSCONFIG_SET_STRING, "nr_inodes", o.nr_inodes, 0) == 0 &&
+            fsconfig(fs, FSCONFIG_SET_STRING, "mode", o.mode, 0) == 0 &&
+            fsconfig(fs, FSCONFIG_SET_STRING, "uid", o.uid, 0) == 0 &&
+            fsconfig(fs, FSCONFIG_SET_STRING, "gid", o.gid, 0) == 0 &&
+            fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) == 0) {
+            step = "fsmount";
+            mnt = fsmount(fs, FSMOUNT_CLOEXEC,
+                          MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+        }
+    }
+    if (mnt < 0)
+        mnt = errmsg(err, errlen, -errno, "template: mounting a workspace tmpfs (%s): %s", step,
+                     strerror(errno));
     if (fs >= 0)
         close(fs);
     return mnt;

@@ -166,6 +166,8 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
                                 cfg.workspace_bytes > SBX_MAX_MEMORY_BYTES))
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                         "workspace_bytes must be between 1 MiB and 1 TiB");
+    if (cfg.single_run)
+        cfg.pool_size = 1;
     if (!cfg.pool_size)
         cfg.pool_size = default_pool_size();
     if (!cfg.workspace_bytes)
@@ -175,7 +177,7 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
     if (cfg.worker_gid < 0)
         cfg.worker_gid = cfg.worker_uid;
     if (!cfg.worker_ids)
-        cfg.worker_ids = SBX_DEFAULT_WORKER_IDS;
+        cfg.worker_ids = cfg.single_run ? SBX_SINGLE_RUN_WORKER_IDS : SBX_DEFAULT_WORKER_IDS;
     if ((uint64_t)cfg.worker_uid + cfg.worker_ids > UINT32_MAX ||
         (uint64_t)cfg.worker_gid + cfg.worker_ids > UINT32_MAX)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "worker id range past 2^32 - 1");

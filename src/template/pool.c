@@ -131,6 +131,7 @@ static void spawn_worker(struct tmpl *t)
             .devnull_fd = t->devnull,
             .ws_path = t->root ? WORKSPACE_MOUNT : path,
             .ws_mount_fd = ws_mount,
+            .rehearse = !t->single_run,
             .plan =
                 {
                     .switch_user = t->jail.switch_user,
@@ -288,7 +289,7 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
         if (buf[i] == WORKER_READY && !w->announced) {
             /* Ready and idle: the pages it copied are what every worker
              * copies. Learn them once (see prefault.h). */
-            if (t->prefault.recorded == 0)
+            if (t->prefault.recorded == 0 && !t->single_run)
                 (void)prefault_record(t->proc_fd, w->pid, &t->prefault);
             announce(t, w);
         } else if (buf[i] == WORKER_STARTED && !w->started) {
@@ -392,7 +393,7 @@ static void reap(struct tmpl *t)
         forget_worker(t, w);
     }
     /* A run just ended: now is the time to replace the workers taken. */
-    if (reaped)
+    if (reaped && !t->single_run)
         refill(t, t->pool_size);
 }
 
@@ -416,7 +417,8 @@ static void on_control(struct tmpl *t, bool *stop)
     /* Forking a replacement costs a worker's whole setup in CPU; done now,
      * it competes with the run that just took a worker. While at least half
      * the pool is ready, wait for a run to end (reap) instead. */
-    refill(t, (t->pool_size + 1) / 2);
+    if (!t->single_run)
+        refill(t, (t->pool_size + 1) / 2);
 }
 
 static void shutdown_workers(struct tmpl *t)

@@ -33,6 +33,7 @@ struct worker_args {
      * template's has no workspace: siblings are not merely unreachable but
      * absent). -1: the workspace is the directory ws_fd, where it is. */
     int ws_mount_fd;
+    bool rehearse;            /* warm up while idle (pyrun_prepare) */
     struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };
 
