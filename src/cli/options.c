@@ -67,6 +67,11 @@ static const char run_usage_tail[] =
     "                          never '..'\n"
     "  --artifacts-dir DIR     write the files the code left in its workspace to DIR\n"
     "                          (made if missing)\n"
+    "  --connect SOCKET        send the program to a running `pysbx serve --listen\n"
+    "                          SOCKET` instead of starting a sandbox (so do the\n"
+    "                          environment variable PYSBX_CONNECT); the same output\n"
+    "                          and exit status; the server's defaults and ceilings\n"
+    "                          hold for the limits not given here\n"
     "  --policy-debug          name refused system calls on stderr and let them fail\n"
     "                          with EPERM instead of applying the policy's kills:\n"
     "                          for finding what code needs, never for production\n"
@@ -355,6 +360,7 @@ enum {
     O_MAXWALL,
     O_MAXCPU,
     O_MAXMEM,
+    O_CONNECT,
 };
 
 #define LIMITS  (CMD_RUN | CMD_MCP | CMD_BATCH)
@@ -380,6 +386,7 @@ static const struct {
     {{"max-pending-bytes", required_argument, NULL, O_PENDING}, CMD_SERVE},
     {{"file", required_argument, NULL, O_FILE}, CMD_RUN},
     {{"artifacts-dir", required_argument, NULL, O_DIR}, CMD_RUN},
+    {{"connect", required_argument, NULL, O_CONNECT}, CMD_RUN},
     {{"template", required_argument, NULL, O_TMPL}, SANDBOX},
     {{"require", required_argument, NULL, O_REQUIRE}, SANDBOX},
     {{"policy-debug", no_argument, NULL, O_DEBUG}, CMD_RUN},
@@ -431,6 +438,9 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         case O_JSON:
             o->json = true;
             break;
+        case O_CONNECT:
+            o->connect = optarg;
+            break;
         case O_WALL:
         case O_CPU:
         case O_MAXWALL:
@@ -441,6 +451,8 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                                        : &o->ceilings.cpu_seconds) < 0)
                 return usage_error(cmd, "--%s wants a number of seconds above 0, not '%s'",
                                    option_name(c), optarg);
+            if (c == O_WALL || c == O_CPU)
+                o->limits_given |= 1u << (c == O_WALL ? GIVEN_WALL : GIVEN_CPU);
             break;
         case O_MEM:
         case O_MAXMEM:
@@ -450,6 +462,8 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                    "--memory wants a size such as 256M, 1G or 268435456, "
                                    "not '%s'",
                                    optarg);
+            if (c == O_MEM)
+                o->limits_given |= 1u << GIVEN_MEMORY;
             break;
         case O_OUT:
         case O_ABYTES:
@@ -460,6 +474,9 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                                   : &l->max_artifacts) < 0)
                 return usage_error(cmd, "--%s wants a whole number, not '%s'", option_name(c),
                                    optarg);
+            o->limits_given |= 1u << (c == O_OUT      ? GIVEN_OUTPUT
+                                      : c == O_ABYTES ? GIVEN_ARTIFACT_BYTES
+                                                      : GIVEN_ARTIFACTS);
             break;
         }
         case O_GRACE:
