@@ -21,12 +21,21 @@
  *                             accounting of the children, all reaped)
  * It runs in a directory of its own that the bench made (the code's files,
  * such as data.csv, are there).
+ *
+ * Built with PYSBX_PROFILE (bench/phases), the answer to L goes on with the
+ * CPU, in µs, of this run's parts: " fork=F afterfork=A ran=R child=C
+ * parent=P": the fork in this process (made after the previous run), the
+ * child's CPU clock after CPython's after-fork work and after the code ran
+ * and its output was flushed, the child's whole CPU (wait4, its exit
+ * included), and this process's share of the run (writing, reading,
+ * wait4).
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include "interp.h"
+#include "profile.h"
 #include "sysutil.h"
 #include "util.h"
 
@@ -36,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,6 +58,14 @@ struct worker {
     int code_fd; /* write end: the code */
     int out_fd;  /* read end: its stdout */
 };
+
+/* PYSBX_PROFILE: what a child measured, in a page shared with it. */
+struct child_marks {
+    double afterfork, ran;
+};
+static struct child_marks *marks;
+static double last_fork_us;
+static long last_child_us;
 
 /* In the worker: reads the code to EOF, runs it as `python3 -c` would, and
  * exits with 0, or 1 after an uncaught exception. */
@@ -77,6 +95,8 @@ _Noreturn static void worker_run(int code_fd, int out_fd, int devnull)
     if (!r)
         rc = 1;
     Py_XDECREF(r);
+    if (marks)
+        marks->ran = prof_now();
     _exit(rc);
 }
 
@@ -90,12 +110,16 @@ static int worker_fork(struct worker *w, int devnull)
         close_fds(code, 2);
         return -errno;
     }
+    double t0 = prof_now();
     pid_t pid = interp_fork(NULL);
     if (pid == 0) {
+        if (marks)
+            marks->afterfork = prof_now();
         close(code[1]);
         close(out[0]);
         worker_run(code[0], out[1], devnull);
     }
+    last_fork_us = prof_now() - t0;
     close(code[0]);
     close(out[1]);
     if (pid < 0) {
@@ -119,8 +143,10 @@ static int worker_finish(struct worker *w, const char *code, size_t len)
     while (read(w->out_fd, buf, sizeof(buf)) > 0)
         ;
     close(w->out_fd);
-    if (wait4(w->pid, &st, 0, NULL) < 0)
+    struct rusage ru;
+    if (wait4(w->pid, &st, 0, &ru) < 0)
         return 0;
+    last_child_us = timeval_us(ru.ru_utime) + timeval_us(ru.ru_stime);
     return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
@@ -205,6 +231,11 @@ int main(void)
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
 
     signal(SIGPIPE, SIG_IGN);
+#ifdef PYSBX_PROFILE
+    marks = mmap(NULL, sizeof(*marks), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (marks == MAP_FAILED)
+        marks = NULL;
+#endif
     if (devnull < 0 || interp_start(&cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "pysbx-floor: %s\n", devnull < 0 ? strerror(errno) : err);
         return 1;
@@ -221,9 +252,15 @@ int main(void)
         char *code = NULL;
 
         if (sscanf(line, "L %zu", &len) == 1 && (code = read_code(len))) {
+            double fork_us = last_fork_us, cpu0 = prof_now();
             uint64_t t0 = now_ns();
             int ok = worker_finish(&next, code, len);
-            printf("%.4f %d\n", (double)(now_ns() - t0) / 1e6, ok);
+            double ms = (double)(now_ns() - t0) / 1e6;
+            if (marks)
+                printf("%.4f %d fork=%.0f afterfork=%.0f ran=%.0f child=%ld parent=%.0f\n", ms, ok,
+                       fork_us, marks->afterfork, marks->ran, last_child_us, prof_now() - cpu0);
+            else
+                printf("%.4f %d\n", ms, ok);
             fflush(stdout);
             /* The next worker waits before the next run is asked for. */
             if (worker_fork(&next, devnull) < 0)

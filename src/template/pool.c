@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "interp.h"
+#include "profile.h"
 #include "sysutil.h"
 #include "template.h"
 #include "util.h"
@@ -59,8 +60,12 @@ static void close_sup_fds(struct worker_rec *w)
     close_fds(w->sup_fds, WFD_COUNT);
 }
 
+/* PYSBX_PROFILE builds: the last worker's making, for the next one. */
+static struct prof_spawn last_spawn;
+
 static void spawn_worker(struct tmpl *t)
 {
+    double spawn_start = prof_now();
     struct worker_rec *w = calloc(1, sizeof(*w));
     int req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
     int status[2] = {-1, -1}, ready[2] = {-1, -1};
@@ -115,7 +120,10 @@ static void spawn_worker(struct tmpl *t)
         if (ruleset < 0)
             goto fail;
     }
+    double fork_start = prof_now();
+    prof_set_spawn(&last_spawn); /* inherited by the child */
     pid = interp_fork(&t->prefault);
+    last_spawn.fork_us = prof_now() - fork_start;
     if (pid < 0) {
         fmt(why, sizeof(why), "template: fork: %s", strerror(errno));
         goto fail;
@@ -172,6 +180,7 @@ static void spawn_worker(struct tmpl *t)
     w->next = t->workers;
     t->workers = w;
     t->n_workers++;
+    last_spawn.spawn_us = prof_now() - spawn_start;
     return;
 
 fail:

@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include "pyrun.h"
+#include "profile.h"
 #include "util.h"
 #include "wire.h"
 
@@ -357,5 +358,7 @@ _Noreturn void pyrun_main(char *code, size_t len)
     flush_stream("stderr");
     if (nomem)
         die_of_memory_error();
+    prof_mark(PROF_RAN);
+    prof_report(2);
     _exit(status & 0xff);
 }
