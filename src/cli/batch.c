@@ -139,8 +139,8 @@ static void progress(struct batch *b, bool final)
         bar[i] = i < fill ? '=' : ' ';
     bar[width] = '\0';
     /* \033[K clears what a longer line drawn before left behind. */
-    fprintf(stderr, "\r[%s] %zu/%zu  completed %zu  stopped %zu  %.1f runs/s\033[K%s", bar, b->done, b->n,
-            b->by_status[SBX_COMPLETED], b->done - b->by_status[SBX_COMPLETED] - b->refused,
+    fprintf(stderr, "\r[%s] %zu/%zu  completed %zu  stopped %zu  %.1f runs/s\033[K%s", bar, b->done,
+            b->n, b->by_status[SBX_COMPLETED], b->done - b->by_status[SBX_COMPLETED] - b->refused,
             secs > 0 ? b->done / secs : 0.0, final ? "\n" : "");
 }
 
