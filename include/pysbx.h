@@ -59,6 +59,7 @@ extern "C" {
 #endif
 
 #define PYSBX_VERSION "0.1.0"
+
 #define PYSBX_VERSION_MAJOR 0
 #define PYSBX_VERSION_MINOR 1
 #define PYSBX_VERSION_PATCH 0
