@@ -105,6 +105,13 @@ printf '%s\n' "$out"
 [ "$out" = "completed 42
 7 host fmt 2" ] || fail "the static host printed the wrong thing"
 echo "ok   libpysbx.a: the API only; a host's now_ns, fmt and read_full stay its own"
+# A program linked with the static library, installed in the prefix's bin/
+# and started by a bare name on PATH, finds the helper relative to itself.
+cp "$T/host" "$P/bin/pysbx-host"
+out=$(cd "$T" && PATH="$P/bin:$PATH" pysbx-host) || fail "a static host in bin/ finds no helper"
+[ "$out" = "completed 42
+7 host fmt 2" ] || fail "the static host in bin/ printed the wrong thing"
+echo "ok   a static host in the prefix's bin/ finds the helper relative to itself"
 
 # find_package: the moved prefix, the run path CMake gives a build tree.
 cmake -S "$SRC/examples/embed" -B "$T/embed-build" -DCMAKE_PREFIX_PATH="$P" >/dev/null

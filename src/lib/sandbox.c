@@ -110,14 +110,24 @@ static unsigned default_pool_size(void)
 static const char *template_beside_library(char *buf, size_t cap)
 {
     Dl_info info;
+    char self[PATH_MAX];
 
     if (dladdr((void *)sbx_config_init, &info) == 0 || !info.dli_fname)
         return NULL;
-    const char *slash = strrchr(info.dli_fname, '/');
+    const char *file = info.dli_fname;
+    /* In the program itself (the static library), glibc names it by argv[0],
+     * which may be a bare name found on PATH: the kernel knows better. */
+    if (strcmp(file, program_invocation_name) == 0) {
+        ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        if (n <= 0)
+            return NULL;
+        self[n] = '\0';
+        file = self;
+    }
+    const char *slash = strrchr(file, '/');
     if (!slash)
         return NULL;
-    int n = snprintf(buf, cap, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname,
-                     PYSBX_TEMPLATE_RELATIVE);
+    int n = snprintf(buf, cap, "%.*s/%s", (int)(slash - file), file, PYSBX_TEMPLATE_RELATIVE);
     if (n < 0 || (size_t)n >= cap)
         return NULL;
     return access(buf, X_OK) == 0 ? buf : NULL;
