@@ -4,7 +4,10 @@
 # default non-root user with no extra flag, and with every layer required
 # under the flags the README gives. Images live in a private store under
 # .cache/podman (ignored by git), not the machine's.
-# To add a check, add a line at the end using in_container.
+# To add a check, add lines at the end using in_container; NET replaces
+# --network none, e.g. for a server reached through a published port:
+#   NET="-p 127.0.0.1:$port:8080" in_container -d --name pysbx-test -- serve --http 0.0.0.0:8080
+# (then $PODMAN stop pysbx-test).
 # usage: test_image.sh BUILD_DIR SOURCE_DIR
 set -eu
 BUILD=$1
@@ -39,12 +42,12 @@ echo "podman: $PODMAN, run flags: ${RUNFLAGS:-none}"
 IMAGE=$(PODMAN="$PODMAN" PODMAN_BUILD_FLAGS="$RUNFLAGS" "$SRC/scripts/image" "$BUILD") ||
     fail "scripts/image"
 echo "built $IMAGE"
-in_container() { # in_container [podman run flags...] -- [pysbx arguments...]
+in_container() { # [NET=...] in_container [podman run flags...] -- [pysbx arguments...]
     flags=
     while [ "$1" != -- ]; do flags="$flags $1"; shift; done
     shift
     # shellcheck disable=SC2086
-    $PODMAN run --rm -i --network none $RUNFLAGS $flags "$IMAGE" "$@"
+    $PODMAN run --rm -i ${NET:---network none} $RUNFLAGS $flags "$IMAGE" "$@"
 }
 
 user=$(in_container --entrypoint id -- -un)
