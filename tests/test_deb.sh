@@ -54,7 +54,7 @@ in_root apt-get update -qq
 in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     /pkg/pysbx.deb >"$T/apt.log" 2>&1 || { cat "$T/apt.log"; exit 1; }
 echo "ok   apt installs the package and its Depends into a clean Debian 12 root"
-in_root dpkg -s libjansson4 libseccomp2 libpython3.11 >/dev/null
+in_root dpkg -s libjansson4 libseccomp2 libcap2 libpython3.11-stdlib >/dev/null
 cp "$T/script.py" "$M/tmp/script.py"
 echo "hello" >"$M/tmp/in.txt"
 out=$(in_root pysbx run --file in.txt=/tmp/in.txt --artifacts-dir /tmp/out /tmp/script.py)
