@@ -224,5 +224,8 @@ kill -TERM "$server"; wait "$server" 2>/dev/null
 "$PYSBX" run --connect "$SOCK" "$T/one.py" >/dev/null 2>"$T/err"; check "--connect: no server is a sandbox failure" 70 $?
 expect_in "--connect: says why" "--connect $SOCK" "$T/err"
 
+# pysbx batch on a terminal: the bar, the result lines, the percentiles.
+$PY "$SRC/tests/batch_tty.py" "$PYSBX" "$T" || fails=$((fails + 1))
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]
