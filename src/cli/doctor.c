@@ -26,9 +26,10 @@ int cmd_doctor(int argc, char **argv)
     unsigned required = o.required;
     bool json = o.json;
     opts_config(&o, &cfg, tmpl, sizeof(tmpl));
-    opts_free(&o);
     cfg.required_layers = 0; /* report, whatever is missing */
-    if (sbx_open(&cfg, &sbx, &err) < 0) {
+    int rc = sbx_open(&cfg, &sbx, &err);
+    opts_free(&o);
+    if (rc < 0) {
         fprintf(stderr, "pysbx: cannot start the sandbox: %s\n", err.message);
         return EXIT_SANDBOX;
     }

@@ -22,16 +22,19 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
     struct sbx_error err = {0};
     int status = parse_opts(cmd, argc, argv, &o);
 
-    opts_free(&o); /* only run takes files */
-    if (status != 0)
+    if (status != 0) {
+        opts_free(&o);
         return status < 0 ? 0 : status;
+    }
     if (!o.jobs)
         o.jobs = 2 * cores();
     /* run, mcp and batch turn SIGINT/SIGTERM/SIGHUP into a cancellation
      * (stopper.h) from before their sandbox exists; serve has its own. */
     if (cmd != CMD_SERVE)
         (void)stopper_start();
-    if (open_backend(&o, &b, &err) < 0) {
+    int rc = open_backend(&o, &b, &err);
+    opts_free(&o); /* the sandbox has copied what it keeps */
+    if (rc < 0) {
         fprintf(stderr, "pysbx %s: cannot start the sandbox: %s\n", cmd_name(cmd), err.message);
         return EXIT_SANDBOX;
     }

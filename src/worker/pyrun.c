@@ -5,12 +5,16 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "figures.h"
 #include "pyrun.h"
 #include "profile.h"
+#include "sysutil.h"
 #include "util.h"
 #include "wire.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -63,21 +67,80 @@ static void seed_linecache(const char *code, size_t len)
     Py_XDECREF(lc);
 }
 
-/* compile() on bytes, as for a file: PEP 263 decoding, and a clear error
+/* As a notebook cell: the program's last statement, when it is an
+ * expression, is compiled apart (*last, for eval) from the rest (returned,
+ * for exec), so that its value can be had. Otherwise *last is NULL and the
+ * program compiles as a whole. Line numbers stay the program's.
+ * compile() on bytes, as for a file: PEP 263 decoding, and a clear error
  * for NUL bytes or invalid UTF-8 instead of a silently cut C string. The
  * bytes are a view of |code| (NUL-terminated at |len|), not a copy: the
  * program is held once, not once more for each step. */
-static PyObject *compile_source(const char *code, size_t len)
+static PyObject *compile_parts(const char *code, size_t len, PyObject **last)
 {
     PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
     PyObject *compile = builtins ? PyDict_GetItemString(builtins, "compile") : NULL;
+    PyObject *ast = PyImport_ImportModule("ast");
     PyObject *src = PyMemoryView_FromMemory((char *)code, (Py_ssize_t)len, PyBUF_READ);
-    PyObject *co = NULL;
+    PyObject *tree = NULL, *body = NULL, *tail = NULL, *expr = NULL, *co = NULL;
 
-    if (compile && src)
-        co = PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, "exec", 0, 1);
+    *last = NULL;
+    if (compile && ast && src)
+        tree =
+            PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, "exec", PyCF_ONLY_AST, 1);
+    body = tree ? PyObject_GetAttrString(tree, "body") : NULL;
+    Py_ssize_t n = body && PyList_Check(body) ? PyList_GET_SIZE(body) : 0;
+    PyObject *expr_type = n ? PyObject_GetAttrString(ast, "Expr") : NULL;
+    if (expr_type && PyObject_IsInstance(PyList_GET_ITEM(body, n - 1), expr_type) == 1) {
+        tail = PyObject_CallMethod(body, "pop", NULL);
+        PyObject *value = tail ? PyObject_GetAttrString(tail, "value") : NULL;
+        expr = value ? PyObject_CallMethod(ast, "Expression", "O", value) : NULL;
+        Py_XDECREF(value);
+        *last = expr ? PyObject_CallFunction(compile, "Ossii", expr, MAIN_FILENAME, "eval", 0, 1)
+                     : NULL;
+        if (!*last)
+            goto out;
+    }
+    if (tree && !PyErr_Occurred())
+        co = PyObject_CallFunction(compile, "Ossii", tree, MAIN_FILENAME, "exec", 0, 1);
+out:
+    if (!co)
+        Py_CLEAR(*last);
+    Py_XDECREF(expr_type);
+    Py_XDECREF(expr);
+    Py_XDECREF(tail);
+    Py_XDECREF(body);
+    Py_XDECREF(tree);
     Py_XDECREF(src);
+    Py_XDECREF(ast);
     return co;
+}
+
+/* WIRE_VALUE_FILE in the workspace, by absolute path: the code may have
+ * changed directory. */
+static char value_path[PATH_MAX];
+
+/* The value's repr() for the supervisor (WIRE_VALUE_FILE); None, as in a
+ * notebook, shows nothing. What the code left under that name goes first,
+ * so only our own write is taken. Returns -1 with a Python exception when
+ * repr() raised; a value that cannot be written is lost, not an error. */
+static int send_value(PyObject *v)
+{
+    PyObject *r, *b;
+
+    if (v == Py_None)
+        return 0;
+    r = PyObject_Repr(v);
+    b = r ? PyUnicode_AsEncodedString(r, "utf-8", "replace") : NULL;
+    Py_XDECREF(r);
+    if (!b)
+        return -1;
+    int fd = open(value_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        (void)write_full(fd, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
+        close(fd);
+    }
+    Py_DECREF(b);
+    return 0;
 }
 
 /* |module| from sys.modules, without importing it (new reference), or NULL. */
@@ -154,15 +217,19 @@ static int rehearse(int devnull)
     static const char snippet[] = "print(1)\n";
     PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
     PyObject *ns = main_mod ? PyDict_Copy(PyModule_GetDict(main_mod)) : NULL;
-    PyObject *co = NULL, *res = NULL, *out = NULL, *lc = NULL, *cache = NULL;
+    PyObject *co = NULL, *last = NULL, *res = NULL, *out = NULL, *lc = NULL, *cache = NULL;
     int saved = -1, rc = -1;
 
     saved = dup(1);
     if (!ns || saved < 0 || dup2(devnull, 1) < 0)
         goto out;
     seed_linecache(snippet, sizeof(snippet) - 1);
-    co = compile_source(snippet, sizeof(snippet) - 1);
+    co = compile_parts(snippet, sizeof(snippet) - 1, &last);
     res = co ? PyEval_EvalCode(co, ns, ns) : NULL;
+    if (res && last) {
+        Py_DECREF(res);
+        res = PyEval_EvalCode(last, ns, ns);
+    }
     out = PySys_GetObject("stdout"); /* borrowed */
     if (res && out) {
         PyObject *r = PyObject_CallMethod(out, "flush", NULL);
@@ -183,6 +250,7 @@ out:
     Py_XDECREF(cache);
     Py_XDECREF(lc);
     Py_XDECREF(res);
+    Py_XDECREF(last);
     Py_XDECREF(co);
     Py_XDECREF(ns);
     return rc;
@@ -190,6 +258,7 @@ out:
 
 int pyrun_prepare(const char *workspace, bool rehearsal, int devnull, char *err, size_t errlen)
 {
+    fmt(value_path, sizeof(value_path), "%s/" WIRE_VALUE_FILE, workspace);
     if (set_environment(workspace) < 0 || (rehearsal && rehearse(devnull) < 0))
         return pyrun_error_text("preparing the worker", err, errlen);
     return 0;
@@ -314,7 +383,7 @@ _Noreturn void pyrun_main(char *code, size_t len)
 {
     PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
     PyObject *globals = main_mod ? PyModule_GetDict(main_mod) : NULL;
-    PyObject *co = NULL;
+    PyObject *co = NULL, *last = NULL;
     PyObject *res = NULL;
     bool nomem = false;
     int status = 0;
@@ -327,10 +396,18 @@ _Noreturn void pyrun_main(char *code, size_t len)
     bool seeded = len <= LINECACHE_EAGER_MAX && module_loaded("linecache");
     if (seeded)
         seed_linecache(code, len);
-    co = globals ? compile_source(code, len) : NULL;
+    co = globals ? compile_parts(code, len, &last) : NULL;
     if (co)
         res = PyEval_EvalCode(co, globals, globals);
     Py_XDECREF(co);
+    unlink(value_path);
+    if (res && last) {
+        Py_DECREF(res);
+        res = PyEval_EvalCode(last, globals, globals);
+        if (res && send_value(res) < 0)
+            Py_CLEAR(res);
+    }
+    Py_XDECREF(last);
 
     if (res)
         Py_DECREF(res);
@@ -348,6 +425,8 @@ _Noreturn void pyrun_main(char *code, size_t len)
         status = 1;
     }
     free(code);
+    if (!nomem)
+        figures_flush();
 
     /* What Py_FinalizeEx does that the code can observe, without the rest:
      * the process is about to vanish. */
