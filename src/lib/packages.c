@@ -200,17 +200,35 @@ static int db_load(struct db *db)
     return 0;
 }
 
-/* Marks |root| and everything it depends on; |order| gets each once. For
- * "a | b" the first alternative that is installed counts. */
+/* The interpreter itself: the worker has its standard library already. */
+static bool is_interpreter(const char *name)
+{
+    return strcmp(name, "python3") == 0 || strncmp(name, "python3.", 8) == 0 ||
+           strcmp(name, "python3-minimal") == 0 || strncmp(name, "libpython3", 10) == 0;
+}
+
+/* A Python distribution (python3-numpy) or its data (python-matplotlib-data):
+ * its relations are followed. Anything else it needs (a C library, fonts)
+ * is taken, but not what that needs in turn: the C-level stack below is
+ * the system's, and the shared libraries are visible to every worker. */
+static bool is_python(const char *name)
+{
+    return strncmp(name, "python3-", 8) == 0 || strncmp(name, "python-", 7) == 0;
+}
+
+/* Marks |root| and what it depends on (see is_python); |order| gets each
+ * once. For "a | b" the first alternative that is installed counts. */
 static int closure(struct db *db, struct pkg *root, struct strv *order)
 {
     int rc;
 
-    if (root->in)
+    if (root->in || is_interpreter(root->name))
         return 0;
     root->in = true;
     if ((rc = strv_push(order, root->name, strlen(root->name))) < 0)
         return rc;
+    if (!is_python(root->name))
+        return 0;
     for (const char *d = root->depends; *d;) {
         size_t group = strcspn(d, ",");
         struct pkg *dep = NULL;
@@ -304,6 +322,22 @@ static int add_data(struct strv *places, char *const *files, size_t n, const cha
     return best[0] ? strv_push(places, best, strlen(best)) : strv_push(places, path, strlen(path));
 }
 
+/* Configuration a package reads at run time (/etc/matplotlibrc); not what
+ * the system's own tools keep there, nor the files the private root writes. */
+static bool etc_for_code(const char *path)
+{
+    static const char *const skip[] = {"X11",    "alternatives", "apt",          "cron.daily",
+                                       "dpkg",   "init.d",       "logrotate.d",  "ld.so.conf.d",
+                                       "passwd", "group",        "nsswitch.conf"};
+    const char *rest = path + strlen("/etc/");
+    size_t l = strcspn(rest, "/");
+
+    for (size_t i = 0; i < ARRAY_SIZE(skip); i++)
+        if (strlen(skip[i]) == l && strncmp(rest, skip[i], l) == 0)
+            return false;
+    return true;
+}
+
 static int add_places(struct strv *places, char *const *files, size_t n)
 {
     static const char dist[] = PACKAGES_DIST_DIR "/";
@@ -321,9 +355,7 @@ static int add_places(struct strv *places, char *const *files, size_t n)
             continue;
         } else if (strncmp(p, "/usr/share/", 11) == 0 && share_for_code(p)) {
             rc = add_data(places, files, n, p);
-        } else if (strncmp(p, "/etc/", 5) == 0 && S_ISREG(st.st_mode) &&
-                   strcmp(p, "/etc/passwd") != 0 && strcmp(p, "/etc/group") != 0 &&
-                   strcmp(p, "/etc/nsswitch.conf") != 0) {
+        } else if (strncmp(p, "/etc/", 5) == 0 && S_ISREG(st.st_mode) && etc_for_code(p)) {
             rc = strv_push(places, p, strlen(p));
         }
     }

@@ -240,9 +240,14 @@ int main(void)
             t.policy_debug ? " (DEBUG: refusals trap and are named; never for production)" : "");
     t.landlock = (t.jc.disable & SBX_LAYER_LANDLOCK) ? -EPERM : landlock_abi();
     /* A module directory that cannot be confined is the caller's error. */
+    const char *const *read_only = packages_read_only(&t);
+    if (!read_only) {
+        errmsg(err, sizeof(err), -ENOMEM, "template: out of memory");
+        goto fail;
+    }
     if (t.landlock > 0 &&
-        landlock_base_open(&t.ll_base, t.landlock, packages_read_only(&t),
-                           t.root ? root_written_files : NULL, err, sizeof(err)) < 0)
+        landlock_base_open(&t.ll_base, t.landlock, read_only, t.root ? root_written_files : NULL,
+                           err, sizeof(err)) < 0)
         goto fail;
     if (t.landlock > 0)
         fmt(t.landlock_why, sizeof(t.landlock_why),

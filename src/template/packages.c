@@ -124,10 +124,17 @@ int packages_started(struct tmpl *t, char *err, size_t errlen)
     return check_threads(t, err, errlen);
 }
 
+static bool beneath(const char *path, const char *dir)
+{
+    size_t l = strlen(dir);
+
+    return strncmp(path, dir, l) == 0 && path[l] == '/';
+}
+
 const char *const *packages_read_only(struct tmpl *t)
 {
     char **merged;
-    size_t a = 0, b = 0;
+    size_t a = 0, b = 0, n = 0;
 
     if (!t->pkg_places)
         return (const char *const *)t->module_dirs;
@@ -135,10 +142,18 @@ const char *const *packages_read_only(struct tmpl *t)
         a++;
     while (t->pkg_places[b])
         b++;
-    merged = calloc(a + b + 1, sizeof(*merged));
+    merged = calloc(a + b + 2, sizeof(*merged));
     if (!merged)
-        return (const char *const *)t->module_dirs;
+        return NULL;
     memcpy(merged, t->module_dirs, a * sizeof(*merged));
-    memcpy(merged + a, t->pkg_places, b * sizeof(*merged));
+    n = a;
+    /* Under the private root the package directory holds the set's entries
+     * and nothing else: granted whole, it can be listed, as
+     * importlib.metadata does. On the host's tree only each entry. */
+    if (t->root)
+        merged[n++] = t->pkg_path;
+    for (size_t i = 0; i < b; i++)
+        if (!t->root || !beneath(t->pkg_places[i], t->pkg_path))
+            merged[n++] = t->pkg_places[i];
     return (const char *const *)merged;
 }

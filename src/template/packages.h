@@ -25,7 +25,8 @@ int packages_prepare(struct tmpl *t, struct interp_config *py, char *err, size_t
 int packages_started(struct tmpl *t, char *err, size_t errlen);
 
 /* What Landlock grants read-only: the module directories and, with a
- * package set, its places. */
+ * package set, its places. NULL when out of memory. Call after the root is
+ * entered (or not). */
 const char *const *packages_read_only(struct tmpl *t);
 
 #endif
