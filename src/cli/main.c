@@ -32,10 +32,9 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
      * (stopper.h) from before their sandbox exists; serve has its own. */
     if (cmd != CMD_SERVE)
         (void)stopper_start();
-    int rc = open_backend(&o, &b, &err);
-    opts_free(&o); /* the sandbox has copied what it keeps */
-    if (rc < 0) {
+    if (open_backend(&o, &b, &err) < 0) {
         fprintf(stderr, "pysbx %s: cannot start the sandbox: %s\n", cmd_name(cmd), err.message);
+        opts_free(&o);
         return EXIT_SANDBOX;
     }
     if (cmd == CMD_SERVE) {
@@ -49,13 +48,14 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .max_pending_bytes = o.max_pending};
         status = serve_main(&so);
     } else if (cmd == CMD_MCP) {
-        struct mcp_opts mo = {&b, o.limits, o.max_line};
+        struct mcp_opts mo = {&b, o.limits, o.max_line, (const char *const *)o.packages};
         status = mcp_main(&mo);
     } else {
         struct batch_opts bo = {&b, o.limits, o.target, o.out, o.jobs, o.max_line};
         status = batch_main(&bo);
     }
     b.close(b.self);
+    opts_free(&o);
     return status;
 }
 

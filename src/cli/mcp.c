@@ -66,17 +66,28 @@ static void reply_error(struct server *s, json_t *id, int code, const char *mess
 
 /* --- the tool ---------------------------------------------------------------- */
 
-static json_t *tool_description(const struct sbx_limits *l)
+static json_t *tool_description(const struct sbx_limits *l, const char *const *packages)
 {
-    char desc[1024];
+    char desc[1536], has[512] = "the standard library only";
+    size_t n = 0;
+
+    for (const char *const *p = packages; p && *p && n < sizeof(has); p++)
+        n += (size_t)snprintf(has + n, sizeof(has) - n, "%s%s", p == packages ? "" : ", ", *p);
+    if (packages && *packages)
+        fmt(has + strlen(has), sizeof(has) - strlen(has),
+            " (already imported) and the standard library; matplotlib figures left open or "
+            "shown come back as PNG images");
+    else
+        fmt(has, sizeof(has), "the standard library only");
     fmt(desc, sizeof(desc),
-        "Run Python 3 code in a sandbox and get back its exit status, stdout, stderr and the "
-        "files it wrote. The sandbox has the standard library only, no network, and an empty "
+        "Run Python 3 code in a sandbox and get back its exit status, stdout, stderr, the "
+        "value of its last line when that is an expression (as in a notebook) and the "
+        "files it wrote. The sandbox has %s, no network, and an empty "
         "working directory (the input files, if any, are written there first). Limits: %g s "
         "of wall time, %g s of CPU, %llu MiB of memory, %llu characters of output per "
         "stream. Each call is a fresh interpreter: nothing carries over between calls. "
         "Print what you want to see.",
-        l->wall_seconds, l->cpu_seconds, (unsigned long long)(l->memory_bytes >> 20),
+        has, l->wall_seconds, l->cpu_seconds, (unsigned long long)(l->memory_bytes >> 20),
         (unsigned long long)l->max_output_chars);
     return json_pack(
         "{s:s, s:s, s:s, s:{s:s, s:{s:{s:s, s:s}, s:{s:s, s:{s:s}, s:s}}, s:[s]}}", "name",
@@ -172,6 +183,12 @@ static json_t *tool_result(const struct sbx_result *r)
     if (r->stderr_len) {
         char *t = NULL;
         if (asprintf(&t, "stderr:\n%.*s", (int)r->stderr_len, r->stderr_text) >= 0)
+            add_text(content, t, strlen(t));
+        free(t);
+    }
+    if (r->value) {
+        char *t = NULL;
+        if (asprintf(&t, "value:\n%.*s", (int)r->value_len, r->value) >= 0)
             add_text(content, t, strlen(t));
         free(t);
     }
@@ -343,7 +360,8 @@ static void dispatch(struct server *s, json_t *msg)
     else if (strcmp(method, "ping") == 0)
         reply(s, id, json_object());
     else if (strcmp(method, "tools/list") == 0)
-        reply(s, id, json_pack("{s:[o]}", "tools", tool_description(&s->o->limits)));
+        reply(s, id,
+              json_pack("{s:[o]}", "tools", tool_description(&s->o->limits, s->o->packages)));
     else if (strcmp(method, "tools/call") == 0)
         call_tool(s, id, params);
     else
