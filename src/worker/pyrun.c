@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define MAIN_FILENAME "<main>"
@@ -67,52 +68,100 @@ static void seed_linecache(const char *code, size_t len)
     Py_XDECREF(lc);
 }
 
-/* As a notebook cell: the program's last statement, when it is an
- * expression, is compiled apart (*last, for eval) from the rest (returned,
- * for exec), so that its value can be had. Otherwise *last is NULL and the
- * program compiles as a whole. Line numbers stay the program's.
- * compile() on bytes, as for a file: PEP 263 decoding, and a clear error
+/* compile() on bytes, as for a file: PEP 263 decoding, and a clear error
  * for NUL bytes or invalid UTF-8 instead of a silently cut C string. The
- * bytes are a view of |code| (NUL-terminated at |len|), not a copy: the
- * program is held once, not once more for each step. */
-static PyObject *compile_parts(const char *code, size_t len, PyObject **last)
+ * bytes are a view of |code|, not a copy: the program is held once, not once
+ * more for each step. NULL with the exception set when it does not compile. */
+static PyObject *compile_bytes(const char *code, size_t len, const char *mode)
 {
     PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
     PyObject *compile = builtins ? PyDict_GetItemString(builtins, "compile") : NULL;
-    PyObject *ast = PyImport_ImportModule("ast");
     PyObject *src = PyMemoryView_FromMemory((char *)code, (Py_ssize_t)len, PyBUF_READ);
-    PyObject *tree = NULL, *body = NULL, *tail = NULL, *expr = NULL, *co = NULL;
+    PyObject *co = NULL;
+
+    if (compile && src)
+        co = PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, mode, 0, 1);
+    Py_XDECREF(src);
+    return co;
+}
+
+/* How many more brackets |line| closes than it opens (strings not
+ * considered: this only proposes where to try; compiling decides). */
+static int closes(const char *line, size_t len)
+{
+    int n = 0;
+
+    for (size_t i = 0; i < len; i++)
+        n += (strchr(")]}", line[i]) != NULL) - (strchr("([{", line[i]) != NULL);
+    return n;
+}
+
+/* Where the program's last statement would start if it were an expression
+ * of its own: its last line (not a comment), or, when that line closes
+ * brackets, the line that opens them (up to LAST_EXPR_LINES_MAX lines up).
+ * It must not be indented. Returns the offset, or -1; *tail_len is the
+ * length from there. */
+#define LAST_EXPR_LINES_MAX 64
+static ssize_t last_statement(const char *code, size_t len, size_t *tail_len)
+{
+    size_t end = len;
+
+    while (end > 0) {
+        while (end > 0 && strchr(" \t\r\n\f", code[end - 1]))
+            end--;
+        size_t start = end;
+        while (start > 0 && code[start - 1] != '\n')
+            start--;
+        if (code[start + strspn(code + start, " \t\f")] == '#') {
+            end = start; /* a comment: the line before it */
+            continue;
+        }
+        int open = closes(code + start, end - start);
+        for (int up = 0; open > 0 && start > 0 && up < LAST_EXPR_LINES_MAX; up++) {
+            size_t prev = start - 1;
+            while (prev > 0 && code[prev - 1] != '\n')
+                prev--;
+            open += closes(code + prev, start - prev);
+            start = prev;
+        }
+        *tail_len = end - start;
+        return end > start && !strchr(" \t\f", code[start]) ? (ssize_t)start : -1;
+    }
+    return -1;
+}
+
+/* As a notebook cell: when the program's last statement is an expression,
+ * it is compiled apart (*last, for eval) from the lines before it
+ * (returned, for exec), so that its value can be had. The split stands only when both
+ * parts compile; the lines before then hold no open bracket, string or
+ * block, so the expression is a statement of its own (a line-based check,
+ * without building the syntax tree: it costs two compilations of the usual
+ * kind). Otherwise *last is NULL and the program compiles as a whole. The
+ * expression is compiled after as many newlines as lines precede it, so its
+ * line numbers stay the program's. */
+static PyObject *compile_parts(const char *code, size_t len, PyObject **last)
+{
+    size_t tail_len = 0, lines = 0;
+    ssize_t start = last_statement(code, len, &tail_len);
+    PyObject *head = NULL;
+    char *tail = NULL;
 
     *last = NULL;
-    if (compile && ast && src)
-        tree =
-            PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, "exec", PyCF_ONLY_AST, 1);
-    body = tree ? PyObject_GetAttrString(tree, "body") : NULL;
-    Py_ssize_t n = body && PyList_Check(body) ? PyList_GET_SIZE(body) : 0;
-    PyObject *expr_type = n ? PyObject_GetAttrString(ast, "Expr") : NULL;
-    if (expr_type && PyObject_IsInstance(PyList_GET_ITEM(body, n - 1), expr_type) == 1) {
-        tail = PyObject_CallMethod(body, "pop", NULL);
-        PyObject *value = tail ? PyObject_GetAttrString(tail, "value") : NULL;
-        expr = value ? PyObject_CallMethod(ast, "Expression", "O", value) : NULL;
-        Py_XDECREF(value);
-        *last = expr ? PyObject_CallFunction(compile, "Ossii", expr, MAIN_FILENAME, "eval", 0, 1)
-                     : NULL;
-        if (!*last)
-            goto out;
-    }
-    if (tree && !PyErr_Occurred())
-        co = PyObject_CallFunction(compile, "Ossii", tree, MAIN_FILENAME, "exec", 0, 1);
-out:
-    if (!co)
+    for (ssize_t i = 0; i < start; i++)
+        lines += code[i] == '\n';
+    if (start >= 0 && (tail = malloc(lines + tail_len + 1))) {
+        memset(tail, '\n', lines);
+        memcpy(tail + lines, code + start, tail_len);
+        tail[lines + tail_len] = '\0';
+        *last = compile_bytes(tail, lines + tail_len, "eval");
+        free(tail);
+        head = *last ? compile_bytes(code, (size_t)start, "exec") : NULL;
+        if (head)
+            return head;
         Py_CLEAR(*last);
-    Py_XDECREF(expr_type);
-    Py_XDECREF(expr);
-    Py_XDECREF(tail);
-    Py_XDECREF(body);
-    Py_XDECREF(tree);
-    Py_XDECREF(src);
-    Py_XDECREF(ast);
-    return co;
+        PyErr_Clear();
+    }
+    return compile_bytes(code, len, "exec");
 }
 
 /* WIRE_VALUE_FILE in the workspace, by absolute path: the code may have
