@@ -71,14 +71,13 @@ static json_t *tool_description(const struct sbx_limits *l, const char *const *p
     char desc[1536], has[512] = "the standard library only";
     size_t n = 0;
 
+    /* "numpy, pandas (already imported) and the standard library; ..." */
     for (const char *const *p = packages; p && *p && n < sizeof(has); p++)
         n += (size_t)snprintf(has + n, sizeof(has) - n, "%s%s", p == packages ? "" : ", ", *p);
-    if (packages && *packages)
-        fmt(has + strlen(has), sizeof(has) - strlen(has),
+    if (n && n < sizeof(has))
+        fmt(has + n, sizeof(has) - n,
             " (already imported) and the standard library; matplotlib figures left open or "
             "shown come back as PNG images");
-    else
-        fmt(has, sizeof(has), "the standard library only");
     fmt(desc, sizeof(desc),
         "Run Python 3 code in a sandbox and get back its exit status, stdout, stderr, the "
         "value of its last line when that is an expression (as in a notebook) and the "
