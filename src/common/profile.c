@@ -6,8 +6,7 @@
 #include <unistd.h>
 
 const char *const prof_names[PROF_COUNT] = {
-    "prefault", "afterfork", "fds",     "workspace", "prepare",
-    "confine",  "request",   "started", "ran",
+    "prefault", "afterfork", "fds", "workspace", "prepare", "confine", "request", "started", "ran",
 };
 
 #ifdef PYSBX_PROFILE
