@@ -52,6 +52,7 @@ struct opts {
     struct sbx_limits ceilings; /* serve: the most a request may ask */
     double grace;               /* serve: seconds to drain at SIGTERM */
     size_t max_pending;         /* serve: unsent answer bytes per client */
+    char **packages;            /* --packages, NULL-terminated, or NULL */
 };
 
 /* "run", "serve", ... */
