@@ -197,6 +197,18 @@ kill -TERM "$live"
 wait "$live" 2>/dev/null || true
 check "and goes when it ends" "" "$(ls -A "$W")"
 
+# --- without CAP_KILL (a container that dropped it): refused at start, never a
+# run that goes on past its wall limit ---
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
+    printf 'import time\ntime.sleep(3)\nprint("done")\n' >"$T/sleep3.py"
+    setpriv --bounding-set -kill --inh-caps -kill "$PYSBX" run --wall 0.5 "$T/sleep3.py" >"$T/out" 2>"$T/err"
+    check "no CAP_KILL: the sandbox refuses to start" 70 $?
+    expect_in "no CAP_KILL: says why" "CAP_KILL" "$T/err"
+    [ ! -s "$T/out" ] && echo "ok   no CAP_KILL: nothing ran" || { echo "FAIL no CAP_KILL: the code ran"; fails=$((fails + 1)); }
+else
+    echo "skip no CAP_KILL (needs root and setpriv)"
+fi
+
 # --- run --connect: the same program through a running server ---
 SOCK="$T/serve.sock"
 "$PYSBX" serve --listen "$SOCK" >"$T/serve.log" 2>&1 &

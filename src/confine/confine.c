@@ -25,6 +25,19 @@ int confine_drop_bounding_set(char *err, size_t errlen)
     return 0;
 }
 
+bool confine_has_cap(int cap)
+{
+    cap_t c = cap_get_proc();
+    cap_flag_value_t v = CAP_CLEAR;
+
+    if (c) {
+        if (cap_get_flag(c, (cap_value_t)cap, CAP_EFFECTIVE, &v) < 0)
+            v = CAP_CLEAR;
+        cap_free(c);
+    }
+    return v == CAP_SET;
+}
+
 static int switch_user(uid_t uid, gid_t gid, char *err, size_t errlen)
 {
     if (setgroups(0, NULL) < 0 || setresgid(gid, gid, gid) < 0 || setresuid(uid, uid, uid) < 0)

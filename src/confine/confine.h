@@ -30,6 +30,9 @@ struct confine_plan {
  * -errno with a message. */
 int confine_drop_bounding_set(char *err, size_t errlen);
 
+/* Whether capability |cap| is in this process's effective set. */
+bool confine_has_cap(int cap);
+
 /* In order: the capability bounding set, the user, every other capability,
  * no_new_privs, Landlock, and seccomp last. Returns 0 or -errno with a
  * message. */

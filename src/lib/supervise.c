@@ -60,8 +60,16 @@ static void deliver(struct supervision *s, int stream, const char *text, size_t 
 
 void supervise_kill(struct supervision *s)
 {
-    if (s->pidfd >= 0)
-        (void)pidfd_send_signal(s->pidfd, SIGKILL, NULL, 0);
+    /* ESRCH: already reaped. Anything else (EPERM: no CAP_KILL over the
+     * worker's uid) means the run cannot be stopped: say so now, rather
+     * than wait for it to end on its own and call that a result. */
+    if (s->pidfd >= 0 && pidfd_send_signal(s->pidfd, SIGKILL, NULL, 0) < 0 && errno != ESRCH &&
+        !s->lost) {
+        s->lost = true;
+        s->lost_reason = errno == EPERM ? "the sandbox may not signal the worker (no CAP_KILL over "
+                                          "its uid): the run could not be stopped"
+                                        : "the sandbox could not signal the worker";
+    }
 }
 
 static int poll_timeout_ms(uint64_t until_ns)

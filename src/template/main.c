@@ -22,6 +22,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/capability.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -194,6 +195,16 @@ int main(void)
     }
     if (enter_root(&t, err, sizeof(err)) < 0)
         goto fail;
+    /* Workers under other uids are stopped by signals (the template's
+     * timers, the supervisor's deadline): without CAP_KILL every kill would
+     * fail and a run would go on past its limits. */
+    if (t.jail.switch_user && !confine_has_cap(CAP_KILL)) {
+        errmsg(err, sizeof(err), -EPERM,
+               "template: the workers run as their own uids, which it could not signal to "
+               "stop them without CAP_KILL: give the process CAP_KILL (or run it as an "
+               "ordinary user)");
+        goto fail;
+    }
     /* Nothing is executed from here on (jail_setup ran the id-mapping
      * helpers): the bounding set can go, once for every worker. */
     if (confine_drop_bounding_set(err, sizeof(err)) < 0)
