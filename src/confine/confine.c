@@ -25,6 +25,14 @@ int confine_drop_bounding_set(char *err, size_t errlen)
     return 0;
 }
 
+bool confine_bounding_set_empty(void)
+{
+    for (cap_value_t c = 0; c <= CAP_LAST_CAP; c++)
+        if (CAP_IS_SUPPORTED(c) && cap_get_bound(c) == 1)
+            return false;
+    return true;
+}
+
 bool confine_has_cap(int cap)
 {
     cap_t c = cap_get_proc();

@@ -30,6 +30,9 @@ struct confine_plan {
  * -errno with a message. */
 int confine_drop_bounding_set(char *err, size_t errlen);
 
+/* Whether this process's bounding set holds no capability at all. */
+bool confine_bounding_set_empty(void);
+
 /* Whether capability |cap| is in this process's effective set. */
 bool confine_has_cap(int cap);
 

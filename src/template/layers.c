@@ -40,7 +40,10 @@ void layers_describe(const struct tmpl *t, struct wire_hello *h)
         (unsigned long long)(WORKER_FSIZE_LIMIT >> 20), WORKER_NOFILE_LIMIT,
         j->switch_user ? ", " PYSBX_STR(WORKER_NPROC_LIMIT) " threads per worker uid" : "");
     layer(h, SBX_LAYER_RLIMITS, true, rl);
-    layer(h, SBX_LAYER_CAPS, true, "every capability dropped (bounding set too), no_new_privs");
+    layer(h, SBX_LAYER_CAPS, true,
+          t->bounding_empty ? "every capability dropped (bounding set too), no_new_privs"
+                            : "every capability dropped, no_new_privs (the bounding set stays: "
+                              "no CAP_SETPCAP to empty it; no_new_privs keeps exec from using it)");
     layer(h, SBX_LAYER_ROOT, t->root, t->root_why);
     layer(h, SBX_LAYER_UIDRUN, j->uid_per_run, j->uidrun_why);
 }

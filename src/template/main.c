@@ -209,6 +209,7 @@ int main(void)
      * helpers): the bounding set can go, once for every worker. */
     if (confine_drop_bounding_set(err, sizeof(err)) < 0)
         goto fail;
+    t.bounding_empty = confine_bounding_set_empty();
     /* Workspaces mounted in our namespace are unmounted and removed by the
      * sweeper; under the private root they are detached mounts that go
      * with their last descriptor. */

@@ -54,7 +54,8 @@ struct tmpl {
     /* The confinement every worker gets, decided once. */
     struct jail_config jc;
     struct jail jail;
-    bool root; /* in the private root */
+    bool root;           /* in the private root */
+    bool bounding_empty; /* the capability bounding set workers inherit is empty */
     char root_why[WIRE_LAYER_DETAIL_MAX];
     struct uids uids;
     struct sweeper sweeper;
