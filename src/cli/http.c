@@ -45,27 +45,27 @@
 /* What a connection may hold of request line and headers (libmicrohttpd
  * answers 431 past it), how many connections (each a thread) at once, and
  * how long an idle keep-alive connection is kept. */
-#define HEADER_BYTES       (64u << 10)
-#define MAX_CONNECTIONS    512u
-#define IDLE_TIMEOUT_S     60u
-#define LISTEN_BACKLOG     128
-#define TOKEN_MAX          4096u
-#define JSON_TYPE          "application/json"
-#define METRICS_TYPE       "text/plain; version=0.0.4; charset=utf-8"
-#define METRICS_ROOM       8192u
+#define HEADER_BYTES    (64u << 10)
+#define MAX_CONNECTIONS 512u
+#define IDLE_TIMEOUT_S  60u
+#define LISTEN_BACKLOG  128
+#define TOKEN_MAX       4096u
+#define JSON_TYPE       "application/json"
+#define METRICS_TYPE    "text/plain; version=0.0.4; charset=utf-8"
+#define METRICS_ROOM    8192u
 
 /* The run-duration histogram's upper bounds, in seconds. */
 static const double buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                 0.25,  0.5,    1,     2.5,  5,    10,   30};
+                                 0.25,  0.5,    1,     2.5,  5,     10,   30};
 #define N_BUCKETS ARRAY_SIZE(buckets)
 #define N_STATUS  (SBX_SANDBOX_ERROR + 1)
 #define N_CODES   (SBX_ERR_BUSY + 1)
 
 struct metrics {
-    uint64_t runs[N_STATUS];     /* answered with a result, by status */
-    uint64_t refused[N_CODES];   /* answered with an error, by code */
-    uint64_t le[N_BUCKETS + 1];  /* runs per bucket (not cumulative); last: +Inf */
-    double seconds;              /* the sum */
+    uint64_t runs[N_STATUS];    /* answered with a result, by status */
+    uint64_t refused[N_CODES];  /* answered with an error, by code */
+    uint64_t le[N_BUCKETS + 1]; /* runs per bucket (not cumulative); last: +Inf */
+    double seconds;             /* the sum */
 };
 
 struct job {
@@ -80,11 +80,11 @@ struct http {
     int wake_fd; /* eventfd: an exchange or a run ended */
     pthread_mutex_t lock;
     struct metrics m;
-    struct job *jobs;  /* runs in flight, for cancel_all */
-    unsigned running;  /* runs in flight */
-    unsigned open;     /* requests begun and not yet answered to the end */
-    bool draining;     /* SIGINT or SIGTERM: new requests get 503 */
-    bool cancelling;   /* the grace is over: a run is cancelled as it starts */
+    struct job *jobs; /* runs in flight, for cancel_all */
+    unsigned running; /* runs in flight */
+    unsigned open;    /* requests begun and not yet answered to the end */
+    bool draining;    /* SIGINT or SIGTERM: new requests get 503 */
+    bool cancelling;  /* the grace is over: a run is cancelled as it starts */
 };
 
 enum route { ROUTE_NONE, ROUTE_RUN, ROUTE_HEALTH, ROUTE_METRICS };
@@ -156,13 +156,12 @@ static void count_refused(struct http *h, enum sbx_error_code code)
 
 /* The JSON-lines server's error answer, with |id_text| (NULL: null). */
 static enum MHD_Result send_error(struct http *h, struct MHD_Connection *conn, unsigned status,
-                                  const char *id_text, enum sbx_error_code code,
-                                  const char *format, ...)
-    __attribute__((format(printf, 6, 7)));
+                                  const char *id_text, enum sbx_error_code code, const char *format,
+                                  ...) __attribute__((format(printf, 6, 7)));
 
 static enum MHD_Result send_error(struct http *h, struct MHD_Connection *conn, unsigned status,
-                                  const char *id_text, enum sbx_error_code code,
-                                  const char *format, ...)
+                                  const char *id_text, enum sbx_error_code code, const char *format,
+                                  ...)
 {
     struct sbx_error err = {.code = code};
     va_list ap;
@@ -225,11 +224,11 @@ static enum MHD_Result healthz(struct http *h, struct MHD_Connection *conn)
     bool draining = is_draining(h);
     bool ok = ready(h->o, &st) && !draining;
     const char *state = draining ? "draining" : ok ? "ready" : "unavailable";
-    json_t *j = json_pack("{s:s, s:b, s:I, s:I, s:I, s:I, s:s}", "status", state, "template_up",
-                          st.ready, "idle_workers", (json_int_t)st.idle, "runs_in_flight",
-                          (json_int_t)st.running, "queued", (json_int_t)st.waiting,
-                          "template_restarts", (json_int_t)st.restarts, "reason",
-                          draining ? "the server is shutting down" : st.reason);
+    json_t *j =
+        json_pack("{s:s, s:b, s:I, s:I, s:I, s:I, s:s}", "status", state, "template_up", st.ready,
+                  "idle_workers", (json_int_t)st.idle, "runs_in_flight", (json_int_t)st.running,
+                  "queued", (json_int_t)st.waiting, "template_restarts", (json_int_t)st.restarts,
+                  "reason", draining ? "the server is shutting down" : st.reason);
     char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
 
     json_decref(j);
@@ -467,8 +466,7 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
 
     if (rt == ROUTE_NONE)
         return send_error(h, conn, MHD_HTTP_NOT_FOUND, NULL, SBX_ERR_INVALID_REQUEST,
-                          "no such path: %.100s (POST /v1/run, GET /healthz, GET /metrics)",
-                          url);
+                          "no such path: %.100s (POST /v1/run, GET /healthz, GET /metrics)", url);
     if (rt == ROUTE_RUN ? !is(method, MHD_HTTP_METHOD_POST) : !get)
         return send_error(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, SBX_ERR_INVALID_REQUEST,
                           "%.100s takes %s, not %.20s", url, rt == ROUTE_RUN ? "POST" : "GET",
@@ -590,8 +588,9 @@ static bool loopback(const struct sockaddr *sa)
 }
 
 /* "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:0". Returns a listening socket
- * or -errno, having said why; *is_loopback says where it listens. */
-static int open_http_listener(const char *spec, bool *is_loopback, char *shown, size_t cap)
+ * or -errno, having said why: -EINVAL for a bad address, -EACCES for one
+ * that is not loopback when there is no token. */
+static int open_http_listener(const char *spec, bool token, char *shown, size_t cap)
 {
     struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE,
                              .ai_socktype = SOCK_STREAM};
@@ -602,8 +601,9 @@ static int open_http_listener(const char *spec, bool *is_loopback, char *shown, 
     int fd = -1, one = 1, rc;
 
     if (!colon || hl == 0 || hl >= sizeof(host) || !colon[1]) {
-        fprintf(stderr, "pysbx serve: --http wants ADDR:PORT (127.0.0.1:8080, [::1]:8080), "
-                        "not '%s'\n",
+        fprintf(stderr,
+                "pysbx serve: --http wants ADDR:PORT (127.0.0.1:8080, [::1]:8080), "
+                "not '%s'\n",
                 spec);
         return -EINVAL;
     }
@@ -619,6 +619,14 @@ static int open_http_listener(const char *spec, bool *is_loopback, char *shown, 
                 gai_strerror(rc));
         return -EINVAL;
     }
+    if (!token && !loopback(ai->ai_addr)) {
+        fprintf(stderr,
+                "pysbx serve: --http %s is not a loopback address: refusing to serve "
+                "it without --http-token-file\n",
+                spec);
+        freeaddrinfo(ai);
+        return -EACCES;
+    }
     fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
         bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, LISTEN_BACKLOG) < 0) {
@@ -629,7 +637,6 @@ static int open_http_listener(const char *spec, bool *is_loopback, char *shown, 
         freeaddrinfo(ai);
         return rc;
     }
-    *is_loopback = loopback(ai->ai_addr);
     freeaddrinfo(ai);
 
     struct sockaddr_storage ss;
@@ -687,7 +694,6 @@ int http_main(const struct serve_opts *o)
     struct http h = {.o = o, .wake_fd = -1};
     struct MHD_Daemon *d = NULL;
     char shown[INET6_ADDRSTRLEN + 16] = "";
-    bool lo = false;
     int sfd = -1, lfd = -1, rc = EXIT_USAGE;
 
     pthread_mutex_init(&h.lock, NULL);
@@ -700,31 +706,24 @@ int http_main(const struct serve_opts *o)
     }
     if (o->token_file && load_token(o->token_file, &h.token, &h.token_len) < 0)
         goto out;
-    if ((lfd = open_http_listener(o->http_addr, &lo, shown, sizeof(shown))) < 0) {
-        rc = lfd == -EINVAL ? EXIT_USAGE : 1;
+    if ((lfd = open_http_listener(o->http_addr, h.token != NULL, shown, sizeof(shown))) < 0) {
+        rc = lfd == -EINVAL || lfd == -EACCES ? EXIT_USAGE : 1;
         goto out;
     }
-    if (!lo && !h.token) {
-        fprintf(stderr, "pysbx serve: --http %s is not a loopback address: refusing to serve "
-                        "it without --http-token-file\n",
-                o->http_addr);
-        goto out;
-    }
-    d = MHD_start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-            MHD_USE_ITC | MHD_USE_ERROR_LOG,
-        0, NULL, NULL, handle, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
-        MHD_OPTION_LISTEN_SOCKET, lfd,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HEADER_BYTES, MHD_OPTION_CONNECTION_LIMIT,
-        MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, &h, MHD_OPTION_END);
+    d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                             MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG,
+                         0, NULL, NULL, handle, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+                         MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                         (size_t)HEADER_BYTES, MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS,
+                         MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
+                         completed, &h, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "pysbx serve: cannot start the HTTP server\n");
         rc = 1;
         goto out;
     }
-    fprintf(stderr, "pysbx serve: listening on http://%s (backend %s%s)\n", shown,
-            o->backend->name, h.token ? ", bearer token required" : "");
+    fprintf(stderr, "pysbx serve: listening on http://%s (backend %s%s)\n", shown, o->backend->name,
+            h.token ? ", bearer token required" : "");
 
     struct pollfd p = {sfd, POLLIN, 0};
     while (poll(&p, 1, -1) < 0 && errno == EINTR)
@@ -739,7 +738,12 @@ int http_main(const struct serve_opts *o)
     pthread_mutex_lock(&h.lock);
     h.draining = true;
     pthread_mutex_unlock(&h.lock);
-    struct drain dr = {&h, h.wake_fd, o->grace_seconds, reached, cancel_all, drop_none, false};
+    struct drain dr = {.self = &h,
+                       .wake_fd = h.wake_fd,
+                       .grace_seconds = o->grace_seconds,
+                       .reached = reached,
+                       .cancel_all = cancel_all,
+                       .drop_all = drop_none};
     int r = drain_run(&dr, sfd);
     if (r < 0 || (r == 0 && !reached(&h, NO_RUNS))) {
         /* Threads still hold runs: end the process here rather than free

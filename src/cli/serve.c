@@ -588,8 +588,13 @@ static int drain(struct server *s, int sfd)
 {
     /* A socket's writer ends with the drop; standard output may block for
      * good, and is not waited for. */
-    struct drain d = {s,           s->wake_fd, s->o->grace_seconds, reached, cancel_all, drop_all,
-                      s->o->listen_path != NULL};
+    struct drain d = {.self = s,
+                      .wake_fd = s->wake_fd,
+                      .grace_seconds = s->o->grace_seconds,
+                      .reached = reached,
+                      .cancel_all = cancel_all,
+                      .drop_all = drop_all,
+                      .drop_ends_all = s->o->listen_path != NULL};
 
     efd_notify(s->stop_fd);
     return drain_run(&d, sfd);

@@ -30,8 +30,7 @@ int sbx_backend_open(const char *name, const struct sbx_config *cfg, struct sbx_
         int rc = sbx_open(cfg, &sbx, err);
         if (rc < 0)
             return rc;
-        *out = (struct sbx_backend){"embedded", sbx, embedded_run, embedded_close,
-                                    embedded_health};
+        *out = (struct sbx_backend){"embedded", sbx, embedded_run, embedded_close, embedded_health};
         return 0;
     }
     if (strcmp(name, "python3") == 0)
