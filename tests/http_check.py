@@ -281,6 +281,25 @@ for name in {n.split("{")[0] for n in vals}:
     check(f"metrics: {name} has HELP and TYPE",
           f"# HELP {base} " in text and f"# TYPE {base} " in text)
 
+# --- a client that hangs up -----------------------------------------------------------
+hang = socket.create_connection(("127.0.0.1", port))
+body = json.dumps({"code": "import time; time.sleep(4); print('finished')"})
+hang.sendall((f"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+time.sleep(0.5)  # the run has started
+hang.close()
+metric = lambda text, name: float(re.search(re.escape(name) + r" (\S+)\n", text).group(1))
+for _ in range(100):  # its end, whichever it is: cancelled, or completed after 4 s
+    r, text = c.request("GET", "/metrics", check_doc=False)
+    ended = (metric(text, 'pysbx_runs_total{status="cancelled"}')
+             + metric(text, 'pysbx_runs_total{status="completed"}') - seen["completed"])
+    if ended:
+        break
+    time.sleep(0.1)
+check("a client that hangs up has its run cancelled",
+      metric(text, 'pysbx_runs_total{status="cancelled"}') == 1, text[:600])
+seen["cancelled"] = 1
+
 # --- health when the template dies ------------------------------------------------------
 
 

@@ -11,7 +11,8 @@
  *
  * Threads: libmicrohttpd gives each connection a thread (keep-alive
  * included), which parses, runs (blocking in the backend: at most --jobs
- * runs at once, the library's queue behind them) and answers. The main
+ * runs at once, the library's queue behind them) and answers. A watcher
+ * cancels the run of a client that hangs up meanwhile. The main
  * thread waits for SIGINT or SIGTERM, then drains as serve.c does
  * (drain.h): no new connection, 503 to new requests on open ones, the
  * grace for runs in flight, then cancel.
@@ -71,6 +72,7 @@ struct metrics {
 struct job {
     struct job *next;
     struct sbx_cancel *cancel;
+    int fd; /* the client's connection, watched for a hang-up */
 };
 
 struct http {
@@ -85,6 +87,8 @@ struct http {
     unsigned open;    /* requests begun and not yet answered to the end */
     bool draining;    /* SIGINT or SIGTERM: new requests get 503 */
     bool cancelling;  /* the grace is over: a run is cancelled as it starts */
+    int watch_fd;     /* eventfd: the runs in flight changed, or the watcher should end */
+    bool unwatched;   /* the watcher ends */
 };
 
 enum route { ROUTE_NONE, ROUTE_RUN, ROUTE_HEALTH, ROUTE_METRICS };
@@ -344,6 +348,7 @@ static void job_add(struct http *h, struct job *j)
     if (h->cancelling)
         sbx_cancel_fire(j->cancel); /* answered at once: cancelled */
     pthread_mutex_unlock(&h->lock);
+    efd_notify(h->watch_fd);
 }
 
 static void job_done(struct http *h, struct job *j, const struct sbx_result *res, double seconds)
@@ -355,6 +360,7 @@ static void job_done(struct http *h, struct job *j, const struct sbx_result *res
             break;
         }
     h->running--;
+    efd_notify(h->watch_fd);
     if (res) {
         unsigned i = 0;
         while (i < N_BUCKETS && seconds > buckets[i])
@@ -385,8 +391,8 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     }
     if (r.cancel_text) {
         ok = send_error(h, conn, MHD_HTTP_BAD_REQUEST, NULL, SBX_ERR_INVALID_REQUEST,
-                        "cancel messages are for the JSON-lines server; over HTTP a run ends "
-                        "at its limits");
+                        "cancel messages are for the JSON-lines server; over HTTP, close the "
+                        "connection to cancel its run");
         json_request_free(&r);
         return ok;
     }
@@ -396,6 +402,9 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
                           "out of memory");
     }
     r.req.cancel = j.cancel;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j.fd = ci ? ci->connect_fd : -1;
     job_add(h, &j);
     uint64_t t0 = now_ns();
     rc = h->o->backend->run(h->o->backend->self, &r.req, &res, &err);
@@ -546,6 +555,61 @@ static void log_mhd(void *cls, const char *format, va_list ap)
     vfprintf(stderr, format, ap);
 }
 
+/* --- clients that hang up ---------------------------------------------------------- */
+
+/* Polls the connections of the runs in flight; a client that hangs up (or
+ * shuts its sending side: an HTTP client waiting for its answer does not)
+ * has its run cancelled, as the JSON-lines server does. A connection's
+ * descriptor stays its own while its run is on the list: libmicrohttpd
+ * closes it only after the handler returned. */
+static void *watcher_main(void *p)
+{
+    struct http *h = p;
+    struct pollfd *fds = NULL;
+    size_t cap = 0;
+
+    for (;;) {
+        size_t n = 1;
+        pthread_mutex_lock(&h->lock);
+        if (h->unwatched) {
+            pthread_mutex_unlock(&h->lock);
+            break;
+        }
+        if (cap < h->running + 1) {
+            struct pollfd *more = realloc(fds, (h->running + 1) * sizeof(*fds));
+            if (more) {
+                fds = more;
+                cap = h->running + 1;
+            }
+        }
+        if (fds) {
+            fds[0] = (struct pollfd){h->watch_fd, POLLIN, 0};
+            for (struct job *j = h->jobs; j && n < cap; j = j->next)
+                if (j->fd >= 0 && !sbx_cancel_fired(j->cancel))
+                    fds[n++] = (struct pollfd){j->fd, POLLRDHUP, 0};
+        }
+        pthread_mutex_unlock(&h->lock);
+        struct pollfd wake = {h->watch_fd, POLLIN, 0};
+        if (poll(fds ? fds : &wake, fds ? n : 1, -1) < 0 && errno != EINTR)
+            break;
+        if ((fds ? fds : &wake)[0].revents)
+            efd_consume(h->watch_fd);
+        for (size_t i = 1; i < n; i++) {
+            if (!(fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+                continue;
+            pthread_mutex_lock(&h->lock);
+            for (struct job *j = h->jobs; j; j = j->next)
+                if (j->fd == fds[i].fd && !sbx_cancel_fired(j->cancel)) {
+                    sbx_cancel_fire(j->cancel);
+                    fputs("pysbx serve: a client hung up; its run is cancelled\n", stderr);
+                }
+            pthread_mutex_unlock(&h->lock);
+        }
+    }
+    free(fds);
+    return NULL;
+}
+
 /* --- the drain ------------------------------------------------------------------ */
 
 static bool reached(void *p, enum drain_until what)
@@ -691,7 +755,9 @@ static int load_token(const char *path, char **out, size_t *len)
 
 int http_main(const struct serve_opts *o)
 {
-    struct http h = {.o = o, .wake_fd = -1};
+    struct http h = {.o = o, .wake_fd = -1, .watch_fd = -1};
+    pthread_t watcher;
+    bool watching = false;
     struct MHD_Daemon *d = NULL;
     char shown[INET6_ADDRSTRLEN + 16] = "";
     int sfd = -1, lfd = -1, rc = EXIT_USAGE;
@@ -699,7 +765,8 @@ int http_main(const struct serve_opts *o)
     pthread_mutex_init(&h.lock, NULL);
     sfd = stop_signals_open();
     h.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (sfd < 0 || h.wake_fd < 0) {
+    h.watch_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (sfd < 0 || h.wake_fd < 0 || h.watch_fd < 0) {
         fprintf(stderr, "pysbx serve: %s\n", strerror(errno));
         rc = 1;
         goto out;
@@ -717,11 +784,12 @@ int http_main(const struct serve_opts *o)
                          (size_t)HEADER_BYTES, MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS,
                          MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
                          completed, &h, MHD_OPTION_END);
-    if (!d) {
+    if (!d || pthread_create(&watcher, NULL, watcher_main, &h) != 0) {
         fprintf(stderr, "pysbx serve: cannot start the HTTP server\n");
         rc = 1;
         goto out;
     }
+    watching = true;
     fprintf(stderr, "pysbx serve: listening on http://%s (backend %s%s)\n", shown, o->backend->name,
             h.token ? ", bearer token required" : "");
 
@@ -757,10 +825,18 @@ int http_main(const struct serve_opts *o)
 out:
     if (d)
         MHD_stop_daemon(d);
+    if (watching) {
+        pthread_mutex_lock(&h.lock);
+        h.unwatched = true;
+        pthread_mutex_unlock(&h.lock);
+        efd_notify(h.watch_fd);
+        pthread_join(watcher, NULL);
+    }
     if (lfd >= 0)
         close(lfd);
     close_fd(&sfd);
     close_fd(&h.wake_fd);
+    close_fd(&h.watch_fd);
     free(h.token);
     pthread_mutex_destroy(&h.lock);
     return rc;
