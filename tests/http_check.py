@@ -201,6 +201,16 @@ def chunked_too_large():
 st, a = chunked_too_large()
 check("a chunked body over the limit: 413", st == 413
       and a["error"]["code"] == "request_too_large", (st, a))
+try:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/run", body=iter([b"x" * 1000] * 100), encode_chunked=True,
+                 headers={"Authorization": "Bearer " + TOKEN})
+    got = conn.getresponse().status
+except (OSError, http.client.HTTPException) as e:
+    got = e
+conn.close()
+check("a chunked body going on past twice the limit: cut off, not read to its end",
+      isinstance(got, (OSError, http.client.HTTPException)), got)
 r, _ = c.request("GET", "/healthz", headers={"X-Big": "a" * 70000})
 check("headers over 64 KiB: 431", r.status == 431, r.status)
 r, body = c.request("GET", "/nope")

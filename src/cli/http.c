@@ -99,6 +99,7 @@ struct exchange {
     char *body;
     size_t len, cap;
     bool too_large;
+    size_t discarded; /* bytes thrown away once too_large */
 };
 
 static bool is_draining(struct http *h)
@@ -423,12 +424,12 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     return ok;
 }
 
-/* Takes what arrived of the body, up to --max-line-bytes; past that, the
- * rest is read and thrown away and the request answered 413. */
+/* Takes what arrived of the body, up to --max-line-bytes. */
 static void take_body(struct exchange *x, size_t max, const char *data, size_t n)
 {
     if (x->too_large || x->len + n > max) {
         x->too_large = true;
+        x->discarded += n;
         return;
     }
     if (x->len + n + 1 > x->cap) {
@@ -517,7 +518,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (*data_size) {
         take_body(x, h->o->max_line_bytes, data, *data_size);
         *data_size = 0;
-        return MHD_YES;
+        /* libmicrohttpd takes no answer before the body has ended: a
+         * chunked body over the limit is read and thrown away to its end,
+         * then answered 413, unless it goes on for as much again: then the
+         * connection is closed without an answer. */
+        return x->discarded > h->o->max_line_bytes ? MHD_NO : MHD_YES;
     }
     if (x->rt == ROUTE_HEALTH)
         return healthz(h, conn);
