@@ -82,7 +82,7 @@ const sc = c.securityContext;
 check("capabilities: all dropped, only what the layers need added",
   JSON.stringify(sc.capabilities.drop) === '["ALL"]'
   && JSON.stringify([...sc.capabilities.add].sort())
-     === JSON.stringify(["DAC_OVERRIDE", "KILL", "SETGID", "SETUID", "SYS_ADMIN"]));
+     === JSON.stringify(["DAC_OVERRIDE", "KILL", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"]));
 check("not privileged, read-only root", sc.privileged === false && sc.readOnlyRootFilesystem === true);
 check("no service account token in the pod", d.spec.template.spec.automountServiceAccountToken === false);
 const args = c.args;
