@@ -55,8 +55,9 @@ static const struct snippet snippets[] = {
 };
 #define N_SNIPPETS (int)ARRAY_SIZE(snippets)
 
-enum system { SYS_PYSBX, SYS_PYTHON3, SYS_BWRAP, N_SYSTEMS };
-static const char *const system_names[N_SYSTEMS] = {"pysbx", "python3 -I -S", "bwrap python3"};
+enum system { SYS_PYSBX, SYS_FLOOR, SYS_PYTHON3, SYS_BWRAP, N_SYSTEMS };
+static const char *const system_names[N_SYSTEMS] = {"pysbx", "floor", "python3 -I -S",
+                                                    "bwrap python3"};
 
 struct samples {
     double *v;
@@ -260,6 +261,130 @@ static double run_peer(const struct snippet *s, const char *tmp_root, int *statu
     return ms;
 }
 
+/* --- the floor: pysbx-floor, driven over a pipe (see bench/floor.c) --------- */
+
+struct floor {
+    pid_t pid;
+    FILE *to, *from;
+    char dir[64]; /* its working directory, with the snippets' input file */
+};
+
+static int floor_start(struct floor *f, const char *program)
+{
+    int in[2], out[2];
+    char path[128];
+
+    memset(f, 0, sizeof(*f));
+    fmt(f->dir, sizeof(f->dir), "/tmp/pysbx-floor-XXXXXX");
+    if (!mkdtemp(f->dir))
+        return -errno;
+    fmt(path, sizeof(path), "%s/data.csv", f->dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 || write_full(fd, input_csv, strlen(input_csv)) < 0)
+        return -errno;
+    close(fd);
+    if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
+        return -errno;
+    f->pid = fork();
+    if (f->pid == 0) {
+        char *argv[] = {"pysbx-floor", NULL}, *envp[] = {NULL};
+        if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || chdir(f->dir) < 0)
+            _exit(127);
+        execve(program, argv, envp);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    if (f->pid < 0)
+        return -errno;
+    f->to = fdopen(in[1], "w");
+    f->from = fdopen(out[0], "r");
+    return f->to && f->from ? 0 : -ENOMEM;
+}
+
+static double floor_run(struct floor *f, const struct snippet *s, int *status)
+{
+    double ms = -1;
+    int ok = 0;
+
+    fprintf(f->to, "L %zu\n%s", strlen(s->code), s->code);
+    fflush(f->to);
+    if (fscanf(f->from, "%lf %d", &ms, &ok) != 2)
+        ok = 0;
+    *status = ok ? 0 : 1;
+    return ms;
+}
+
+/* |loops| processes forking runs of print(1) for |seconds|. */
+static int floor_throughput(struct floor *f, int loops, double seconds, double *rate, double *cpu)
+{
+    long runs = -1;
+    double elapsed = 0, cpu_ms = 0;
+
+    fprintf(f->to, "T %d %.3f %zu\n%s", loops, seconds, strlen(snippets[0].code), snippets[0].code);
+    fflush(f->to);
+    if (fscanf(f->from, "%ld %lf %lf", &runs, &elapsed, &cpu_ms) != 3 || runs <= 0)
+        return -1;
+    *rate = (double)runs / elapsed;
+    *cpu = cpu_ms / (double)runs;
+    return 0;
+}
+
+static void floor_stop(struct floor *f)
+{
+    if (f->to)
+        fclose(f->to);
+    if (f->from)
+        fclose(f->from);
+    if (f->pid > 0)
+        waitpid(f->pid, NULL, 0);
+    if (f->dir[0]) {
+        int rfd = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        remove_tree_at(rfd, f->dir + 5);
+        close(rfd);
+    }
+}
+
+/* --- CPU: the kernel's accounting of a process tree -------------------------- */
+
+/* User + system CPU of |root| and every process beneath it but |skip|'s
+ * subtree: what each has used, and what its children it reaped used. In
+ * clock ticks, as /proc gives it. */
+static double tree_cpu_ms(pid_t root, pid_t skip)
+{
+    struct proc_stat *all = NULL;
+    size_t n = 0, cap = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    unsigned long long ticks = 0;
+
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        if (n == cap && !(all = realloc(all, (cap = cap ? cap * 2 : 512) * sizeof(*all))))
+            abort();
+        if (proc_stat_read(e->d_name, &all[n]) == 0)
+            n++;
+    }
+    if (d)
+        closedir(d);
+    /* A process is counted when its chain of parents reaches |root|. */
+    for (size_t i = 0; i < n; i++) {
+        pid_t p = all[i].pid;
+        for (int depth = 0; depth < 16 && p > 1 && p != root && p != skip; depth++) {
+            pid_t parent = 0;
+            for (size_t j = 0; j < n; j++)
+                if (all[j].pid == p)
+                    parent = all[j].ppid;
+            p = parent;
+        }
+        if (p == root)
+            ticks += all[i].cpu_ticks;
+    }
+    free(all);
+    return (double)ticks * 1000.0 / (double)sysconf(_SC_CLK_TCK);
+}
+
 /* --- throughput -------------------------------------------------------------- */
 
 struct tp_arg {
@@ -283,10 +408,25 @@ static void *tp_worker(void *p)
     return NULL;
 }
 
-static double throughput(struct sbx_backend *b, int callers, double seconds, long *failures)
+/* The throughput windows, in the order each round runs them; |vs| is the
+ * floor window a pysbx window is compared with: 1 caller with 1 loop, more
+ * callers with one loop per core (main sets that count and the labels). */
+static struct tp_config {
+    char label[32];
+    bool floor;
+    int callers;
+    int vs;
+} tp_configs[] = {
+    {"", true, 1, 0}, {"", false, 1, 0}, {"", true, 0, 2}, {"", false, 2, 2}, {"", false, 8, 2},
+};
+#define N_TP (int)ARRAY_SIZE(tp_configs)
+
+static double throughput(struct sbx_backend *b, int callers, double seconds, long *failures,
+                         double *cpu_ms_per_run, pid_t skip)
 {
     pthread_t th[64];
     struct tp_arg args[64];
+    double cpu0 = tree_cpu_ms(getpid(), skip);
     uint64_t t0 = now_ns();
     long runs = 0;
 
@@ -300,7 +440,9 @@ static double throughput(struct sbx_backend *b, int callers, double seconds, lon
         runs += args[i].runs;
         *failures += args[i].failures;
     }
-    return (double)runs / ((double)(now_ns() - t0) / 1e9);
+    double rate = (double)runs / ((double)(now_ns() - t0) / 1e9);
+    *cpu_ms_per_run = runs ? (tree_cpu_ms(getpid(), skip) - cpu0) / (double)runs : 0;
+    return rate;
 }
 
 /* --- memory: what an idle worker does not share with the template ------------ */
@@ -338,14 +480,65 @@ static void machine(FILE *out)
             u.release);
 }
 
+/* The plots: per snippet and system, a box from p25 to p75, whiskers to p10
+ * and p90, a bar at p50; and throughput with CPU per run, floor and pysbx. */
+static void plot(const char *out_dir)
+{
+    char path[600], cmd[700];
+
+    if (access("/usr/bin/gnuplot", X_OK) != 0) {
+        fprintf(stderr, "pysbx-bench: gnuplot not installed; no plot\n");
+        return;
+    }
+    snprintf(path, sizeof(path), "%s/latency.gp", out_dir);
+    FILE *gp = fopen(path, "w");
+    if (!gp)
+        return;
+    fprintf(gp,
+            "set terminal png size 1200,560\nset output '%s/latency.png'\n"
+            "set title 'pysbx-bench: wall time per run (box p25-p75, whiskers "
+            "p10-p90, bar p50)' noenhanced\n"
+            "set ylabel 'ms (log scale)'\nset logscale y\nset grid ytics\n"
+            "set boxwidth 0.2\nset style fill solid 0.4\nset key top left "
+            "noenhanced\nset xrange [-0.6:%d.6]\nset xtics (",
+            out_dir, N_SNIPPETS - 1);
+    for (int s = 0; s < N_SNIPPETS; s++)
+        fprintf(gp, "%s'%s' %d", s ? ", " : "", snippets[s].name, s);
+    fprintf(gp,
+            ") noenhanced\nnames = 'pysbx floor python3 bwrap'\n"
+            "plot for [k=0:%d] '%s/quantiles.dat' using ($2==k ? $1+(k-1.5)*0.22 : "
+            "1/0):5:4:8:7 with candlesticks whiskerbars lw 1.5 title word(names,k+1), "
+            "\\\n  for [k=0:%d] '' using ($2==k ? $1+(k-1.5)*0.22 : 1/0):6:6:6:6 "
+            "with candlesticks lt -1 lw 2 notitle\n",
+            N_SYSTEMS - 1, out_dir, N_SYSTEMS - 1);
+    /* Throughput: bars of runs/s, points of CPU per run on the right axis. */
+    fprintf(gp,
+            "reset\nset terminal png size 900,480\nset output '%s/throughput.png'\n"
+            "set title 'pysbx-bench: throughput of print(1) (bars) and CPU per run (points)' "
+            "noenhanced\nset style fill solid 0.5\nset boxwidth 0.6\nset grid ytics\n"
+            "set ylabel 'runs/s'\nset y2label 'ms CPU per run'\nset ytics nomirror\n"
+            "set y2tics\nset yrange [0:*]\nset y2range [0:*]\nset xtics noenhanced\n"
+            "set key top left\n"
+            "plot '%s/throughput.dat' using 1:3:xtic(2) with boxes title 'runs/s', "
+            "'' using 1:4 axes x1y2 with points pt 7 ps 2 title 'ms CPU/run'\n",
+            out_dir, out_dir);
+    fclose(gp);
+    snprintf(cmd, sizeof(cmd), "gnuplot '%s' 2>&1", path);
+    if (system(cmd) != 0)
+        fprintf(stderr, "pysbx-bench: gnuplot failed; no plot\n");
+}
+
 static void usage(void)
 {
-    fputs("usage: pysbx-bench [--iterations N] [--throughput-seconds S] [--out DIR]\n"
-          "                   [--template PATH] [--no-peers] [--without LAYER,...]\n"
-          "Latency of each snippet through pysbx and through its peers (a fresh python3\n"
-          "-I -S per run, and bwrap around it when installed), interleaved; throughput\n"
-          "with 1, 2 and 8 callers; template start time; an idle worker's private memory.\n"
-          "Writes DIR/samples.csv, DIR/summary.txt and (with gnuplot) DIR/latency.png.\n"
+    fputs("usage: pysbx-bench [--iterations N] [--throughput-seconds S] [--throughput-rounds R]\n"
+          "                   [--out DIR] [--template PATH] [--no-peers] [--without LAYER,...]\n"
+          "Latency of each snippet through pysbx, the floor (pysbx-floor: the template's\n"
+          "interpreter forked per run, nothing else) and the peers (a fresh python3 -I -S\n"
+          "per run, and bwrap around it when installed), interleaved; throughput and CPU\n"
+          "per run with 1, 2 and 8 callers against the floor's forking loops, in R rounds\n"
+          "of S seconds each; template start time; an idle worker's private memory.\n"
+          "Writes DIR/samples.csv, DIR/throughput.csv, DIR/summary.txt and (with\n"
+          "gnuplot) DIR/latency.png and DIR/throughput.png.\n"
           "--without turns layers off (sbx_config.disable_layers), to measure what each\n"
           "costs; never a deployment setting.\n",
           stdout);
@@ -356,6 +549,7 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"iterations", required_argument, NULL, 'n'},
         {"throughput-seconds", required_argument, NULL, 't'},
+        {"throughput-rounds", required_argument, NULL, 'r'},
         {"out", required_argument, NULL, 'o'},
         {"template", required_argument, NULL, 'T'},
         {"no-peers", no_argument, NULL, 'P'},
@@ -365,6 +559,7 @@ int main(int argc, char **argv)
     };
     int iterations = 200;
     double tp_seconds = 3.0;
+    int tp_rounds = 3;
     const char *out_dir = "bench/results";
     const char *tmpl = NULL;
     bool peers = true;
@@ -378,6 +573,9 @@ int main(int argc, char **argv)
             break;
         case 't':
             tp_seconds = atof(optarg);
+            break;
+        case 'r':
+            tp_rounds = atoi(optarg);
             break;
         case 'o':
             out_dir = optarg;
@@ -407,19 +605,26 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (iterations < 1 || tp_seconds <= 0) {
+    if (iterations < 1 || tp_seconds <= 0 || tp_rounds < 1) {
         usage();
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
     mkdir(out_dir, 0755);
+    for (int i = 0; i < N_TP; i++) {
+        struct tp_config *t = &tp_configs[i];
+        if (t->floor && t->callers == 0)
+            t->callers = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        fmt(t->label, sizeof(t->label), "%s, %d %s%s", t->floor ? "floor" : "pysbx", t->callers,
+            t->floor ? "loop" : "caller", t->callers > 1 ? "s" : "");
+    }
     for (int i = 0; i < 32; i++) {
         char row[32];
         snprintf(row, sizeof(row), "%d,item-%d,%d\n", i, i, i * 7);
         strcat(input_csv, row);
     }
 
-    bool have[N_SYSTEMS] = {true, peers && access(PYTHON3, X_OK) == 0,
+    bool have[N_SYSTEMS] = {true, true, peers && access(PYTHON3, X_OK) == 0,
                             peers && access(BWRAP, X_OK) == 0};
     if (peers && have[SYS_BWRAP]) {
         /* bwrap needs user namespaces or privileges; try it once. */
@@ -430,6 +635,15 @@ int main(int argc, char **argv)
         run_peer(&snippets[0], tmp, &st);
         rmdir(tmp);
         have[SYS_BWRAP] = st == 0;
+    }
+
+    /* The floor first: a process of its own, forked before any thread. */
+    struct floor floor;
+    char floor_path[4096];
+    if (!beside_self("pysbx-floor", floor_path, sizeof(floor_path)) ||
+        floor_start(&floor, floor_path) < 0) {
+        fprintf(stderr, "pysbx-bench: cannot start pysbx-floor beside the bench\n");
+        return 1;
     }
 
     struct sbx_config cfg;
@@ -504,6 +718,7 @@ int main(int argc, char **argv)
                     continue;
                 int st = 0;
                 double ms = sys == SYS_PYSBX     ? run_backend(&embedded, &snippets[s], &st)
+                            : sys == SYS_FLOOR   ? floor_run(&floor, &snippets[s], &st)
                             : sys == SYS_PYTHON3 ? run_backend(&python3, &snippets[s], &st)
                                                  : run_peer(&snippets[s], tmp_root, &st);
                 add_sample(&lat[sys][s], ms);
@@ -515,11 +730,37 @@ int main(int argc, char **argv)
     }
     fclose(csv);
 
-    long tp_fail[3];
-    int levels[3] = {1, 2, 8};
-    double tp[3];
-    for (int i = 0; i < 3; i++)
-        tp[i] = throughput(&embedded, levels[i], tp_seconds, &tp_fail[i]);
+    /* Throughput of print(1), in rounds that alternate the floor and pysbx,
+     * each window the same length; the median of the rounds. */
+    struct samples tp_rate[N_TP], tp_cpu[N_TP];
+    long tp_fail = 0, floor_fail = 0;
+    memset(tp_rate, 0, sizeof(tp_rate));
+    memset(tp_cpu, 0, sizeof(tp_cpu));
+    snprintf(path, sizeof(path), "%s/throughput.csv", out_dir);
+    FILE *tcsv = fopen(path, "w");
+    if (tcsv)
+        fprintf(tcsv, "round,system,callers,runs_per_s,cpu_ms_per_run\n");
+    for (int r = 0; r < tp_rounds; r++) {
+        for (int i = 0; i < N_TP; i++) {
+            double rate = 0, cpu = 0;
+            long fails = 0;
+            if (tp_configs[i].floor) {
+                if (floor_throughput(&floor, tp_configs[i].callers, tp_seconds, &rate, &cpu) < 0)
+                    floor_fail++;
+            } else {
+                rate = throughput(&embedded, tp_configs[i].callers, tp_seconds, &fails, &cpu,
+                                  floor.pid);
+                tp_fail += fails;
+            }
+            add_sample(&tp_rate[i], rate);
+            add_sample(&tp_cpu[i], cpu);
+            if (tcsv)
+                fprintf(tcsv, "%d,%s,%d,%.1f,%.4f\n", r, tp_configs[i].floor ? "floor" : "pysbx",
+                        tp_configs[i].callers, rate, cpu);
+        }
+    }
+    if (tcsv)
+        fclose(tcsv);
 
     snprintf(path, sizeof(path), "%s/summary.txt", out_dir);
     FILE *sum = fopen(path, "w");
@@ -533,34 +774,50 @@ int main(int argc, char **argv)
         machine(f);
         fprintf(f, "python: %s, libseccomp %s; %d iterations per snippet and system\n\n",
                 py_version, sc_version, iterations);
-        fprintf(f, "%-18s %-14s %9s %9s %9s %18s\n", "snippet", "system", "p50 ms", "p90 ms",
-                "p99 ms", "peer/pysbx (p50)");
+        fprintf(f, "%-18s %-14s %9s %9s %9s %22s\n", "snippet", "system", "p50 ms", "p90 ms",
+                "p99 ms", "vs pysbx (p50)");
         for (int s = 0; s < N_SNIPPETS; s++) {
             double base = quantile(&lat[SYS_PYSBX][s], 0.5);
+            double floor50 = quantile(&lat[SYS_FLOOR][s], 0.5);
+            double floor99 = quantile(&lat[SYS_FLOOR][s], 0.99);
             for (int k = 0; k < N_SYSTEMS; k++) {
                 if (!have[k])
                     continue;
-                double p50 = quantile(&lat[k][s], 0.5);
-                char ratio[32] = "";
-                if (k != SYS_PYSBX)
+                double p50 = quantile(&lat[k][s], 0.5), p99 = quantile(&lat[k][s], 0.99);
+                char ratio[48] = "";
+                if (k == SYS_PYSBX)
+                    snprintf(ratio, sizeof(ratio), "%.2fx floor (p99 %.2fx)", p50 / floor50,
+                             p99 / floor99);
+                else
                     snprintf(ratio, sizeof(ratio), "%.1fx", p50 / base);
-                fprintf(f, "%-18s %-14s %9.3f %9.3f %9.3f %18s\n", k ? "" : snippets[s].name,
-                        system_names[k], p50, quantile(&lat[k][s], 0.9), quantile(&lat[k][s], 0.99),
-                        ratio);
+                fprintf(f, "%-18s %-14s %9.3f %9.3f %9.3f %22s\n", k ? "" : snippets[s].name,
+                        system_names[k], p50, quantile(&lat[k][s], 0.9), p99, ratio);
             }
         }
-        fprintf(f, "\nthroughput, print(1), default pool (2 idle workers per core): ");
-        for (int i = 0; i < 3; i++)
-            fprintf(f, "%d caller%s %.0f runs/s%s", levels[i], levels[i] > 1 ? "s" : "", tp[i],
-                    i < 2 ? ", " : "\n");
+        fprintf(f,
+                "\nthroughput of print(1), median of %d rounds of %.1f s, interleaved; CPU per "
+                "run is user + system of every process involved (the kernel's accounting)\n",
+                tp_rounds, tp_seconds);
+        for (int i = 0; i < N_TP; i++) {
+            char ratio[64] = "";
+            double rate = quantile(&tp_rate[i], 0.5), cpu = quantile(&tp_cpu[i], 0.5);
+            if (!tp_configs[i].floor) {
+                int fl = tp_configs[i].vs;
+                snprintf(ratio, sizeof(ratio), "%.2fx the floor's (%s), CPU %.2fx",
+                         rate / quantile(&tp_rate[fl], 0.5), tp_configs[fl].label,
+                         cpu / quantile(&tp_cpu[fl], 0.5));
+            }
+            fprintf(f, "  %-24s %7.0f runs/s %8.3f ms CPU/run  %s\n", tp_configs[i].label, rate,
+                    cpu, ratio);
+        }
         fprintf(f, "template start (sbx_open): median %.1f ms of 3\n", quantile(&open_ms, 0.5));
         fprintf(f,
                 "idle worker private memory (Private_Clean + Private_Dirty): median %.0f KiB "
                 "of %zu workers\n",
                 quantile(&priv, 0.5), priv.n);
-        fprintf(f, "failed runs: pysbx %ld, python3 %ld, bwrap %ld; throughput %ld\n",
-                failures[SYS_PYSBX], failures[SYS_PYTHON3], failures[SYS_BWRAP],
-                tp_fail[0] + tp_fail[1] + tp_fail[2]);
+        fprintf(f, "failed runs: pysbx %ld, floor %ld, python3 %ld, bwrap %ld; throughput %ld\n",
+                failures[SYS_PYSBX], failures[SYS_FLOOR] + floor_fail, failures[SYS_PYTHON3],
+                failures[SYS_BWRAP], tp_fail);
     }
     if (sum)
         fclose(sum);
@@ -574,48 +831,29 @@ int main(int argc, char **argv)
                         quantile(&lat[k][s], 0.9));
     if (q)
         fclose(q);
+    snprintf(path, sizeof(path), "%s/throughput.dat", out_dir);
+    FILE *tdat = fopen(path, "w");
+    for (int i = 0; tdat && i < N_TP; i++)
+        fprintf(tdat, "%d \"%s\" %.1f %.4f\n", i, tp_configs[i].label, quantile(&tp_rate[i], 0.5),
+                quantile(&tp_cpu[i], 0.5));
+    if (tdat)
+        fclose(tdat);
     for (int k = 0; k < N_SYSTEMS; k++)
         for (int s = 0; s < N_SNIPPETS; s++)
             free(lat[k][s].v);
+    for (int i = 0; i < N_TP; i++) {
+        free(tp_rate[i].v);
+        free(tp_cpu[i].v);
+    }
     free(open_ms.v);
     free(priv.v);
     embedded.close(embedded.self);
     if (python3.close)
         python3.close(python3.self);
+    floor_stop(&floor);
     int rfd = open("/tmp", O_RDONLY | O_DIRECTORY);
     remove_tree_at(rfd, tmp_root + 5);
     close(rfd);
-
-    /* The plot: per snippet and system, a box from p25 to p75, whiskers to
-     * p10 and p90, a bar at p50. */
-    if (access("/usr/bin/gnuplot", X_OK) == 0) {
-        snprintf(path, sizeof(path), "%s/latency.gp", out_dir);
-        FILE *gp = fopen(path, "w");
-        if (gp) {
-            fprintf(gp,
-                    "set terminal png size 1100,560\nset output '%s/latency.png'\n"
-                    "set title 'pysbx-bench: wall time per run (box p25-p75, whiskers "
-                    "p10-p90, bar p50)' noenhanced\n"
-                    "set ylabel 'ms (log scale)'\nset logscale y\nset grid ytics\n"
-                    "set boxwidth 0.25\nset style fill solid 0.4\nset key top left "
-                    "noenhanced\nset xrange [-0.6:%d.6]\nset xtics (",
-                    out_dir, N_SNIPPETS - 1);
-            for (int s = 0; s < N_SNIPPETS; s++)
-                fprintf(gp, "%s'%s' %d", s ? ", " : "", snippets[s].name, s);
-            fprintf(gp,
-                    ") noenhanced\nnames = 'pysbx python3 bwrap'\n"
-                    "plot for [k=0:2] '%s/quantiles.dat' using ($2==k ? $1+(k-1)*0.3 : "
-                    "1/0):5:4:8:7 with candlesticks whiskerbars lw 1.5 title word(names,k+1), "
-                    "\\\n  for [k=0:2] '' using ($2==k ? $1+(k-1)*0.3 : 1/0):6:6:6:6 "
-                    "with candlesticks lt -1 lw 2 notitle\n",
-                    out_dir);
-            fclose(gp);
-            char cmd[700];
-            snprintf(cmd, sizeof(cmd), "gnuplot '%s' 2>&1", path);
-            if (system(cmd) != 0)
-                fprintf(stderr, "pysbx-bench: gnuplot failed; no plot\n");
-        }
-    } else
-        fprintf(stderr, "pysbx-bench: gnuplot not installed; no plot\n");
-    return failures[SYS_PYSBX] ? 1 : 0;
+    plot(out_dir);
+    return failures[SYS_PYSBX] || failures[SYS_FLOOR] || floor_fail ? 1 : 0;
 }

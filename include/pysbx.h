@@ -37,6 +37,15 @@
  * says which. A negative return means the request itself was refused (bad
  * limit, bad file name, ...) or the library could not work at all; a struct
  * sbx_error, when given, then holds a stable code and a readable message.
+ *
+ * The ABI rule: until 1.0, each 0.y release is an ABI of its own. The public
+ * structs are allocated by the caller and initialised with the library's
+ * sizeof (sbx_config_init, sbx_request_init), and a release may add fields to
+ * them, so a program runs only against the 0.y it was built with: the SONAME
+ * carries the minor version (libpysbx.so.0.1, PYSBX_SONAME), the CMake
+ * package accepts only the same 0.y (find_package(pysbx 0.1)), and a 0.y.z
+ * release changes no struct and removes no function. From 1.0 the SONAME is
+ * the major version and structs only grow under a new major.
  */
 #ifndef PYSBX_H
 #define PYSBX_H
@@ -50,6 +59,12 @@ extern "C" {
 #endif
 
 #define PYSBX_VERSION "0.1.0"
+
+#define PYSBX_VERSION_MAJOR 0
+#define PYSBX_VERSION_MINOR 1
+#define PYSBX_VERSION_PATCH 0
+/* The shared library this header describes (see the ABI rule above). */
+#define PYSBX_SONAME "libpysbx.so.0.1"
 
 #if defined(__GNUC__)
 #define PYSBX_API __attribute__((visibility("default")))
@@ -110,6 +125,7 @@ enum sbx_layer {
 #define SBX_DEFAULT_WORKER_ID_BASE 2130706432L /* 0x7f000000 */
 #define SBX_DEFAULT_WORKER_IDS     4096u
 #define SBX_MAX_WORKER_IDS         65536u
+#define SBX_SINGLE_RUN_WORKER_IDS  4u
 
 struct sbx_layer_info {
     enum sbx_layer layer;
@@ -164,6 +180,13 @@ struct sbx_config {
     /* Callers that may wait for a worker; one more is refused at once with
      * SBX_ERR_BUSY. 0: 1024. */
     unsigned max_queued;
+    /* The sandbox will run one program and close (a command-line run):
+     * start as fast as possible rather than be ready for many. The template
+     * imports no warm modules (unless warm_modules names some), makes one
+     * worker, which skips its idle rehearsal, and replaces none; the worker
+     * ids default to SBX_SINGLE_RUN_WORKER_IDS. A second run waits for a
+     * worker that never comes (its deadline, or cancellation, ends it). */
+    bool single_run;
 };
 
 /* Per-run ceilings. */

@@ -1,7 +1,8 @@
 /*
  * Linked into pysbx-template-faults only (-Wl,--wrap=...): after start-up
  * (the private root alone takes a dozen mounts), some of the template's
- * forks, mounts and pipes fail as they can on a machine out of processes,
+ * forks, mounts (workspaces: mount, or fsmount under the private root) and
+ * pipes fail as they can on a machine out of processes,
  * memory or descriptors. A fixed pattern, so that a failing run can be
  * repeated.
  */
@@ -15,17 +16,19 @@ pid_t __wrap_fork(void);
 int __wrap_mount(const char *src, const char *target, const char *type, unsigned long flags,
                  const void *data);
 int __wrap_pipe2(int fds[2], int flags);
+int __wrap_fsmount(int fs_fd, unsigned int flags, unsigned int attr_flags);
 pid_t __real_fork(void);
 int __real_mount(const char *src, const char *target, const char *type, unsigned long flags,
                  const void *data);
 int __real_pipe2(int fds[2], int flags);
+int __real_fsmount(int fs_fd, unsigned int flags, unsigned int attr_flags);
 
 /* Calls that always pass before the pattern starts: start-up's own. */
 #define FORKS_FREE  4
 #define MOUNTS_FREE 24
 #define PIPES_FREE  8
 
-static unsigned forks, mounts, pipes;
+static unsigned forks, mounts, fsmounts, pipes;
 
 pid_t __wrap_fork(void)
 {
@@ -53,4 +56,14 @@ int __wrap_pipe2(int fds[2], int flags)
         return -1;
     }
     return __real_pipe2(fds, flags);
+}
+
+/* Start-up makes no detached mount: every one is a workspace's. */
+int __wrap_fsmount(int fs_fd, unsigned int flags, unsigned int attr_flags)
+{
+    if (++fsmounts % 7 == 0) {
+        errno = ENOMEM;
+        return -1;
+    }
+    return __real_fsmount(fs_fd, flags, attr_flags);
 }

@@ -5,10 +5,17 @@ set -eu
 BENCH=$1
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-"$BENCH" --iterations 3 --throughput-seconds 0.3 --out "$OUT" >"$OUT/stdout"
+"$BENCH" --iterations 3 --throughput-seconds 0.3 --throughput-rounds 1 --out "$OUT" >"$OUT/stdout"
 grep -q "print(1)" "$OUT/stdout"
 grep -q "throughput" "$OUT/summary.txt"
-# header plus 3 iterations x 6 snippets for pysbx at least
+grep -q "x floor" "$OUT/summary.txt"
+# 3 iterations x 6 snippets for pysbx and for the floor at least
 [ "$(grep -c '^pysbx,' "$OUT/samples.csv")" -eq 18 ]
+[ "$(grep -c '^floor,' "$OUT/samples.csv")" -eq 18 ]
 ! grep -q ',0$' "$OUT/samples.csv"
+# one round: the floor with 1 and one loop per core, pysbx with 1, 2, 8 callers,
+# each with its CPU per run
+[ "$(grep -c ',floor,' "$OUT/throughput.csv")" -eq 2 ]
+[ "$(grep -c ',pysbx,' "$OUT/throughput.csv")" -eq 3 ]
+! grep -qE ',0\.0+$' "$OUT/throughput.csv"
 echo "bench smoke test passed"

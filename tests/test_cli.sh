@@ -28,7 +28,7 @@ json_field() { # json_field FILE EXPR
 # --- usage ---
 "$PYSBX" run --help >"$T/help" 2>&1; check "help" 0 $?
 for opt in --json --wall --cpu --memory --max-output --max-artifact-bytes --max-artifacts \
-           --file --artifacts-dir; do
+           --file --artifacts-dir --connect; do
     expect_in "help documents $opt" "$opt" "$T/help"
 done
 "$PYSBX" >/dev/null 2>&1; check "no command" 2 $?
@@ -196,6 +196,36 @@ check "a live run's work directory is left alone" 1 "$(ls -A "$W" | wc -l)"
 kill -TERM "$live"
 wait "$live" 2>/dev/null || true
 check "and goes when it ends" "" "$(ls -A "$W")"
+
+# --- run --connect: the same program through a running server ---
+SOCK="$T/serve.sock"
+"$PYSBX" serve --listen "$SOCK" >"$T/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 200); do [ -S "$SOCK" ] && break; sleep 0.05; done
+printf 'import sys\nprint("out")\nprint("err", file=sys.stderr)\nopen("made.txt", "w").write("m")\nsys.exit(3)\n' >"$T/both.py"
+"$PYSBX" run "$T/both.py" >"$T/l.out" 2>"$T/l.err"; local_status=$?
+"$PYSBX" run --connect "$SOCK" "$T/both.py" >"$T/r.out" 2>"$T/r.err"; check "--connect: the same exit status" "$local_status" $?
+cmp -s "$T/l.out" "$T/r.out" && echo "ok   --connect: the same stdout" || { echo "FAIL --connect stdout differs"; fails=$((fails + 1)); }
+cmp -s "$T/l.err" "$T/r.err" && echo "ok   --connect: the same stderr" || { echo "FAIL --connect stderr differs"; diff "$T/l.err" "$T/r.err"; fails=$((fails + 1)); }
+PYSBX_CONNECT="$SOCK" "$PYSBX" run --artifacts-dir "$T/rarts" "$T/both.py" >/dev/null 2>&1; check "PYSBX_CONNECT: the same exit status" 3 $?
+[ "$(cat "$T/rarts/made.txt" 2>/dev/null)" = m ] && echo "ok   --connect: artifacts saved" || { echo "FAIL --connect artifacts"; fails=$((fails + 1)); }
+"$PYSBX" run --connect "$SOCK" --json "$T/both.py" >"$T/r.json"; check "--connect --json" 0 $?
+check "--connect --json: the result object" "completed 3 1" "$(json_field "$T/r.json" "r['status'], r['exit_code'], len(r['artifacts'])" | tr -d "(),'")"
+printf 'import time\ntime.sleep(5)\n' >"$T/slow.py"
+"$PYSBX" run --connect "$SOCK" --wall 0.3 "$T/slow.py" >/dev/null 2>"$T/err"; check "--connect: a limit given is sent" 124 $?
+expect_in "--connect: says which limit" "wall time limit" "$T/err"
+printf 'print(1' >"$T/syntax.py"
+"$PYSBX" run --connect "$SOCK" "$T/syntax.py" >/dev/null 2>"$T/err"; check "--connect: a syntax error" 1 $?
+expect_in "--connect: its traceback" "SyntaxError" "$T/err"
+printf '\xff\xfe' >"$T/bytes.py"
+"$PYSBX" run --connect "$SOCK" "$T/bytes.py" >/dev/null 2>"$T/err"; check "--connect: a program that is not UTF-8 is refused" 2 $?
+"$PYSBX" run --connect "$SOCK" --template /bin/true "$T/one.py" >/dev/null 2>&1; check "--connect refuses local sandbox options" 2 $?
+kill -TERM "$server"; wait "$server" 2>/dev/null
+"$PYSBX" run --connect "$SOCK" "$T/one.py" >/dev/null 2>"$T/err"; check "--connect: no server is a sandbox failure" 70 $?
+expect_in "--connect: says why" "--connect $SOCK" "$T/err"
+
+# pysbx batch on a terminal: the bar, the result lines, the percentiles.
+$PY "$SRC/tests/batch_tty.py" "$PYSBX" "$T" || fails=$((fails + 1))
 
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

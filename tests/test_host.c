@@ -389,6 +389,56 @@ static pid_t template_pid(void)
     return pid;
 }
 
+/* What a worker holds before any code runs, read from the host: no
+ * capability in any set (the bounding set included, which the template
+ * empties once for all of them), no_new_privs. A worker counts once its
+ * seccomp filter is on, the last step of its setup. */
+static int check_ready_worker(pid_t pid)
+{
+    static const char *const caps[] = {"CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"};
+    unsigned long long v[5] = {~0ULL, ~0ULL, ~0ULL, ~0ULL, ~0ULL};
+    int nnp = -1, seccomp = -1;
+    char path[64], line[256];
+
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0; /* taken and gone meanwhile */
+    while (fgets(line, sizeof(line), f)) {
+        for (size_t k = 0; k < 5; k++)
+            if (strncmp(line, caps[k], strlen(caps[k])) == 0)
+                sscanf(line + strlen(caps[k]), "%llx", &v[k]);
+        if (strncmp(line, "NoNewPrivs:", 11) == 0)
+            nnp = atoi(line + 11);
+        if (strncmp(line, "Seccomp:", 8) == 0)
+            seccomp = atoi(line + 8);
+    }
+    fclose(f);
+    if (seccomp != 2)
+        return 0; /* still setting itself up */
+    for (size_t k = 0; k < 5; k++)
+        if (v[k] != 0)
+            fail_msg("worker %d: %s %llx", (int)pid, caps[k], v[k]);
+    assert_int_equal(nnp, 1);
+    return 1;
+}
+
+static void idle_workers_hold_no_capabilities(void **state)
+{
+    int checked = 0;
+
+    expect_stdout(SBX(state), "print(1)\n", "1\n"); /* the pool is up */
+    for (int tries = 0; tries < 300 && checked == 0; tries++) {
+        pid_t workers[16];
+        int n = proc_children(template_pid(), "pysbx-worker", workers, 16, NULL);
+        for (int i = 0; i < n && i < 16; i++)
+            checked += check_ready_worker(workers[i]);
+        if (checked == 0)
+            usleep(10000);
+    }
+    assert_true(checked > 0);
+}
+
 struct secret_run {
     struct sbx *sbx;
     struct sbx_request req;
@@ -514,6 +564,7 @@ int main(void)
         cmocka_unit_test(when_every_worker_is_busy_callers_queue_with_a_deadline),
         cmocka_unit_test(a_slow_output_callback_does_not_stretch_the_wall_limit),
         cmocka_unit_test(a_linked_hosts_secrets_are_out_of_reach),
+        cmocka_unit_test(idle_workers_hold_no_capabilities),
     };
     return cmocka_run_group_tests(tests, host_setup, host_teardown);
 }

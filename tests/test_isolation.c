@@ -266,8 +266,12 @@ static void sibling_workspace_cannot_be_seen_or_changed(void **state)
         closedir(d);
     assert_true(work[0] != '\0');
     snprintf(ws, sizeof(ws), "%s/w%u", work, uid);
+    /* Under the private root a workspace is a tmpfs mounted nowhere on the
+     * host: nothing at that path. Without it, the directory is there. The
+     * second run tries the path either way. */
     struct stat before;
-    assert_int_equal(stat(ws, &before), 0); /* there, seen from the host */
+    if (stat(ws, &before) < 0)
+        assert_int_equal(errno, ENOENT);
     snprintf(code, sizeof(code),
              "import os\n"
              "seen = []\n"

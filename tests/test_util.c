@@ -110,6 +110,25 @@ static void signals_have_their_names(void **state)
 /* A refusal's message ends up in JSON answers: cut inside a character (a
  * long file name of two-byte letters), it must still be UTF-8. Found by
  * fuzz_reqjson. */
+static void percentiles_use_one_method_and_stay_ordered(void **state)
+{
+    (void)state;
+    const double two[] = {1, 9};
+    assert_true(percentile(two, 2, 50) == 1);
+    assert_true(percentile(two, 2, 99) == 9);
+    const double one[] = {5};
+    assert_true(percentile(one, 1, 50) == 5 && percentile(one, 1, 99) == 5);
+    double v[200];
+    for (size_t i = 0; i < 200; i++)
+        v[i] = (double)(i + 1);
+    assert_true(percentile(v, 100, 50) == 50);
+    assert_true(percentile(v, 100, 99) == 99);
+    assert_true(percentile(v, 100, 100) == 100);
+    assert_true(percentile(v, 200, 99) == 198);
+    for (size_t n = 1; n <= 200; n++)
+        assert_true(percentile(v, n, 50) <= percentile(v, n, 99));
+}
+
 static void error_message_cut_inside_a_character_stays_utf8(void **state)
 {
     (void)state;
@@ -137,6 +156,7 @@ int main(void)
         cmocka_unit_test(sizes_and_numbers_parse_strictly),
         cmocka_unit_test(signals_have_their_names),
         cmocka_unit_test(error_message_cut_inside_a_character_stays_utf8),
+        cmocka_unit_test(percentiles_use_one_method_and_stay_ordered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

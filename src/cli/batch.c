@@ -138,8 +138,9 @@ static void progress(struct batch *b, bool final)
     for (int i = 0; i < width; i++)
         bar[i] = i < fill ? '=' : ' ';
     bar[width] = '\0';
-    fprintf(stderr, "\r[%s] %zu/%zu  completed %zu  stopped %zu  %.1f runs/s%s", bar, b->done, b->n,
-            b->by_status[SBX_COMPLETED], b->done - b->by_status[SBX_COMPLETED] - b->refused,
+    /* \033[K clears what a longer line drawn before left behind. */
+    fprintf(stderr, "\r[%s] %zu/%zu  completed %zu  stopped %zu  %.1f runs/s\033[K%s", bar, b->done,
+            b->n, b->by_status[SBX_COMPLETED], b->done - b->by_status[SBX_COMPLETED] - b->refused,
             secs > 0 ? b->done / secs : 0.0, final ? "\n" : "");
 }
 
@@ -250,7 +251,9 @@ int batch_main(const struct batch_opts *o)
     for (size_t i = 0; b.wall_ms && i < b.n; i++)
         b.wall_ms[i] = -1; /* not run (yet): left out of the percentiles */
     b.stop = stopper_start();
-    b.tty = isatty(2);
+    /* The bar goes to stderr when that is a terminal and the result lines do
+     * not go to one: on a terminal they would run into it. */
+    b.tty = isatty(2) && !isatty(b.out_fd);
     b.start_ns = now_ns();
     pthread_mutex_init(&b.lock, NULL);
     unsigned jobs = o->jobs ? o->jobs : 1;
@@ -284,8 +287,8 @@ int batch_main(const struct batch_opts *o)
             b.by_status[SBX_MEMORY_LIMIT], b.by_status[SBX_CRASHED], b.by_status[SBX_CANCELLED],
             b.by_status[SBX_SANDBOX_ERROR], b.refused);
     if (ran)
-        fprintf(stderr, "  latency per program: p50 %.2f ms, p99 %.2f ms\n", b.wall_ms[ran / 2],
-                b.wall_ms[(size_t)((double)(ran - 1) * 0.99)]);
+        fprintf(stderr, "  latency per program: p50 %.2f ms, p99 %.2f ms\n",
+                percentile(b.wall_ms, ran, 50), percentile(b.wall_ms, ran, 99));
     rc = b.by_status[SBX_SANDBOX_ERROR] || b.refused ? 1 : 0;
     if (stopper_signal())
         rc = 128 + stopper_signal();

@@ -1,7 +1,8 @@
 /*
  * pysbx mcp: a Model Context Protocol server over stdio (newline-delimited
  * JSON-RPC 2.0) offering one tool, run_python. Calls run concurrently; a
- * client's notifications/cancelled cancels the call it names.
+ * client's notifications/cancelled cancels the call it names, which is then
+ * never answered (as the protocol asks).
  */
 #define _GNU_SOURCE
 #include "commands.h"
@@ -29,6 +30,7 @@ struct call {
     struct call *next;
     json_t *id;
     struct sbx_cancel *cancel;
+    bool cancelled; /* by the client: its answer is not sent; under lock */
 };
 
 struct server {
@@ -39,23 +41,41 @@ struct server {
     struct call *calls;
 };
 
-static void send_message(struct server *s, json_t *msg)
+static char *message_text(json_t *msg)
 {
     char *text = json_dumps(msg, JSON_COMPACT | JSON_REAL_PRECISION(10));
 
     json_decref(msg);
+    return text;
+}
+
+/* Under s->lock: one whole line. */
+static void write_line(char *text)
+{
     if (!text)
         return;
-    pthread_mutex_lock(&s->lock);
     (void)write_full(1, text, strlen(text));
     (void)write_full(1, "\n", 1);
-    pthread_mutex_unlock(&s->lock);
     free(text);
+}
+
+static void send_message(struct server *s, json_t *msg)
+{
+    char *text = message_text(msg);
+
+    pthread_mutex_lock(&s->lock);
+    write_line(text);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static json_t *response(json_t *id, json_t *result)
+{
+    return json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result);
 }
 
 static void reply(struct server *s, json_t *id, json_t *result)
 {
-    send_message(s, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+    send_message(s, response(id, result));
 }
 
 static void reply_error(struct server *s, json_t *id, int code, const char *message)
@@ -66,6 +86,18 @@ static void reply_error(struct server *s, json_t *id, int code, const char *mess
 
 /* --- the tool ---------------------------------------------------------------- */
 
+/* A file is text, or {"content": ..., "encoding": "utf-8" | "base64"}. */
+static const char input_schema[] =
+    "{\"type\": \"object\", \"required\": [\"code\"], \"properties\": {"
+    "\"code\": {\"type\": \"string\", \"description\": \"Python 3 source code to run\"},"
+    "\"files\": {\"type\": \"object\", \"description\": \"Input files, written to the working "
+    "directory before the code runs; names may contain '/'. Each is its text, or {\\\"content\\\": "
+    "..., \\\"encoding\\\": \\\"base64\\\"} for binary content\", \"additionalProperties\": "
+    "{\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"object\", \"required\": [\"content\"], "
+    "\"additionalProperties\": false, \"properties\": {\"content\": {\"type\": \"string\"}, "
+    "\"encoding\": {\"type\": \"string\", \"enum\": [\"utf-8\", \"base64\"], "
+    "\"default\": \"utf-8\"}}}]}}}}";
+
 static json_t *tool_description(const struct sbx_limits *l)
 {
     char desc[1024];
@@ -74,49 +106,60 @@ static json_t *tool_description(const struct sbx_limits *l)
         "files it wrote. The sandbox has the standard library only, no network, and an empty "
         "working directory (the input files, if any, are written there first). Limits: %g s "
         "of wall time, %g s of CPU, %llu MiB of memory, %llu characters of output per "
-        "stream. Each call is a fresh interpreter: nothing carries over between calls. "
-        "Print what you want to see.",
+        "stream (a NUL byte in it shows as \\x00). Each call is a fresh interpreter: nothing "
+        "carries over between calls. Print what you want to see.",
         l->wall_seconds, l->cpu_seconds, (unsigned long long)(l->memory_bytes >> 20),
         (unsigned long long)l->max_output_chars);
-    return json_pack(
-        "{s:s, s:s, s:s, s:{s:s, s:{s:{s:s, s:s}, s:{s:s, s:{s:s}, s:s}}, s:[s]}}", "name",
-        "run_python", "title", "Run Python", "description", desc, "inputSchema", "type", "object",
-        "properties", "code", "type", "string", "description", "Python 3 source code to run",
-        "files", "type", "object", "additionalProperties", "type", "string", "description",
-        "Input files, name to text content, written to the working directory before the "
-        "code runs; names may contain '/'",
-        "required", "code");
+    return json_pack("{s:s, s:s, s:s, s:o}", "name", "run_python", "title", "Run Python",
+                     "description", desc, "inputSchema", json_loads(input_schema, 0, NULL));
 }
 
-static const char *mime_type(const char *name, bool *image)
+/* An image is known by its first bytes, whatever its name says. */
+static const char *image_type(const unsigned char *d, size_t len)
+{
+    static const struct {
+        size_t at, len;
+        const char *magic, *mime;
+    } magics[] = {
+        {0, 8, "\x89PNG\r\n\x1a\n", "image/png"},
+        {0, 3, "\xff\xd8\xff", "image/jpeg"},
+        {0, 6, "GIF87a", "image/gif"},
+        {0, 6, "GIF89a", "image/gif"},
+        {8, 4, "WEBP", "image/webp"},
+    };
+    for (size_t i = 0; i < ARRAY_SIZE(magics); i++)
+        if (len >= magics[i].at + magics[i].len &&
+            memcmp(d + magics[i].at, magics[i].magic, magics[i].len) == 0 &&
+            (magics[i].at == 0 || memcmp(d, "RIFF", 4) == 0))
+            return magics[i].mime;
+    return NULL;
+}
+
+/* Other files: by name, for the text formats a client shows as such. */
+static const char *text_type(const char *name)
 {
     static const struct {
         const char *ext, *mime;
-        bool image;
     } types[] = {
-        {".png", "image/png", true},   {".jpg", "image/jpeg", true},
-        {".jpeg", "image/jpeg", true}, {".gif", "image/gif", true},
-        {".webp", "image/webp", true}, {".svg", "image/svg+xml", false},
-        {".csv", "text/csv", false},   {".json", "application/json", false},
-        {".txt", "text/plain", false}, {".md", "text/markdown", false},
-        {".html", "text/html", false}, {".py", "text/x-python", false},
+        {".svg", "image/svg+xml"}, {".csv", "text/csv"},     {".json", "application/json"},
+        {".txt", "text/plain"},    {".md", "text/markdown"}, {".html", "text/html"},
+        {".py", "text/x-python"},
     };
     const char *dot = strrchr(name, '.');
-    *image = false;
     for (size_t i = 0; dot && i < ARRAY_SIZE(types); i++)
-        if (strcasecmp(dot, types[i].ext) == 0) {
-            *image = types[i].image;
+        if (strcasecmp(dot, types[i].ext) == 0)
             return types[i].mime;
-        }
     return NULL;
 }
 
 static json_t *artifact_content(const struct sbx_artifact *a)
 {
-    bool image;
-    const char *mime = mime_type(a->name, &image);
+    const char *mime = image_type(a->data, a->data_len);
+    bool image = mime != NULL;
     bool text = !image && utf8_valid_prefix(a->data, a->data_len) == a->data_len &&
                 !memchr(a->data, '\0', a->data_len);
+    if (!image && text)
+        mime = text_type(a->name);
     char uri[4200];
     fmt(uri, sizeof(uri), "pysbx://artifact/%s", a->name);
     if (image && !a->truncated) {
@@ -145,6 +188,29 @@ static void add_text(json_t *content, const char *text, size_t len)
     json_array_append_new(content, json_pack("{s:s, s:s%}", "type", "text", "text", text, len));
 }
 
+/* A stream's text after its heading; a NUL byte, which many clients would
+ * take for the end of the text, shows as \x00 (the text stays whole). */
+static void add_stream(json_t *content, const char *heading, const char *text, size_t len)
+{
+    size_t nuls = 0, hl = strlen(heading);
+    for (size_t i = 0; i < len; i++)
+        nuls += text[i] == '\0';
+    char *t = malloc(hl + len + 3 * nuls + 1);
+    if (!t)
+        return;
+    memcpy(t, heading, hl);
+    size_t o = hl;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == '\0') {
+            memcpy(t + o, "\\x00", 4);
+            o += 4;
+        } else
+            t[o++] = text[i];
+    }
+    add_text(content, t, o);
+    free(t);
+}
+
 /* What the model sees: a status line, stdout, stderr, then the files. */
 static json_t *tool_result(const struct sbx_result *r)
 {
@@ -163,18 +229,10 @@ static json_t *tool_result(const struct sbx_result *r)
     else
         fmt(head, sizeof(head), "%s: %s", sbx_status_name(r->status), r->reason ? r->reason : "");
     add_text(content, head, strlen(head));
-    if (r->stdout_len) {
-        char *t = NULL;
-        if (asprintf(&t, "stdout:\n%.*s", (int)r->stdout_len, r->stdout_text) >= 0)
-            add_text(content, t, strlen(t));
-        free(t);
-    }
-    if (r->stderr_len) {
-        char *t = NULL;
-        if (asprintf(&t, "stderr:\n%.*s", (int)r->stderr_len, r->stderr_text) >= 0)
-            add_text(content, t, strlen(t));
-        free(t);
-    }
+    if (r->stdout_len)
+        add_stream(content, "stdout:\n", r->stdout_text, r->stdout_len);
+    if (r->stderr_len)
+        add_stream(content, "stderr:\n", r->stderr_text, r->stderr_len);
     for (size_t i = 0; i < r->n_artifacts; i++) {
         const struct sbx_artifact *a = &r->artifacts[i];
         char note[4300];
@@ -209,6 +267,23 @@ static void forget_call(struct server *s, struct call *c)
         }
 }
 
+/* The tool's files as a request's: text under "files", the ones the caller
+ * sent as base64 under "files_base64" (call_tool checked their shape). */
+static json_t *request_for(json_t *args)
+{
+    json_t *files = json_object(), *b64 = json_object(), *v;
+    const char *name;
+
+    json_object_foreach(json_object_get(args, "files"), name, v)
+    {
+        json_t *content = json_is_string(v) ? v : json_object_get(v, "content");
+        const char *enc = json_string_value(json_object_get(v, "encoding"));
+        json_object_set(enc && strcmp(enc, "base64") == 0 ? b64 : files, name, content);
+    }
+    return json_pack("{s:O, s:o, s:o, s:o}", "code", json_object_get(args, "code"), "files", files,
+                     "files_base64", b64, "limits", json_object());
+}
+
 static void *run_call(void *p)
 {
     struct call_job *j = p;
@@ -216,8 +291,7 @@ static void *run_call(void *p)
     struct json_request r;
     struct sbx_result *res = NULL;
     struct sbx_error err = {0};
-    json_t *req = json_pack("{s:O, s:O*, s:o}", "code", json_object_get(j->args, "code"), "files",
-                            json_object_get(j->args, "files"), "limits", json_object());
+    json_t *req = request_for(j->args), *result;
 
     memset(&r, 0, sizeof(r));
     /* The tool's own limits, whatever the model asks. */
@@ -226,20 +300,24 @@ static void *run_call(void *p)
         r.req.cancel = j->call.cancel;
         if (sbx_request_check(&r.req, &err) == 0 &&
             s->o->backend->run(s->o->backend->self, &r.req, &res, &err) == 0)
-            reply(s, j->id, tool_result(res));
+            result = tool_result(res);
         else
-            reply(s, j->id,
-                  json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", err.message,
-                            "isError", true));
+            result = json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                               err.message, "isError", true);
     } else
-        reply(s, j->id,
-              json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
-                        err.message[0] ? err.message : "bad arguments", "isError", true));
+        result = json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                           err.message[0] ? err.message : "bad arguments", "isError", true);
+    char *text = message_text(response(j->id, result));
     if (req)
         json_request_free(&r);
     json_decref(req);
     sbx_result_free(res);
     pthread_mutex_lock(&s->lock);
+    /* A call the client cancelled gets no answer: it has stopped waiting. */
+    if (j->call.cancelled)
+        free(text);
+    else
+        write_line(text);
     forget_call(s, &j->call);
     s->inflight--;
     pthread_cond_broadcast(&s->idle);
@@ -264,9 +342,24 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
         reply_error(s, id, -32602, "run_python needs {\"code\": string}");
         return;
     }
-    json_t *files = json_object_get(args, "files");
+    json_t *files = json_object_get(args, "files"), *v;
+    const char *fname;
     if (files && !json_is_object(files)) {
         reply_error(s, id, -32602, "files must be an object of name: text");
+        return;
+    }
+    json_object_foreach(files, fname, v)
+    {
+        const char *enc = json_string_value(json_object_get(v, "encoding"));
+        if (json_is_string(v) ||
+            (json_is_object(v) && json_is_string(json_object_get(v, "content")) &&
+             json_object_size(v) == 1u + (json_object_get(v, "encoding") != NULL) &&
+             (!json_object_get(v, "encoding") ||
+              (enc && (strcmp(enc, "utf-8") == 0 || strcmp(enc, "base64") == 0)))))
+            continue;
+        reply_error(s, id, -32602,
+                    "each file is its text, or {\"content\": string, \"encoding\": \"utf-8\" | "
+                    "\"base64\"}");
         return;
     }
     struct call_job *j = calloc(1, sizeof(*j));
@@ -302,8 +395,10 @@ static void cancel_call(struct server *s, json_t *params)
     json_t *id = json_object_get(params, "requestId");
     pthread_mutex_lock(&s->lock);
     for (struct call *c = s->calls; id && c; c = c->next)
-        if (json_equal(c->id, id))
+        if (json_equal(c->id, id)) {
+            c->cancelled = true;
             sbx_cancel_fire(c->cancel);
+        }
     pthread_mutex_unlock(&s->lock);
 }
 

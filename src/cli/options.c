@@ -67,6 +67,11 @@ static const char run_usage_tail[] =
     "                          never '..'\n"
     "  --artifacts-dir DIR     write the files the code left in its workspace to DIR\n"
     "                          (made if missing)\n"
+    "  --connect SOCKET        send the program to a running `pysbx serve --listen\n"
+    "                          SOCKET` instead of starting a sandbox (so do the\n"
+    "                          environment variable PYSBX_CONNECT); the same output\n"
+    "                          and exit status; the server's defaults and ceilings\n"
+    "                          hold for the limits not given here\n"
     "  --policy-debug          name refused system calls on stderr and let them fail\n"
     "                          with EPERM instead of applying the policy's kills:\n"
     "                          for finding what code needs, never for production\n"
@@ -130,10 +135,12 @@ static const char mcp_usage[] =
     "usage: pysbx mcp [options]\n"
     "\n"
     "A Model Context Protocol server over stdio offering one tool, run_python\n"
-    "(code, and optional files: name -> text). Its result shows the exit status,\n"
-    "stdout, stderr and each file the code wrote (PNG images as images); when a\n"
-    "limit stops the code it is an error result that says sandbox_limit_exceeded\n"
-    "and which limit. The limits below are the tool's: the model cannot raise them.\n"
+    "(code, and optional files: name -> text, or -> {\"content\": BASE64,\n"
+    "\"encoding\": \"base64\"}). Its result shows the exit status, stdout, stderr\n"
+    "and each file the code wrote (PNG, JPEG, GIF and WebP images, known by their\n"
+    "bytes, as images); when a limit stops the code it is an error result that says\n"
+    "sandbox_limit_exceeded and which limit. A call cancelled by the client is not\n"
+    "answered. The limits below are the tool's: the model cannot raise them.\n"
     "\n"
     "options:\n";
 
@@ -144,9 +151,10 @@ static const char batch_usage[] =
     "with the limits below), or every request line of FILE.jsonl (the form pysbx\n"
     "serve reads, with its own limits). Writes one JSON result line per program,\n"
     "with \"program\" (the file name, or \"line N\"), as each finishes; shows a\n"
-    "progress bar on a terminal; ends with a summary on stderr (counts by status,\n"
-    "p50 and p99 latency, total time). Exits 0 when every program was run, 1 when\n"
-    "the sandbox failed or refused some, 2 on bad usage.\n"
+    "progress bar on stderr when that is a terminal and the result lines are not\n"
+    "written to one; ends with a summary on stderr (counts by status, p50 and p99\n"
+    "latency by the nearest-rank method, total time). Exits 0 when every program\n"
+    "was run, 1 when the sandbox failed or refused some, 2 on bad usage.\n"
     "\n"
     "options:\n"
     "  --jobs N                programs run at once (default: two per core)\n"
@@ -361,6 +369,7 @@ enum {
     O_MAXWALL,
     O_MAXCPU,
     O_MAXMEM,
+    O_CONNECT,
     O_HTTP,
     O_TOKEN,
 };
@@ -388,6 +397,7 @@ static const struct {
     {{"max-pending-bytes", required_argument, NULL, O_PENDING}, CMD_SERVE},
     {{"file", required_argument, NULL, O_FILE}, CMD_RUN},
     {{"artifacts-dir", required_argument, NULL, O_DIR}, CMD_RUN},
+    {{"connect", required_argument, NULL, O_CONNECT}, CMD_RUN},
     {{"template", required_argument, NULL, O_TMPL}, SANDBOX},
     {{"require", required_argument, NULL, O_REQUIRE}, SANDBOX},
     {{"policy-debug", no_argument, NULL, O_DEBUG}, CMD_RUN},
@@ -441,6 +451,9 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         case O_JSON:
             o->json = true;
             break;
+        case O_CONNECT:
+            o->connect = optarg;
+            break;
         case O_WALL:
         case O_CPU:
         case O_MAXWALL:
@@ -451,6 +464,8 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                                        : &o->ceilings.cpu_seconds) < 0)
                 return usage_error(cmd, "--%s wants a number of seconds above 0, not '%s'",
                                    option_name(c), optarg);
+            if (c == O_WALL || c == O_CPU)
+                o->limits_given |= 1u << (c == O_WALL ? GIVEN_WALL : GIVEN_CPU);
             break;
         case O_MEM:
         case O_MAXMEM:
@@ -460,6 +475,8 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                    "--memory wants a size such as 256M, 1G or 268435456, "
                                    "not '%s'",
                                    optarg);
+            if (c == O_MEM)
+                o->limits_given |= 1u << GIVEN_MEMORY;
             break;
         case O_OUT:
         case O_ABYTES:
@@ -470,6 +487,9 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                                   : &l->max_artifacts) < 0)
                 return usage_error(cmd, "--%s wants a whole number, not '%s'", option_name(c),
                                    optarg);
+            o->limits_given |= 1u << (c == O_OUT      ? GIVEN_OUTPUT
+                                      : c == O_ABYTES ? GIVEN_ARTIFACT_BYTES
+                                                      : GIVEN_ARTIFACTS);
             break;
         }
         case O_GRACE:
@@ -595,8 +615,10 @@ void opts_config(const struct opts *o, struct sbx_config *cfg, char *tmpl, size_
     cfg->template_path = find_template(o->template_path, tmpl, tmpl_cap);
     cfg->required_layers = o->required;
     cfg->policy_debug = o->policy_debug;
-    if (o->cmd == CMD_RUN || o->cmd == CMD_DOCTOR)
+    if (o->cmd == CMD_DOCTOR)
         cfg->pool_size = 1;
+    /* One program: no warm modules to import, one worker, nothing kept. */
+    cfg->single_run = o->cmd == CMD_RUN;
     if (o->jobs) {
         cfg->max_running = o->jobs;
         cfg->pool_size = o->jobs < POOL_FOR_JOBS_MAX ? o->jobs : POOL_FOR_JOBS_MAX;

@@ -17,6 +17,17 @@
 #define EXIT_SANDBOX 70
 #define EXIT_SIGNAL  128 /* + the signal number */
 
+/* Bits of opts.limits_given, in the order of struct sbx_limits. */
+enum {
+    GIVEN_WALL,
+    GIVEN_CPU,
+    GIVEN_MEMORY,
+    GIVEN_OUTPUT,
+    GIVEN_ARTIFACT_BYTES,
+    GIVEN_ARTIFACTS,
+    GIVEN_COUNT
+};
+
 enum cmd { CMD_RUN = 1, CMD_SERVE = 2, CMD_MCP = 4, CMD_BATCH = 8, CMD_DOCTOR = 16 };
 
 struct opts {
@@ -36,6 +47,8 @@ struct opts {
     struct sbx_file *files;
     size_t n_files;
     struct sbx_limits limits;
+    unsigned limits_given;      /* bits GIVEN_*: the limits the command line set */
+    const char *connect;        /* run: a server's socket */
     struct sbx_limits ceilings; /* serve: the most a request may ask */
     double grace;               /* serve: seconds to drain at SIGTERM */
     size_t max_pending;         /* serve: unsent answer bytes per client */

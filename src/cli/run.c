@@ -1,6 +1,7 @@
 /* pysbx run: one script, its output passed through, its exit status ours. */
 #define _GNU_SOURCE
 #include "commands.h"
+#include "connect.h"
 #include "options.h"
 #include "stopper.h"
 #include "sysutil.h"
@@ -155,6 +156,28 @@ int cmd_run(int argc, char **argv)
     /* Refuse a bad request before paying for a template. */
     if (sbx_request_check(&req, &err) < 0) {
         status = usage_error(CMD_RUN, "%s", err.message);
+        goto out;
+    }
+    const char *server = o.connect ? o.connect : getenv("PYSBX_CONNECT");
+    if (server && *server) {
+        /* A running server does the run: its answer, printed as ours. */
+        if (o.backend || o.template_path || o.policy_debug || o.required != SBX_LAYERS_DEFAULT) {
+            status = usage_error(CMD_RUN, "--connect runs on the server's sandbox: --backend, "
+                                          "--template, --require and --policy-debug are its");
+            goto out;
+        }
+        if (remote_run(server, &req, o.limits_given, &res, &err) < 0) {
+            fprintf(stderr, "pysbx: %s\n", err.message);
+            status = err.code == SBX_ERR_UNAVAILABLE || err.code == SBX_ERR_BUSY ? EXIT_SANDBOX
+                                                                                 : EXIT_USAGE;
+            goto out;
+        }
+        if (!o.json) {
+            fwrite(res->stdout_text, 1, res->stdout_len, stdout);
+            fflush(stdout);
+            fwrite(res->stderr_text, 1, res->stderr_len, stderr);
+        }
+        status = report(&o, res);
         goto out;
     }
     (void)stopper_start();

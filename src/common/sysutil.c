@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "sysutil.h"
 
+#include "util.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -357,40 +359,53 @@ const char *beside_self(const char *name, char *buf, size_t cap)
     return access(buf, X_OK) == 0 ? buf : NULL;
 }
 
+int proc_stat_read(const char *pid, struct proc_stat *s)
+{
+    char path[300], buf[1024];
+    unsigned long long ut, st, cut, cst;
+
+    snprintf(path, sizeof(path), "/proc/%s/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0)
+        return -EIO;
+    buf[len] = '\0';
+    /* "pid (comm) state ppid ...": comm may hold spaces and parentheses. */
+    char *open_paren = strchr(buf, '('), *close_paren = strrchr(buf, ')');
+    int ppid;
+    if (!open_paren || !close_paren ||
+        sscanf(close_paren + 2, "%c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu",
+               &s->state, &ppid, &ut, &st, &cut, &cst) != 6)
+        return -EIO;
+    *close_paren = '\0';
+    fmt(s->comm, sizeof(s->comm), "%s", open_paren + 1);
+    s->pid = (pid_t)atoi(pid);
+    s->ppid = (pid_t)ppid;
+    s->cpu_ticks = ut + st + cut + cst;
+    return 0;
+}
+
 int proc_children(pid_t parent, const char *comm, pid_t *out, int max, int *zombies)
 {
     DIR *d = opendir("/proc");
     struct dirent *e;
+    struct proc_stat ps;
     int n = 0;
 
     if (zombies)
         *zombies = 0;
     while (d && (e = readdir(d))) {
-        char path[300], buf[512];
-        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || proc_stat_read(e->d_name, &ps) < 0)
             continue;
-        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        ssize_t len = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (len <= 0)
-            continue;
-        buf[len] = '\0';
-        /* "pid (comm) state ppid ...": comm may hold spaces and parentheses. */
-        char *open_paren = strchr(buf, '('), *close_paren = strrchr(buf, ')');
-        char state;
-        int ppid;
-        if (!open_paren || !close_paren || sscanf(close_paren + 2, "%c %d", &state, &ppid) != 2)
-            continue;
-        *close_paren = '\0';
-        if (ppid != parent || (comm && strcmp(open_paren + 1, comm) != 0))
+        if (ps.ppid != parent || (comm && strcmp(ps.comm, comm) != 0))
             continue;
         if (n < max)
-            out[n] = (pid_t)atoi(e->d_name);
+            out[n] = ps.pid;
         n++;
-        if (zombies && state == 'Z')
+        if (zombies && ps.state == 'Z')
             (*zombies)++;
     }
     if (d)

@@ -52,6 +52,20 @@ void fsid_leave(bool switched);
  * tree. Returns |buf| or NULL. */
 const char *beside_self(const char *name, char *buf, size_t cap);
 
+/* One process's line of /proc/PID/stat. */
+struct proc_stat {
+    pid_t pid, ppid;
+    char state;
+    char comm[32];
+    /* utime + stime + cutime + cstime: its own CPU and that of the children
+     * it has reaped, in clock ticks (sysconf(_SC_CLK_TCK)). */
+    unsigned long long cpu_ticks;
+};
+
+/* Reads /proc/|pid|/stat (|pid| as the directory's name). Returns 0 or
+ * -errno. */
+int proc_stat_read(const char *pid, struct proc_stat *s);
+
 /* The children of |parent| whose name (comm) is |comm|, or all when NULL:
  * up to |max| of their pids in |out|. Returns how many there are, and how
  * many of those are zombies in *zombies (may be NULL). */

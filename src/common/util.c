@@ -229,6 +229,16 @@ int cmp_doubles(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+double percentile(const double *sorted, size_t n, double p)
+{
+    double rank = p / 100.0 * (double)n;
+    size_t k = (size_t)rank;
+
+    if ((double)k < rank)
+        k++; /* the ceiling, without libm */
+    return sorted[k == 0 ? 0 : (k > n ? n : k) - 1];
+}
+
 int parse_size(const char *text, uint64_t *out)
 {
     static const char units[] = "KMGT";

@@ -43,6 +43,10 @@ int parse_size(const char *text, uint64_t *out);
  * two doubles. */
 int cmp_strings(const void *a, const void *b);
 int cmp_doubles(const void *a, const void *b);
+/* The p-th percentile (0 < p <= 100) of |n| > 0 sorted values by the
+ * nearest-rank method: the smallest value with at least p% of them at or
+ * below it. One method for every percentile, so p50 <= p99 always. */
+double percentile(const double *sorted, size_t n, double p);
 
 /* snprintf into a fixed buffer, never failing (cut if needed). */
 void fmt(char *buf, size_t cap, const char *format, ...) __attribute__((format(printf, 3, 4)));

@@ -12,7 +12,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-static int drop_bounding_set(char *err, size_t errlen)
+int confine_drop_bounding_set(char *err, size_t errlen)
 {
     /* While CAP_SETPCAP is still effective; without it (not root) there is
      * nothing in the bounding set we could use. */
@@ -54,7 +54,8 @@ int confine_self(const struct confine_plan *p, char *err, size_t errlen)
 {
     int rc;
 
-    if ((rc = drop_bounding_set(err, errlen)) < 0)
+    /* Normally a no-op: the template emptied the set it passes on. */
+    if ((rc = confine_drop_bounding_set(err, errlen)) < 0)
         return rc;
     if (p->switch_user && (rc = switch_user(p->uid, p->gid, err, errlen)) < 0)
         return rc;

@@ -22,6 +22,14 @@ struct confine_plan {
     bool policy_debug;
 };
 
+/* Empties the capability bounding set (what an execve could give back),
+ * while CAP_SETPCAP is effective; without it there is nothing in the set we
+ * could use. The template does it once, after its last exec of a helper, so
+ * that its workers inherit an empty set instead of each dropping the 41
+ * capabilities again (each drop a new set of credentials). Returns 0 or
+ * -errno with a message. */
+int confine_drop_bounding_set(char *err, size_t errlen);
+
 /* In order: the capability bounding set, the user, every other capability,
  * no_new_privs, Landlock, and seccomp last. Returns 0 or -errno with a
  * message. */

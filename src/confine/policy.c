@@ -371,6 +371,9 @@ static const struct rule table[] = {
     R_KILL(swapoff, "the host"),
 };
 
+/* libseccomp's SCMP_FLTATR_CTL_OPTIMIZE value for a binary tree. */
+#define POLICY_TREE 2
+
 int policy_build(struct policy *p, bool debug, bool refuse_path_meta, char *err, size_t errlen)
 {
     const uint32_t deflt = debug ? SCMP_ACT_TRAP : SCMP_ACT_ERRNO(EPERM);
@@ -383,8 +386,14 @@ int policy_build(struct policy *p, bool debug, bool refuse_path_meta, char *err,
     if (!ctx)
         return errmsg(err, errlen, -ENOMEM, "seccomp_init failed");
     /* Any other architecture, x32 numbers included, kills. */
+    /* A binary tree of system call numbers rather than a list: each worker
+     * loads the program, and the kernel, when it does, runs it once per
+     * system call number to fill its cache of always-allowed calls; with a
+     * tree that costs half the CPU of a list (and each call checks fewer
+     * jumps). */
     if (seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS) < 0 ||
-        seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0) < 0) {
+        seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0) < 0 ||
+        seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, POLICY_TREE) < 0) {
         errmsg(err, errlen, rc, "seccomp_attr_set failed");
         goto out;
     }

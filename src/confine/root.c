@@ -17,11 +17,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* The new root is made in the work directory (ours, and removed with it),
- * then becomes "/". */
-#define SCRATCH      ".root"
-#define SCRATCH_OPTS "mode=0755,size=16m,nr_inodes=4096"
-#define PROC_FD_PATH "/proc/self/fd/%d"
+/* The new root is a tmpfs mounted on the work directory, in our mount
+ * namespace only (nothing is made on the host's disk), which then becomes
+ * "/". */
+#define ROOT_TMPFS_OPTS "mode=0755,size=16m,nr_inodes=4096"
+#define PROC_FD_PATH    "/proc/self/fd/%d"
 
 /* A bind mount made read-only keeps the flags the kernel locked on its
  * source (in a user namespace a remount that drops them is refused). */
@@ -164,12 +164,8 @@ int root_enter(const struct root_spec *s, char *err, size_t errlen)
 {
     int rc;
 
-    if (mkdirat(s->work_fd, SCRATCH, 0755) < 0 && errno != EEXIST)
-        return errmsg(err, errlen, -errno, "private root: %s/" SCRATCH ": %s", s->work_dir,
-                      strerror(errno));
-    char path[PATH_MAX];
-    fmt(path, sizeof(path), "%s/" SCRATCH, s->work_dir);
-    if (mount("pysbx-root", path, "tmpfs", MS_NOSUID | MS_NODEV, SCRATCH_OPTS) < 0)
+    const char *path = s->work_dir;
+    if (mount("pysbx-root", path, "tmpfs", MS_NOSUID | MS_NODEV, ROOT_TMPFS_OPTS) < 0)
         return errmsg(err, errlen, -errno, "private root: mounting a tmpfs on %s: %s", path,
                       strerror(errno));
     if (chdir(path) < 0)
@@ -187,18 +183,6 @@ int root_enter(const struct root_spec *s, char *err, size_t errlen)
     }
     for (const char *const *d = s->module_dirs; rc == 0 && d && *d; d++)
         rc = bind_path(*d, true, true, MS_RDONLY | MS_NOSUID | MS_NODEV, err, errlen);
-    if (rc == 0) {
-        /* By path: the supervisor's descriptor belongs to the host's mount
-         * namespace, and a bind needs a source in ours. Not recursive: the
-         * new root itself is mounted inside it. */
-        int wfd = open(s->work_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        rc = wfd < 0
-                 ? errmsg(err, errlen, -errno, "private root: %s: %s", s->work_dir, strerror(errno))
-                 : bind(wfd, s->work_dir, true, false, MS_NOSUID | MS_NODEV | MS_NOEXEC, err,
-                        errlen);
-        if (wfd >= 0)
-            close(wfd);
-    }
     if (rc == 0)
         rc = write_etc(s, err, errlen);
     if (rc == 0 && make_dirs(WORKSPACE_MOUNT + 1) < 0)

@@ -14,8 +14,10 @@
 #include <sys/types.h>
 
 struct root_spec {
-    const char *work_dir; /* bound read-write at the same path */
-    int work_fd;
+    /* Where the new root's tmpfs is mounted before it becomes "/" (covered
+     * in our namespace only); not part of it: workspaces are detached
+     * mounts (workspace.h). */
+    const char *work_dir;
     const char *const *module_dirs; /* NULL-terminated; read-only, same paths */
     /* /etc/passwd and /etc/group name the workers' ids "sandbox", each with
      * its workspace as its home. */

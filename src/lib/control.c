@@ -61,8 +61,10 @@ static int send_config(struct sbx *sbx, const struct sbx_config *cfg, struct sbx
     if (!o || json_object_set_new(o, "work_dir", json_string(sbx->work.path)) < 0 ||
         json_object_set_new(o, "pool_size", json_integer(cfg->pool_size)) < 0 ||
         json_object_set_new(o, "warm_modules",
-                            cfg->warm_modules ? string_array(cfg->warm_modules) : json_null()) <
-            0 ||
+                            cfg->warm_modules ? string_array(cfg->warm_modules)
+                            : cfg->single_run ? json_array()
+                                              : json_null()) < 0 ||
+        json_object_set_new(o, "single_run", json_boolean(cfg->single_run)) < 0 ||
         json_object_set_new(o, "module_dirs", string_array(cfg->module_dirs)) < 0 ||
         json_object_set_new(o, "worker_uid", json_integer(cfg->worker_uid)) < 0 ||
         json_object_set_new(o, "worker_gid", json_integer(cfg->worker_gid)) < 0 ||

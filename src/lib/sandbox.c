@@ -5,14 +5,20 @@
 #include "sbxerr.h"
 #include "util.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #ifndef PYSBX_TEMPLATE_DEFAULT
 #error "PYSBX_TEMPLATE_DEFAULT must name the installed pysbx-template"
+#endif
+#ifndef PYSBX_TEMPLATE_RELATIVE
+#error "PYSBX_TEMPLATE_RELATIVE must name the helper relative to the library's directory"
 #endif
 
 #define DEFAULT_MAX_QUEUED 1024
@@ -98,14 +104,48 @@ static unsigned default_pool_size(void)
     return n > 16 ? 32 : (unsigned)n * 2;
 }
 
-static const char *template_path(const struct sbx_config *cfg)
+/* The helper where this install put it, relative to the file this code was
+ * loaded from (the shared library, or a program linked with the static
+ * one), so that an install moved elsewhere as a whole still works. */
+static const char *template_beside_library(char *buf, size_t cap)
 {
-    const char *env;
+    Dl_info info;
+    char self[PATH_MAX];
+
+    if (dladdr((void *)sbx_config_init, &info) == 0 || !info.dli_fname)
+        return NULL;
+    const char *file = info.dli_fname;
+    /* In the program itself (the static library), glibc names it by argv[0],
+     * which may be a bare name found on PATH: the kernel knows better. */
+    if (strcmp(file, program_invocation_name) == 0) {
+        ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        if (n <= 0)
+            return NULL;
+        self[n] = '\0';
+        file = self;
+    }
+    const char *slash = strrchr(file, '/');
+    if (!slash)
+        return NULL;
+    int n = snprintf(buf, cap, "%.*s/%s", (int)(slash - file), file, PYSBX_TEMPLATE_RELATIVE);
+    if (n < 0 || (size_t)n >= cap)
+        return NULL;
+    return access(buf, X_OK) == 0 ? buf : NULL;
+}
+
+/* The caller's choice, else PYSBX_TEMPLATE, else the helper beside the
+ * library, else where it was configured to be installed. */
+static const char *template_path(const struct sbx_config *cfg, char *buf, size_t cap)
+{
+    const char *env, *rel;
 
     if (cfg->template_path)
         return cfg->template_path;
     env = getenv("PYSBX_TEMPLATE");
-    return env && *env ? env : PYSBX_TEMPLATE_DEFAULT;
+    if (env && *env)
+        return env;
+    rel = template_beside_library(buf, cap);
+    return rel ? rel : PYSBX_TEMPLATE_DEFAULT;
 }
 
 static bool active(const struct sbx *sbx, enum sbx_layer l)
@@ -166,6 +206,8 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
                                 cfg.workspace_bytes > SBX_MAX_MEMORY_BYTES))
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                         "workspace_bytes must be between 1 MiB and 1 TiB");
+    if (cfg.single_run)
+        cfg.pool_size = 1;
     if (!cfg.pool_size)
         cfg.pool_size = default_pool_size();
     if (!cfg.workspace_bytes)
@@ -175,7 +217,7 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
     if (cfg.worker_gid < 0)
         cfg.worker_gid = cfg.worker_uid;
     if (!cfg.worker_ids)
-        cfg.worker_ids = SBX_DEFAULT_WORKER_IDS;
+        cfg.worker_ids = cfg.single_run ? SBX_SINGLE_RUN_WORKER_IDS : SBX_DEFAULT_WORKER_IDS;
     if ((uint64_t)cfg.worker_uid + cfg.worker_ids > UINT32_MAX ||
         (uint64_t)cfg.worker_gid + cfg.worker_ids > UINT32_MAX)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "worker id range past 2^32 - 1");
@@ -189,7 +231,8 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
     admission_init(&sbx->admission, cfg.max_running ? cfg.max_running : default_pool_size(),
                    cfg.max_queued ? cfg.max_queued : DEFAULT_MAX_QUEUED);
     /* Kept for restarts: the caller's strings may be gone by then. */
-    sbx->template_path = strdup(template_path(&cfg));
+    char tmpl[PATH_MAX];
+    sbx->template_path = strdup(template_path(&cfg, tmpl, sizeof(tmpl)));
     cfg.template_path = NULL;
     cfg.work_root = NULL;
     cfg.warm_modules = cfg.warm_modules ? copy_list(cfg.warm_modules) : NULL;

@@ -8,6 +8,7 @@
 
 #include "interp.h"
 #include "prefault.h"
+#include "profile.h"
 #include "pyrun.h"
 #include "shim.h"
 #include "util.h"
@@ -128,7 +129,9 @@ int interp_fork(const struct prefault *plan)
     if (pid == 0) {
         if (plan)
             prefault_apply(plan);
+        prof_mark(PROF_PREFAULT);
         PyOS_AfterFork_Child();
+        prof_mark(PROF_AFTERFORK);
     } else
         PyOS_AfterFork_Parent();
     return pid;

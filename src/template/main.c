@@ -5,6 +5,7 @@
  * only the control socket open (as TEMPLATE_CTL_FD). It is single-threaded.
  */
 #define _GNU_SOURCE
+#include "confine.h"
 #include "interp.h"
 #include "root.h"
 #include "pysbx.h"
@@ -15,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -78,6 +80,7 @@ static int read_config(struct tmpl *t, char *err, size_t errlen)
     t->jc.workspace_bytes = (uint64_t)json_integer_value(json_object_get(cfg, "workspace_bytes"));
     t->jc.disable = (unsigned)json_integer_value(json_object_get(cfg, "disable_layers"));
     t->policy_debug = json_is_true(json_object_get(cfg, "policy_debug"));
+    t->single_run = json_is_true(json_object_get(cfg, "single_run"));
     if (t->jc.workspace_bytes < SBX_MIN_WORKSPACE_BYTES || ids < 1 || ids > SBX_MAX_WORKER_IDS ||
         t->jc.uid_base < 0 || t->jc.gid_base < 0 ||
         (uint64_t)t->jc.uid_base + (uint64_t)ids > UINT32_MAX ||
@@ -107,7 +110,6 @@ static int enter_root(struct tmpl *t, char *err, size_t errlen)
     const struct jail *j = &t->jail;
     struct root_spec spec = {
         .work_dir = t->base_path,
-        .work_fd = t->base_fd,
         .module_dirs = (const char *const *)t->module_dirs,
         .per_run_ids = j->uid_per_run,
         .uid_base = j->switch_user ? j->uid_base : 0,
@@ -134,6 +136,15 @@ static int enter_root(struct tmpl *t, char *err, size_t errlen)
         "a tmpfs root: the standard library, shared libraries, time zones, module dirs "
         "read-only; three devices; the workspace; no /proc, no host files");
     return 0;
+}
+
+static void *build_policy(void *arg)
+{
+    struct tmpl *t = arg;
+
+    t->seccomp = policy_build(&t->policy, t->policy_debug, !t->root, t->seccomp_why,
+                              sizeof(t->seccomp_why)) == 0;
+    return NULL;
 }
 
 int main(void)
@@ -172,7 +183,15 @@ int main(void)
     }
     if (enter_root(&t, err, sizeof(err)) < 0)
         goto fail;
-    if (t.jail.mount_ns && sweeper_start(&t.sweeper, t.base_path, t.base_fd, err, sizeof(err)) < 0)
+    /* Nothing is executed from here on (jail_setup ran the id-mapping
+     * helpers): the bounding set can go, once for every worker. */
+    if (confine_drop_bounding_set(err, sizeof(err)) < 0)
+        goto fail;
+    /* Workspaces mounted in our namespace are unmounted and removed by the
+     * sweeper; under the private root they are detached mounts that go
+     * with their last descriptor. */
+    if (t.jail.mount_ns && !t.root &&
+        sweeper_start(&t.sweeper, t.base_path, t.base_fd, err, sizeof(err)) < 0)
         goto fail;
     if (uids_init(&t.uids, &t.jail) < 0) {
         errmsg(err, sizeof(err), -ENOMEM, "template: out of memory");
@@ -183,13 +202,20 @@ int main(void)
         .warm_modules = (const char *const *)t.warm,
         .module_dirs = (const char *const *)t.module_dirs,
     };
-    if (interp_start(&py, err, sizeof(err)) < 0)
+    /* The seccomp program, built once (workers load the finished BPF), on a
+     * thread of its own while the interpreter starts: libseccomp takes a
+     * millisecond or two that a one-shot run would otherwise wait for. The
+     * thread is joined before anything is forked. */
+    pthread_t builder;
+    bool threaded = !(t.jc.disable & SBX_LAYER_SECCOMP) &&
+                    pthread_create(&builder, NULL, build_policy, &t) == 0;
+    if (!threaded && !(t.jc.disable & SBX_LAYER_SECCOMP))
+        build_policy(&t);
+    int py_rc = interp_start(&py, err, sizeof(err));
+    if (threaded)
+        pthread_join(builder, NULL);
+    if (py_rc < 0)
         goto fail;
-
-    /* The seccomp program, built once; workers load the finished BPF. */
-    t.seccomp =
-        !(t.jc.disable & SBX_LAYER_SECCOMP) &&
-        policy_build(&t.policy, t.policy_debug, !t.root, t.seccomp_why, sizeof(t.seccomp_why)) == 0;
     if (t.jc.disable & SBX_LAYER_SECCOMP)
         fmt(t.seccomp_why, sizeof(t.seccomp_why), "turned off by the configuration");
     if (t.seccomp)

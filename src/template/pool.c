@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "interp.h"
+#include "profile.h"
 #include "sysutil.h"
 #include "template.h"
 #include "util.h"
@@ -59,12 +60,16 @@ static void close_sup_fds(struct worker_rec *w)
     close_fds(w->sup_fds, WFD_COUNT);
 }
 
+/* PYSBX_PROFILE builds: the last worker's making, for the next one. */
+static struct prof_spawn last_spawn;
+
 static void spawn_worker(struct tmpl *t)
 {
+    double spawn_start = prof_now();
     struct worker_rec *w = calloc(1, sizeof(*w));
     int req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
     int status[2] = {-1, -1}, ready[2] = {-1, -1};
-    int ws = -1, ruleset = -1;
+    int ws = -1, ws_mount = -1, ruleset = -1;
     char path[4096];
     char why[256];
     pid_t pid;
@@ -90,12 +95,22 @@ static void spawn_worker(struct tmpl *t)
         fmt(why, sizeof(why), "template: making a worker's pipes: %s", strerror(errno));
         goto fail;
     }
-    if (workspace_make(&t->jail, w->uid, w->gid, t->base_fd, w->name, path, why, sizeof(why)) < 0)
-        goto fail;
-    /* By path, in our own mount namespace: through the supervisor's
-     * descriptor, the lookup would stay in the host's and find the
-     * directory under the tmpfs instead of the tmpfs. */
-    ws = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (t->root) {
+        /* A tmpfs mounted nowhere: no directory to make on the disk, none
+         * to sweep, no mount in our namespace for each worker to copy. */
+        ws_mount = workspace_mount_detached(&t->jail, w->uid, w->gid, why, sizeof(why));
+        if (ws_mount < 0)
+            goto fail;
+        ws = openat(ws_mount, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } else {
+        if (workspace_make(&t->jail, w->uid, w->gid, t->base_fd, w->name, path, why, sizeof(why)) <
+            0)
+            goto fail;
+        /* By path, in our own mount namespace: through the supervisor's
+         * descriptor, the lookup would stay in the host's and find the
+         * directory under the tmpfs instead of the tmpfs. */
+        ws = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    }
     if (ws < 0) {
         fmt(why, sizeof(why), "template: opening workspace %s: %s", path, strerror(errno));
         goto fail;
@@ -105,7 +120,10 @@ static void spawn_worker(struct tmpl *t)
         if (ruleset < 0)
             goto fail;
     }
+    double fork_start = prof_now();
+    prof_set_spawn(&last_spawn); /* inherited by the child */
     pid = interp_fork(&t->prefault);
+    last_spawn.fork_us = prof_now() - fork_start;
     if (pid < 0) {
         fmt(why, sizeof(why), "template: fork: %s", strerror(errno));
         goto fail;
@@ -120,7 +138,8 @@ static void spawn_worker(struct tmpl *t)
             .ws_fd = ws,
             .devnull_fd = t->devnull,
             .ws_path = t->root ? WORKSPACE_MOUNT : path,
-            .isolate_from = t->root ? t->base_path : NULL,
+            .ws_mount_fd = ws_mount,
+            .rehearse = !t->single_run,
             .plan =
                 {
                     .switch_user = t->jail.switch_user,
@@ -136,6 +155,7 @@ static void spawn_worker(struct tmpl *t)
         worker_main(&a);
     }
     close_fd(&ruleset);
+    close_fd(&ws_mount); /* the worker's copy keeps it until it is mounted */
     w->pid = pid;
     close(req[1]);
     close(out[1]);
@@ -160,6 +180,7 @@ static void spawn_worker(struct tmpl *t)
     w->next = t->workers;
     t->workers = w;
     t->n_workers++;
+    last_spawn.spawn_us = prof_now() - spawn_start;
     return;
 
 fail:
@@ -168,13 +189,14 @@ fail:
     close_fds(err, 2);
     close_fds(status, 2);
     close_fds(ready, 2);
-    if (ws >= 0) {
+    if (ws >= 0 && !t->root) {
         if (t->jail.mount_ns)
             sweeper_release(&t->sweeper, w->name);
         else
             (void)unlinkat(t->base_fd, w->name, AT_REMOVEDIR);
     }
     close_fd(&ws);
+    close_fd(&ws_mount);
     close_fd(&ruleset);
     uids_release(&t->uids, w->slot);
     free(w);
@@ -276,7 +298,7 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
         if (buf[i] == WORKER_READY && !w->announced) {
             /* Ready and idle: the pages it copied are what every worker
              * copies. Learn them once (see prefault.h). */
-            if (t->prefault.recorded == 0)
+            if (t->prefault.recorded == 0 && !t->single_run)
                 (void)prefault_record(t->proc_fd, w->pid, &t->prefault);
             announce(t, w);
         } else if (buf[i] == WORKER_STARTED && !w->started) {
@@ -380,7 +402,7 @@ static void reap(struct tmpl *t)
         forget_worker(t, w);
     }
     /* A run just ended: now is the time to replace the workers taken. */
-    if (reaped)
+    if (reaped && !t->single_run)
         refill(t, t->pool_size);
 }
 
@@ -404,7 +426,8 @@ static void on_control(struct tmpl *t, bool *stop)
     /* Forking a replacement costs a worker's whole setup in CPU; done now,
      * it competes with the run that just took a worker. While at least half
      * the pool is ready, wait for a run to end (reap) instead. */
-    refill(t, (t->pool_size + 1) / 2);
+    if (!t->single_run)
+        refill(t, (t->pool_size + 1) / 2);
 }
 
 static void shutdown_workers(struct tmpl *t)

@@ -43,6 +43,9 @@ struct tmpl {
     char **warm;
     char **module_dirs;
     bool policy_debug;
+    /* One run, then closed (sbx_config.single_run): one worker, no
+     * rehearsal, no page plan, no replacement. */
+    bool single_run;
     /* The confinement every worker gets, decided once. */
     struct jail_config jc;
     struct jail jail;

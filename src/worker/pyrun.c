@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include "pyrun.h"
+#include "profile.h"
 #include "util.h"
 #include "wire.h"
 
@@ -79,36 +80,68 @@ static PyObject *compile_source(const char *code, size_t len)
     return co;
 }
 
-/* HOME and TMPDIR at the workspace, LANG, USER and LOGNAME; nothing else. The template's
- * environment is empty (it was started by exec with none). Set through
- * os.environ so that Python's view and the C environment agree. */
+/* |module| from sys.modules, without importing it (new reference), or NULL. */
+static PyObject *loaded_module(const char *module)
+{
+    PyObject *name = PyUnicode_FromString(module);
+    PyObject *m = name ? PyImport_GetModule(name) : NULL;
+
+    Py_XDECREF(name);
+    if (!m)
+        PyErr_Clear();
+    return m;
+}
+
+static bool module_loaded(const char *module)
+{
+    PyObject *m = loaded_module(module);
+
+    Py_XDECREF(m);
+    return m != NULL;
+}
+
+/* HOME and TMPDIR at the workspace, LANG, USER and LOGNAME (USER for
+ * getpass.getuser()); nothing else. The template's environment is empty (it
+ * was started by exec with none). Python's view and the C environment must
+ * agree: os.environ when os is loaded (warm), else the C environment and
+ * posix.environ, from which os builds os.environ when the code imports it
+ * (importing os here would cost a single run more than its code). */
 static int set_environment(const char *workspace)
 {
-    PyObject *os = PyImport_ImportModule("os");
-    PyObject *env = os ? PyObject_GetAttrString(os, "environ") : NULL;
-    PyObject *ws = PyUnicode_DecodeFSDefault(workspace);
+    const char *const vars[][2] = {{"HOME", workspace},
+                                   {"TMPDIR", workspace},
+                                   {"LANG", "C.UTF-8"},
+                                   {"USER", "sandbox"},
+                                   {"LOGNAME", "sandbox"}};
+    PyObject *os = loaded_module("os");
+    PyObject *mod = os ? os : PyImport_ImportModule("posix"); /* built in */
+    PyObject *env = mod ? PyObject_GetAttrString(mod, "environ") : NULL;
     int rc = -1;
 
-    PyObject *cleared = env && ws ? PyObject_CallMethod(env, "clear", NULL) : NULL;
-    if (!cleared)
+    if (!env)
         goto out;
-    Py_DECREF(cleared);
-    if (PyMapping_SetItemString(env, "HOME", ws) == 0 &&
-        PyMapping_SetItemString(env, "TMPDIR", ws) == 0) {
-        PyObject *lang = PyUnicode_FromString("C.UTF-8");
-        PyObject *user = PyUnicode_FromString("sandbox"); /* getpass.getuser() */
-        rc = lang && user && PyMapping_SetItemString(env, "LANG", lang) == 0 &&
-                     PyMapping_SetItemString(env, "USER", user) == 0 &&
-                     PyMapping_SetItemString(env, "LOGNAME", user) == 0
-                 ? 0
-                 : -1;
-        Py_XDECREF(lang);
-        Py_XDECREF(user);
+    if (os) {
+        PyObject *cleared = PyObject_CallMethod(env, "clear", NULL);
+        if (!cleared)
+            goto out;
+        Py_DECREF(cleared);
+    } else if (!PyDict_Check(env) || clearenv() != 0)
+        goto out;
+    else
+        PyDict_Clear(env);
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        PyObject *k = os ? PyUnicode_DecodeFSDefault(vars[i][0]) : PyBytes_FromString(vars[i][0]);
+        PyObject *v = os ? PyUnicode_DecodeFSDefault(vars[i][1]) : PyBytes_FromString(vars[i][1]);
+        int set = k && v ? PyObject_SetItem(env, k, v) : -1;
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (set < 0 || (!os && setenv(vars[i][0], vars[i][1], 1) < 0))
+            goto out;
     }
+    rc = 0;
 out:
-    Py_XDECREF(ws);
     Py_XDECREF(env);
-    Py_XDECREF(os);
+    Py_XDECREF(mod);
     return rc;
 }
 
@@ -155,9 +188,9 @@ out:
     return rc;
 }
 
-int pyrun_prepare(const char *workspace, int devnull, char *err, size_t errlen)
+int pyrun_prepare(const char *workspace, bool rehearsal, int devnull, char *err, size_t errlen)
 {
-    if (set_environment(workspace) < 0 || rehearse(devnull) < 0)
+    if (set_environment(workspace) < 0 || (rehearsal && rehearse(devnull) < 0))
         return pyrun_error_text("preparing the worker", err, errlen);
     return 0;
 }
@@ -201,13 +234,9 @@ static int system_exit_status(void)
 
 static void call_quietly(const char *module, const char *method)
 {
-    PyObject *name = PyUnicode_FromString(module);
-    PyObject *m = name ? PyImport_GetModule(name) : NULL;
-    Py_XDECREF(name);
-    if (!m) {
-        PyErr_Clear();
+    PyObject *m = loaded_module(module);
+    if (!m)
         return;
-    }
     PyObject *r = PyObject_CallMethod(m, method, NULL);
     if (!r)
         PyErr_WriteUnraisable(m);
@@ -291,9 +320,11 @@ _Noreturn void pyrun_main(char *code, size_t len)
     int status = 0;
 
     /* The source lines for tracebacks (and inspect) are a copy or two of
-     * the program: up front only for a program of ordinary size; a large
-     * one gets them only if a traceback needs them. */
-    bool seeded = len <= LINECACHE_EAGER_MAX;
+     * the program: up front only for a program of ordinary size, and only
+     * when linecache is loaded already (warm in the template; importing it
+     * costs a single run more than the run). Otherwise a traceback seeds
+     * them when it needs them. */
+    bool seeded = len <= LINECACHE_EAGER_MAX && module_loaded("linecache");
     if (seeded)
         seed_linecache(code, len);
     co = globals ? compile_source(code, len) : NULL;
@@ -327,5 +358,7 @@ _Noreturn void pyrun_main(char *code, size_t len)
     flush_stream("stderr");
     if (nomem)
         die_of_memory_error();
+    prof_mark(PROF_RAN);
+    prof_report(2);
     _exit(status & 0xff);
 }

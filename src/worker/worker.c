@@ -2,6 +2,7 @@
 #include "worker.h"
 
 #include "confine.h"
+#include "profile.h"
 #include "pyrun.h"
 #include "request.h"
 #include "sysutil.h"
@@ -31,8 +32,9 @@ enum {
     FD_REQUEST = 3,
     FD_READY = 4,
     FD_WORKSPACE = 5,
-    FD_RULESET = 6, /* Landlock ruleset, or /dev/null when there is none */
-    FD_FIRST_FREE = 7,
+    FD_RULESET = 6,  /* Landlock ruleset, or /dev/null when there is none */
+    FD_WS_MOUNT = 7, /* the workspace's detached mount, or /dev/null */
+    FD_FIRST_FREE = 8,
 };
 
 /* Without close_range(2), descriptors below this are closed one by one. */
@@ -136,6 +138,7 @@ _Noreturn void worker_main(const struct worker_args *a)
         a->ready_fd,
         a->ws_fd,
         a->plan.ruleset_fd >= 0 ? a->plan.ruleset_fd : a->devnull_fd,
+        a->ws_mount_fd >= 0 ? a->ws_mount_fd : a->devnull_fd,
     };
     struct confine_plan plan = a->plan;
     char err[WIRE_TEXT_MAX];
@@ -158,6 +161,7 @@ _Noreturn void worker_main(const struct worker_args *a)
     rc = place_fds(fds, FD_FIRST_FREE);
     if (rc < 0)
         _exit(127); /* cannot even report: the template sees EOF */
+    prof_mark(PROF_FDS);
 
     /* 2. A session of its own: no signal for a group reaches the template. */
     if (setsid() < 0)
@@ -165,18 +169,21 @@ _Noreturn void worker_main(const struct worker_args *a)
 
     /* 3. The workspace is the working directory; under the private root it
      * is the only workspace this worker's mount namespace has. */
-    if (a->isolate_from &&
-        (rc = workspace_isolate(FD_WORKSPACE, a->isolate_from, err, sizeof(err))) < 0)
+    if (a->ws_mount_fd >= 0 && (rc = workspace_attach(FD_WS_MOUNT, err, sizeof(err))) < 0)
         fail_idle("%s", err);
-    if ((a->isolate_from ? chdir(a->ws_path) : fchdir(FD_WORKSPACE)) < 0)
+    close(FD_WS_MOUNT);
+    if ((a->ws_mount_fd >= 0 ? chdir(a->ws_path) : fchdir(FD_WORKSPACE)) < 0)
         fail_idle("entering the workspace: %s", strerror(errno));
     umask(022);
+    prof_mark(PROF_WORKSPACE);
 
     /* 4. Environment from nothing, and our own warm-up off the request path.
      * The template was started by exec with an empty environment and a fixed
      * argv, so /proc/self/environ and cmdline hold no launcher strings. */
-    if (pyrun_prepare(a->ws_path, FD_STDIN, err, sizeof(err)) < 0)
+    if (pyrun_prepare(a->ws_path, a->rehearse, FD_STDIN, err, sizeof(err)) < 0)
         fail_idle("%s", err);
+
+    prof_mark(PROF_PREPARE);
 
     /* 5. Ceilings that do not depend on the request. */
     if (set_limit(RLIMIT_CORE, 0, 0) < 0 ||
@@ -191,6 +198,8 @@ _Noreturn void worker_main(const struct worker_args *a)
     if (plan.landlock_abi <= 0)
         close(FD_RULESET);
 
+    prof_mark(PROF_CONFINE);
+
     /* 7. Ready: the template may hand us out. */
     char ready = WORKER_READY;
     if (write_full(FD_READY, &ready, 1) < 0)
@@ -202,6 +211,7 @@ _Noreturn void worker_main(const struct worker_args *a)
         _exit(0); /* the supervisor closed without a request: nothing to do */
     if (rc < 0)
         fail_request("%s", err);
+    prof_mark(PROF_REQUEST);
     close(FD_REQUEST);
     close(FD_WORKSPACE);
 
@@ -214,5 +224,6 @@ _Noreturn void worker_main(const struct worker_args *a)
     if (rc < 0)
         fail_request("pysbx: CPU limit: %s\n", strerror(-rc));
     close(FD_READY);
+    prof_mark(PROF_STARTED);
     pyrun_main(code, req.code_len);
 }

@@ -28,10 +28,12 @@ struct worker_args {
     int ws_fd;           /* the workspace directory */
     int devnull_fd;      /* /dev/null, read-write */
     const char *ws_path; /* the workspace as the code sees it (HOME, TMPDIR, cwd) */
-    /* With the private root: the work directory, which the worker removes
-     * from a mount namespace of its own, keeping only its workspace (at
-     * ws_path). NULL: workspaces stay where they are. */
-    const char *isolate_from;
+    /* With the private root: the workspace's detached mount, which the
+     * worker mounts at ws_path in a mount namespace of its own (the
+     * template's has no workspace: siblings are not merely unreachable but
+     * absent). -1: the workspace is the directory ws_fd, where it is. */
+    int ws_mount_fd;
+    bool rehearse;            /* warm up while idle (pyrun_prepare) */
     struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };
 

@@ -1,0 +1,216 @@
+"""A client of the pysbx server: one file, the standard library only.
+
+    from pysbx_client import Client, SandboxError
+
+    sbx = Client("/run/pysbx.sock")             # pysbx serve --listen /run/pysbx.sock
+    # sbx = Client("http://10.0.0.5:8080", token="...")   # pysbx serve --http ADDR:PORT
+    r = sbx.run("print(open('a.txt').read())", files={"a.txt": "hi"},
+                limits={"wall_seconds": 5})
+    print(r.status, r.exit_code, r.stdout)      # completed 0 hi
+    for a in r.artifacts:
+        a.name, a.content                       # bytes, decoded
+
+run() returns a Result for every run the sandbox carried out, whatever the
+code did (an exception, a timeout: see status). A request the server refused
+(a bad limit, a bad file name, the sandbox busy) raises SandboxError, whose
+code is the server's stable error code (invalid_request, invalid_limit,
+invalid_file, request_too_large, sandbox_unavailable, sandbox_busy, ...).
+A server that cannot be reached or answers nonsense raises ConnectionError
+(OSError) or ProtocolError.
+
+Over a UNIX socket each run() is one connection (so runs from many threads
+at once are independent); closing it, as a timeout does, cancels the run.
+Over HTTP each run() is one POST /v1/run with the same JSON body.
+"""
+import base64
+import http.client
+import itertools
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+__all__ = ["Client", "Result", "Artifact", "SandboxError", "ProtocolError"]
+
+# The most bytes an answer may have before the client gives up on it.
+MAX_ANSWER_BYTES = 1 << 30
+
+
+class SandboxError(Exception):
+    """The server refused the request; |code| is its stable error code."""
+
+    def __init__(self, code: str, message: str, http_status: Optional[int] = None):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+
+
+class ProtocolError(Exception):
+    """The server's answer was not an answer."""
+
+
+@dataclass
+class Artifact:
+    name: str
+    size: int  # the file's real size
+    truncated: bool  # content cut at the request's max_artifact_bytes
+    content: bytes
+
+
+@dataclass
+class Result:
+    status: str  # completed, timeout, memory_limit, crashed, cancelled, sandbox_error
+    exit_code: Optional[int]
+    stdout: str
+    stderr: str
+    limit: Optional[str] = None  # wall, cpu or memory for timeout and memory_limit
+    signal: Optional[str] = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    partial: bool = False
+    artifacts: List[Artifact] = field(default_factory=list)
+    artifacts_dropped: int = 0
+    stats: Dict[str, Any] = field(default_factory=dict)
+    reason: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the answer as sent
+
+    @property
+    def ok(self) -> bool:
+        """The code ran to its end and exited 0."""
+        return self.status == "completed" and self.exit_code == 0
+
+
+def _result(answer: Dict[str, Any]) -> Result:
+    if not isinstance(answer, dict):
+        raise ProtocolError(f"an answer is a JSON object, not {type(answer).__name__}")
+    err = answer.get("error")
+    if err is not None:
+        if not isinstance(err, dict):
+            raise ProtocolError(f"a malformed error: {err!r}")
+        raise SandboxError(str(err.get("code")), str(err.get("message")))
+    try:
+        arts = [Artifact(a["name"], a["size"], a["truncated"],
+                         base64.b64decode(a["content_base64"], validate=True))
+                for a in answer.get("artifacts") or []]
+        return Result(status=answer["status"], exit_code=answer.get("exit_code"),
+                      stdout=answer.get("stdout", ""), stderr=answer.get("stderr", ""),
+                      limit=answer.get("limit"), signal=answer.get("signal"),
+                      stdout_truncated=answer.get("stdout_truncated", False),
+                      stderr_truncated=answer.get("stderr_truncated", False),
+                      partial=answer.get("partial", False), artifacts=arts,
+                      artifacts_dropped=answer.get("artifacts_dropped", 0),
+                      stats=answer.get("stats") or {}, reason=answer.get("reason"), raw=answer)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"a malformed result ({e!r}): {answer!r:.200}") from None
+
+
+def _request(code: str, files, limits, id) -> Dict[str, Any]:
+    if not isinstance(code, str):
+        raise TypeError("code is a str")
+    req: Dict[str, Any] = {"id": id, "code": code}
+    text, binary = {}, {}
+    for name, content in (files or {}).items():
+        if isinstance(content, str):
+            text[name] = content
+        elif isinstance(content, (bytes, bytearray, memoryview)):
+            binary[name] = base64.b64encode(bytes(content)).decode("ascii")
+        else:
+            raise TypeError(f"file {name!r}: content is str or bytes")
+    if text:
+        req["files"] = text
+    if binary:
+        req["files_base64"] = binary
+    if limits:
+        req["limits"] = dict(limits)
+    return req
+
+
+class Client:
+    """A pysbx server at |target|: a UNIX socket path, or http(s)://host:port.
+
+    token: sent as "Authorization: Bearer TOKEN" (HTTP only).
+    timeout: seconds a run() waits for its answer (None: as long as it takes;
+    the request's own wall limit bounds the run itself)."""
+
+    def __init__(self, target: str, token: Optional[str] = None,
+                 timeout: Optional[float] = None):
+        self.target = target
+        self.token = token
+        self.timeout = timeout
+        self._http = target.startswith(("http://", "https://"))
+        if token is not None and not self._http:
+            raise ValueError("a token is for an HTTP server")
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def run(self, code: str, files: Optional[Mapping[str, Union[str, bytes]]] = None,
+            limits: Optional[Mapping[str, Any]] = None) -> Result:
+        """Runs |code| with |files| (name to str, or to bytes for binary
+        content) in the workspace and |limits| (wall_seconds, cpu_seconds,
+        memory_bytes, max_output_chars, max_artifact_bytes, max_artifacts)."""
+        with self._lock:
+            id = next(self._ids)
+        body = json.dumps(_request(code, files, limits, id)).encode()
+        answer = self._post(body) if self._http else self._unix(body)
+        if isinstance(answer, dict) and answer.get("id") not in (id, None):
+            raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
+        return _result(answer)
+
+    def _unix(self, body: bytes) -> Any:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(self.timeout)
+            s.connect(self.target)
+            s.sendall(body + b"\n")
+            s.shutdown(socket.SHUT_WR)  # one request: the server answers it and closes
+            chunks, size = [], 0
+            while True:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise ProtocolError("an answer past MAX_ANSWER_BYTES")
+        line = b"".join(chunks).split(b"\n", 1)[0]
+        if not line:
+            raise ProtocolError("the server closed the connection without an answer")
+        return _loads(line)
+
+    def _post(self, body: bytes) -> Any:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.target.rstrip("/") + "/v1/run", data=body,
+                                     headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return _loads(resp.read(MAX_ANSWER_BYTES + 1))
+        except urllib.error.HTTPError as e:
+            # An error answer comes with a 4xx or 5xx status and the same body.
+            text = e.read(1 << 20)
+            e.close()
+            try:
+                answer = json.loads(text)
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+                err = answer["error"]
+                raise SandboxError(str(err.get("code")), str(err.get("message")),
+                                   e.code) from None
+            raise SandboxError(f"http_{e.code}", text.decode("utf-8", "replace")[:500] or e.reason,
+                               e.code) from None
+        except http.client.HTTPException as e:
+            raise ProtocolError(f"HTTP: {e!r}") from None
+
+
+def _loads(text: bytes) -> Any:
+    if len(text) > MAX_ANSWER_BYTES:
+        raise ProtocolError("an answer past MAX_ANSWER_BYTES")
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ProtocolError(f"an answer that is not JSON ({e}): {text[:200]!r}") from None

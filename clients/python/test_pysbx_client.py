@@ -1,0 +1,248 @@
+"""Tests of pysbx_client against a real server this test starts on a UNIX
+socket in a temporary directory (and stops), and of its HTTP requests.
+usage: test_pysbx_client.py PATH/TO/pysbx          the socket, and HTTP's shape
+       test_pysbx_client.py PATH/TO/pysbx --http   a real pysbx serve --http on
+                                                   loopback; exits 77 (skipped)
+                                                   when serve has no --http"""
+import http.server, json, os, shutil, socket, subprocess, sys, tempfile, threading
+import time, unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pysbx_client import Client, ProtocolError, Result, SandboxError  # noqa: E402
+
+PYSBX = os.path.abspath(sys.argv[1])
+HTTP = "--http" in sys.argv[2:]
+
+
+def wait_for(pred, what, proc, seconds=30):
+    deadline = time.monotonic() + seconds
+    while not pred():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} after {seconds} s")
+        time.sleep(0.05)
+
+
+class Server:
+    """pysbx serve with |args| ("{dir}" in them names its own temporary
+    directory, also its work root), stopped with SIGTERM (then SIGKILL)."""
+
+    def __init__(self, *args):
+        self.dir = tempfile.mkdtemp(prefix="pysbx-client-")
+        os.chmod(self.dir, 0o711)  # the workers' uids pass through it
+        self.proc = subprocess.Popen([PYSBX, "serve", *(a.format(dir=self.dir) for a in args)],
+                                     stdin=subprocess.DEVNULL,
+                                     env={**os.environ, "TMPDIR": self.dir})
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def files_code():
+    return ("import zlib, struct\n"
+            "def chunk(t, d):\n"
+            "    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))\n"
+            "open('out.bin', 'wb').write(bytes(range(256)))\n"
+            "open('echo.bin', 'wb').write(open('in.bin', 'rb').read()[::-1])\n")
+
+
+class Common:
+    """The same checks over any transport: self.client is set by the class."""
+
+    def test_a_run_completes(self):
+        r = self.client.run("print(6 * 7)")
+        self.assertIsInstance(r, Result)
+        self.assertEqual((r.status, r.exit_code, r.stdout, r.stderr), ("completed", 0, "42\n", ""))
+        self.assertTrue(r.ok)
+        self.assertFalse(r.partial)
+        self.assertIn("wall_ms", r.stats)
+
+    def test_files_text_and_binary_and_artifacts_decoded(self):
+        r = self.client.run(files_code() + "print(open('a.txt').read())",
+                            files={"a.txt": "h\u00e9", "in.bin": b"\x00\x01\xff"})
+        self.assertEqual(r.status, "completed", r.stderr)
+        self.assertEqual(r.stdout, "h\u00e9\n")
+        arts = {a.name: a for a in r.artifacts}
+        self.assertEqual(arts["out.bin"].content, bytes(range(256)))
+        self.assertEqual(arts["out.bin"].size, 256)
+        self.assertFalse(arts["out.bin"].truncated)
+        self.assertEqual(arts["echo.bin"].content, b"\xff\x01\x00")
+
+    def test_an_exception_is_a_result(self):
+        r = self.client.run("raise ValueError('boom')")
+        self.assertEqual((r.status, r.exit_code), ("completed", 1))
+        self.assertIn("ValueError: boom", r.stderr)
+        self.assertFalse(r.ok)
+
+    def test_limits_are_sent(self):
+        r = self.client.run("while True: pass", limits={"cpu_seconds": 0.3, "wall_seconds": 5})
+        self.assertEqual((r.status, r.limit, r.exit_code), ("timeout", "cpu", None))
+        self.assertTrue(r.partial)
+        r = self.client.run("print('x' * 50)", limits={"max_output_chars": 10})
+        self.assertTrue(r.stdout_truncated)
+        r = self.client.run("open('big', 'wb').write(b'y' * 100)", limits={"max_artifact_bytes": 10})
+        self.assertEqual((r.artifacts[0].size, r.artifacts[0].truncated, r.artifacts[0].content),
+                         (100, True, b"y" * 10))
+
+    def test_refusals_raise_with_the_stable_code(self):
+        with self.assertRaises(SandboxError) as e:
+            self.client.run("pass", limits={"wall_seconds": -1})
+        self.assertEqual(e.exception.code, "invalid_limit")
+        with self.assertRaises(SandboxError) as e:
+            self.client.run("pass", limits={"wall_secs": 1})
+        self.assertEqual(e.exception.code, "invalid_limit")
+        with self.assertRaises(SandboxError) as e:
+            self.client.run("pass", files={"../x": "x"})
+        self.assertEqual(e.exception.code, "invalid_file")
+
+    def test_runs_from_many_threads(self):
+        out = {}
+
+        def one(i):
+            out[i] = self.client.run(f"print({i} * 3)").stdout
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(out, {i: f"{i * 3}\n" for i in range(6)})
+
+
+@unittest.skipIf(HTTP, "the socket tests run without --http")
+class OverUnixSocket(Common, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--listen", "{dir}/pysbx.sock", "--jobs", "4")
+        cls.dir = cls.server.dir
+        cls.sock = os.path.join(cls.dir, "pysbx.sock")
+        wait_for(lambda: os.path.exists(cls.sock), "the socket", cls.server.proc)
+        cls.client = Client(cls.sock)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_a_client_timeout_raises_and_the_server_goes_on(self):
+        c = Client(self.sock, timeout=0.5)
+        with self.assertRaises(socket.timeout):
+            c.run("import time\ntime.sleep(20)")
+        # The server goes on.
+        self.assertEqual(self.client.run("print(1)").stdout, "1\n")
+
+    def test_no_server_is_an_oserror(self):
+        with self.assertRaises(OSError):
+            Client(os.path.join(self.dir, "nothing.sock")).run("pass")
+
+    def test_a_token_needs_http(self):
+        with self.assertRaises(ValueError):
+            Client(self.sock, token="t")
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """A loopback HTTP endpoint that records what the client sent and answers
+    what the test set (the client's side of HTTP only: the real server's
+    answers are checked by the --http run)."""
+    seen = []
+    answer = (200, b"{}")
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        Recorder.seen.append((self.path, dict(self.headers), json.loads(body)))
+        status, payload = Recorder.answer
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@unittest.skipIf(HTTP, "the HTTP shape tests run without --http")
+class HttpRequestShape(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+        threading.Thread(target=cls.httpd.serve_forever, daemon=True).start()
+        cls.url = f"http://127.0.0.1:{cls.httpd.server_address[1]}/"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.httpd.shutdown()
+        cls.httpd.server_close()
+
+    def test_post_v1_run_with_the_json_body_and_the_token(self):
+        Recorder.seen.clear()
+        Recorder.answer = (200, json.dumps({
+            "id": 1, "status": "completed", "limit": None, "exit_code": 0, "signal": None,
+            "stdout": "hi\n", "stderr": "", "stdout_truncated": False, "stderr_truncated": False,
+            "partial": False, "artifacts": [{"name": "a", "size": 1, "truncated": False,
+                                             "content_base64": "eA=="}],
+            "artifacts_dropped": 0, "stats": {}, "reason": None}).encode())
+        r = Client(self.url, token="s3cret").run("print('hi')", files={"b": b"\x00"},
+                                                 limits={"wall_seconds": 2})
+        self.assertEqual((r.stdout, r.artifacts[0].content), ("hi\n", b"x"))
+        path, headers, body = Recorder.seen[0]
+        self.assertEqual(path, "/v1/run")
+        self.assertEqual(headers["Authorization"], "Bearer s3cret")
+        self.assertEqual(headers["Content-Type"], "application/json")
+        self.assertEqual(body, {"id": 1, "code": "print('hi')", "files_base64": {"b": "AA=="},
+                                "limits": {"wall_seconds": 2}})
+
+    def test_an_error_answer_raises_its_code(self):
+        Recorder.answer = (400, b'{"id": 1, "error": {"code": "invalid_limit", "message": "m"}}')
+        with self.assertRaises(SandboxError) as e:
+            Client(self.url).run("pass")
+        self.assertEqual((e.exception.code, e.exception.http_status), ("invalid_limit", 400))
+        Recorder.answer = (401, b"no")
+        with self.assertRaises(SandboxError) as e:
+            Client(self.url).run("pass")
+        self.assertEqual(e.exception.code, "http_401")
+        Recorder.answer = (200, b"not json")
+        with self.assertRaises(ProtocolError):
+            Client(self.url).run("pass")
+
+
+@unittest.skipUnless(HTTP, "the real HTTP server runs with --http")
+class OverHttp(Common, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with socket.socket() as s:  # a free loopback port
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cls.server = Server("--http", f"127.0.0.1:{port}", "--jobs", "4")
+
+        def up():
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        wait_for(up, "the HTTP port", cls.server.proc)
+        cls.client = Client(f"http://127.0.0.1:{port}")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+
+if __name__ == "__main__":
+    if HTTP:
+        help_text = subprocess.run([PYSBX, "serve", "--help"], capture_output=True,
+                                   text=True).stdout
+        if "--http" not in help_text:
+            print("SKIPPED: pysbx serve --help lists no --http, so the client's HTTP path "
+                  "is not tested against a real server", file=sys.stderr)
+            sys.exit(77)
+    unittest.main(argv=[sys.argv[0], "-v"])

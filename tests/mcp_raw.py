@@ -1,0 +1,110 @@
+"""pysbx mcp spoken to line by line, for what an SDK client hides: the bytes
+of images and of output, binary input files, and cancellation (a cancelled
+request gets no answer). Run by test_mcp.sh with Debian's python3.
+usage: mcp_raw.py PATH/TO/pysbx"""
+import base64, hashlib, json, subprocess, sys
+
+PYSBX = sys.argv[1]
+failures = 0
+
+
+def check(name, ok, detail=""):
+    global failures
+    print(("ok   " if ok else "FAIL ") + name + ("" if ok else f": {detail!r}"))
+    failures += not ok
+
+
+def session(messages):
+    """Sends |messages| (then the end of input) to a fresh server; returns its
+    answers by id, and the ids answered more than once."""
+    init = [{"jsonrpc": "2.0", "id": "init", "method": "initialize",
+             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                        "clientInfo": {"name": "raw", "version": "1"}}},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    text = "".join(json.dumps(m) + "\n" for m in init + messages)
+    p = subprocess.run([PYSBX, "mcp", "--wall", "20", "--cpu", "5"], input=text,
+                       capture_output=True, text=True, timeout=120)
+    answers, seen_twice = {}, []
+    for line in p.stdout.splitlines():
+        m = json.loads(line)
+        if m.get("id") in answers:
+            seen_twice.append(m.get("id"))
+        answers[m.get("id")] = m
+    return answers, seen_twice
+
+
+def call(id, code, files=None):
+    args = {"code": code}
+    if files is not None:
+        args["files"] = files
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "run_python", "arguments": args}}
+
+
+def texts(answer):
+    return "\n".join(c["text"] for c in answer["result"]["content"] if c["type"] == "text")
+
+
+png = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00"
+       b"\x00\x90wS\xde\x00\x00\x00\x0cIDATx\x9cc\xf8\x0f\x00\x00\x01\x01\x00\x05\x18\xd8N\x00"
+       b"\x00\x00\x00IEND\xaeB`\x82")
+blob = bytes(range(256)) * 4
+make_files = (
+    "import base64\n"
+    f"open('pic.JPG', 'wb').write(base64.b64decode('{base64.b64encode(png).decode()}'))\n"
+    "open('fake.jpg', 'wb').write(bytes(range(256)))\n"
+    "open('note.png', 'w').write('not an image')\n"
+)
+answers, twice = session([
+    {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+    call(2, "import sys\nsys.stdout.write('before\\0after\\n')\nsys.stderr.write('e\\0f')"),
+    call(3, make_files),
+    call(4, "import hashlib\nprint(hashlib.sha256(open('b.bin', 'rb').read()).hexdigest())\n"
+            "print(open('t.txt').read(), open('u.txt').read())",
+         {"b.bin": {"content": base64.b64encode(blob).decode(), "encoding": "base64"},
+          "t.txt": {"content": "plain", "encoding": "utf-8"}, "u.txt": "text"}),
+    call(5, "pass", {"x": {"content": "00", "encoding": "hex"}}),
+    call(6, "pass", {"x": {"content": "@@", "encoding": "base64"}}),
+    call(7, "import time\nprint('up', flush=True)\ntime.sleep(15)"),
+    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}},
+    {"jsonrpc": "2.0", "id": 8, "method": "ping"},
+])
+check("every request answered once", not twice, twice)
+
+schema = answers[1]["result"]["tools"][0]["inputSchema"]
+file_schema = schema["properties"]["files"]["additionalProperties"]["anyOf"]
+check("the input schema documents base64 files",
+      {"type": "string"} in file_schema and
+      any(s.get("properties", {}).get("encoding", {}).get("enum") == ["utf-8", "base64"]
+          for s in file_schema), file_schema)
+
+t = texts(answers[2])
+check("text after a NUL byte reaches the model, the NUL shown",
+      "stdout:\nbefore\\x00after\n" in t and "stderr:\ne\\x00f" in t, t)
+
+content = answers[3]["result"]["content"]
+images = [c for c in content if c["type"] == "image"]
+resources = {c["resource"]["uri"].rsplit("/", 1)[1]: c["resource"] for c in content
+             if c["type"] == "resource"}
+check("an image is typed by its bytes: pic.JPG holding a PNG is image/png",
+      len(images) == 1 and images[0]["mimeType"] == "image/png" and
+      base64.b64decode(images[0]["data"]) == png, images)
+check("fake.jpg holding other bytes is no image",
+      resources.get("fake.jpg", {}).get("mimeType") == "application/octet-stream" and
+      base64.b64decode(resources["fake.jpg"]["blob"]) == bytes(range(256)), resources.get("fake.jpg"))
+check("note.png holding text is text",
+      resources.get("note.png", {}).get("text") == "not an image" and
+      resources["note.png"]["mimeType"] == "text/plain", resources.get("note.png"))
+
+t = texts(answers[4])
+check("binary input files arrive byte for byte, text files as text",
+      hashlib.sha256(blob).hexdigest() in t and "plain text" in t, t)
+check("an unknown encoding is refused", answers[5].get("error", {}).get("code") == -32602, answers[5])
+r6 = answers[6].get("result", {})
+check("bad base64 is an error result", r6.get("isError") is True and "base64" in texts(answers[6]),
+      answers[6])
+check("a cancelled call gets no answer", 7 not in answers, answers.get(7))
+check("the server goes on after a cancel", answers.get(8, {}).get("result") == {}, answers.get(8))
+
+print(f"{failures} failure(s)")
+sys.exit(1 if failures else 0)

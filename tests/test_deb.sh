@@ -1,0 +1,69 @@
+#!/bin/sh
+# The Debian package: built with CPack, it holds the command, the helper, the
+# library, the header, the pkg-config and CMake files; installed with apt
+# into a clean Debian 12 root (an overlay of scripts/debian-root's cached
+# minbase root, so the cache stays clean), its Depends bring what it needs
+# from Debian's mirror, and pysbx runs a program there (chroot).
+# usage: test_deb.sh BUILD_DIR SOURCE_DIR
+set -eu
+BUILD=$1
+SRC=$2
+fail() { echo "FAIL $*"; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "SKIPPED: mounting the root and chroot need root"; exit 77; }
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+
+DEB=$("$SRC/scripts/deb" "$BUILD" "$T/pkg")
+depends=$(dpkg-deb -f "$DEB" Depends)
+echo "Depends: $depends"
+for lib in libc6 libjansson4 libseccomp2 libcap2 libpython3; do
+    echo "$depends" | grep -q "$lib" || fail "Depends lacks $lib"
+done
+dpkg-deb -c "$DEB" | awk '{print $6}' >"$T/files"
+for f in ./usr/bin/pysbx ./usr/libexec/pysbx/pysbx-template ./usr/include/pysbx.h \
+         ./usr/lib/libpysbx.a ./usr/lib/libpysbx.so ./usr/lib/libpysbx.so.0.1 \
+         ./usr/lib/pkgconfig/pysbx.pc ./usr/lib/cmake/pysbx/pysbx-config.cmake \
+         ./usr/lib/cmake/pysbx/pysbx-config-version.cmake; do
+    grep -qx "$f" "$T/files" || fail "the package lacks $f"
+done
+echo "ok   the package holds the command, helper, library, header, pkg-config and CMake files"
+
+BASE=$("$SRC/scripts/debian-root")
+mkdir "$T/upper" "$T/work" "$T/root"
+cp "$DEB" "$T/pkg/pysbx.deb"
+cat >"$T/script.py" <<'PY'
+import sys
+print(open("in.txt").read().upper(), sys.version_info[:2])
+open("out.txt", "w").write("written")
+PY
+# In a mount namespace of its own: nothing is left mounted when it ends.
+unshare -m --propagation private sh -eu -s "$BASE" "$T" <<'EOF2' || fail "in the Debian 12 root"
+BASE=$1
+T=$2
+M=$T/root
+mount -t overlay overlay -o "lowerdir=$BASE,upperdir=$T/upper,workdir=$T/work" "$M"
+mount -t proc proc "$M/proc"
+mount --rbind /dev "$M/dev"
+mkdir "$M/pkg"
+mount --bind "$T/pkg" "$M/pkg"
+in_root() { chroot "$M" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+if in_root dpkg -s libjansson4 >/dev/null 2>&1; then
+    echo "FAIL the root is not clean: libjansson4 is there before the package"; exit 1
+fi
+in_root apt-get update -qq
+in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    /pkg/pysbx.deb >"$T/apt.log" 2>&1 || { cat "$T/apt.log"; exit 1; }
+echo "ok   apt installs the package and its Depends into a clean Debian 12 root"
+in_root dpkg -s libjansson4 libseccomp2 libcap2 libpython3.11-stdlib >/dev/null
+cp "$T/script.py" "$M/tmp/script.py"
+echo "hello" >"$M/tmp/in.txt"
+out=$(in_root pysbx run --file in.txt=/tmp/in.txt --artifacts-dir /tmp/out /tmp/script.py)
+echo "$out"
+[ "$out" = "HELLO
+ (3, 11)" ] || { echo "FAIL pysbx run in the root printed that"; exit 1; }
+[ "$(cat "$M/tmp/out/out.txt")" = written ] || { echo "FAIL no artifact"; exit 1; }
+echo "ok   the installed pysbx runs a program there (default layers required)"
+in_root pysbx doctor >"$T/doctor" || { cat "$T/doctor"; echo "FAIL pysbx doctor"; exit 1; }
+cat "$T/doctor"
+EOF2
+echo "deb test passed"
