@@ -528,10 +528,268 @@ static void plot(const char *out_dir)
         fprintf(stderr, "pysbx-bench: gnuplot failed; no plot\n");
 }
 
+/* --- data science: numpy, pandas, matplotlib (--packages) ------------------- */
+
+/* The program of the data-science case, and the packages it needs. */
+static const char ds_program[] =
+    "import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
+    "df = pd.DataFrame({\"x\": np.arange(24), \"y\": np.arange(24) ** 2})\n"
+    "print(df.groupby(df.x % 3).y.sum().to_string())\n"
+    "plt.plot(df.x, df.y); plt.savefig(\"chart.png\"); plt.close(\"all\")\n";
+static const char *const ds_packages[] = {"numpy", "pandas", "matplotlib", NULL};
+
+/* The floor: one warm /usr/bin/python3 that imported the packages runs the
+ * program again and again, no fork, each time compiled afresh into a fresh
+ * namespace with its stdout captured. "r" runs it, "f" times a fork and
+ * exit of this interpreter; each answers one line. */
+static const char ds_floor[] =
+    "import io, os, sys, time\n"
+    "import numpy, pandas, matplotlib.pyplot\n"
+    "src = sys.stdin.buffer.read(int(sys.stdin.buffer.readline()))\n"
+    "out = sys.stdout\n"
+    "for line in sys.stdin.buffer:\n"
+    "    if line.startswith(b'f'):\n"
+    "        t = time.perf_counter(); pid = os.fork()\n"
+    "        if pid == 0: os._exit(0)\n"
+    "        os.waitpid(pid, 0); out.write('%f\\n' % ((time.perf_counter() - t) * 1e3))\n"
+    "    else:\n"
+    "        sys.stdout = io.StringIO()\n"
+    "        exec(compile(src, '<main>', 'exec'), {'__name__': '__main__'})\n"
+    "        n = len(sys.stdout.getvalue()); sys.stdout = out\n"
+    "        out.write('ok %d\\n' % n)\n"
+    "    out.flush()\n";
+
+enum ds_system { DS_PYSBX, DS_FRESH, DS_FLOOR, DS_N };
+static const char *const ds_names[DS_N] = {"pysbx, packages warm", "fresh python3 -I",
+                                           "in-process floor"};
+
+struct ds_floor_proc {
+    pid_t pid;
+    int to, from;
+    FILE *in;
+};
+
+/* The environment both python3 baselines run with is the one the sandbox's
+ * template sets (one-thread pools, the Agg backend), with a matplotlib
+ * configuration directory |mpl| kept across runs so that its font cache is
+ * built once, not on every fresh run. */
+static pid_t ds_spawn(char *const argv[], const char *dir, const char *mpl, int in_fd, int out_fd)
+{
+    char *env[] = {(char *)mpl,         "MPLBACKEND=Agg", "OPENBLAS_NUM_THREADS=1",
+                   "OMP_NUM_THREADS=1", "LANG=C.UTF-8",   NULL};
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        if ((in_fd >= 0 && dup2(in_fd, 0) < 0) || dup2(out_fd, 1) < 0 || chdir(dir) < 0)
+            _exit(127);
+        close_range(3, ~0U, 0);
+        execve(PYTHON3, argv, env);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* A fresh `/usr/bin/python3 -I` running the program in |dir|. */
+static double ds_run_fresh(const char *dir, const char *mpl, int *status)
+{
+    char *argv[] = {PYTHON3, "-I", "-c", (char *)ds_program, NULL};
+    int p[2];
+    char buf[4096];
+    int st = -1;
+
+    uint64_t t0 = now_ns();
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return -1;
+    pid_t pid = ds_spawn(argv, dir, mpl, -1, p[1]);
+    close(p[1]);
+    while (read(p[0], buf, sizeof(buf)) > 0)
+        ;
+    close(p[0]);
+    if (pid > 0)
+        waitpid(pid, &st, 0);
+    double ms = ms_since(t0);
+    *status = pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+    return ms;
+}
+
+static int ds_floor_start(struct ds_floor_proc *f, const char *dir, const char *mpl)
+{
+    char *argv[] = {PYTHON3, "-I", "-c", (char *)ds_floor, NULL};
+    int in[2], out[2];
+
+    if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
+        return -1;
+    f->pid = ds_spawn(argv, dir, mpl, in[0], out[1]);
+    close(in[0]);
+    close(out[1]);
+    f->to = in[1];
+    f->from = out[0];
+    f->in = fdopen(f->from, "r");
+    char head[32];
+    int n = snprintf(head, sizeof(head), "%zu\n", strlen(ds_program));
+    if (f->pid < 0 || !f->in || write_full(f->to, head, (size_t)n) < 0 ||
+        write_full(f->to, ds_program, strlen(ds_program)) < 0)
+        return -1;
+    return 0;
+}
+
+/* One request to the floor process: its answer line in |line|. */
+static double ds_floor_ask(struct ds_floor_proc *f, char what, char *line, size_t cap)
+{
+    char req[2] = {what, '\n'};
+    uint64_t t0 = now_ns();
+
+    if (write_full(f->to, req, 2) < 0 || !fgets(line, (int)cap, f->in))
+        return -1;
+    return ms_since(t0);
+}
+
+static void ds_floor_stop(struct ds_floor_proc *f)
+{
+    close(f->to);
+    if (f->in)
+        fclose(f->in);
+    if (f->pid > 0)
+        waitpid(f->pid, NULL, 0);
+}
+
+static double ds_run_pysbx(struct sbx *sbx, int *status)
+{
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+    struct sbx_error err;
+
+    sbx_request_init(&req);
+    req.code = ds_program;
+    req.code_len = strlen(ds_program);
+    uint64_t t0 = now_ns();
+    int rc = sbx_run(sbx, &req, &res, &err);
+    double ms = ms_since(t0);
+    *status = rc == 0 && res->status == SBX_COMPLETED && res->exit_code == 0 &&
+                      res->n_artifacts == 1 && strcmp(res->artifacts[0].name, "chart.png") == 0
+                  ? 0
+                  : 1;
+    sbx_result_free(res);
+    return ms;
+}
+
+/* The idle workers' private memory, median, in KiB. */
+static double idle_private_kb(void)
+{
+    pid_t workers[64], template_pid = 0;
+    struct samples priv = {0};
+
+    proc_children(getpid(), "pysbx-template", &template_pid, 1, NULL);
+    int n = proc_children(template_pid, "pysbx-worker", workers, 64, NULL);
+    for (int i = 0; i < n && i < 64; i++) {
+        long kb = private_kb(workers[i]);
+        if (kb >= 0)
+            add_sample(&priv, (double)kb);
+    }
+    double kb = quantile(&priv, 0.5);
+    free(priv.v);
+    return kb;
+}
+
+/* The data-science case alone: pysbx with the packages warm, a fresh
+ * python3 and the in-process floor, interleaved in a rotating order. */
+static int bench_packages(int iterations, const char *tmpl, const char *out_dir)
+{
+    struct sbx_config cfg;
+    struct sbx_error err;
+    struct sbx *sbx = NULL;
+    char beside[4096], dir[] = "/tmp/pysbx-bench-ds-XXXXXX", mpl[600], line[128];
+    struct samples lat[DS_N] = {{0}}, open_ms = {0}, fork_ms = {0};
+    struct ds_floor_proc floor = {.pid = -1, .to = -1, .from = -1};
+    long failures[DS_N] = {0};
+    double priv_kb = 0;
+
+    if (!mkdtemp(dir))
+        return 1;
+    snprintf(mpl, sizeof(mpl), "MPLCONFIGDIR=%s/mpl", dir);
+    sbx_config_init(&cfg);
+    cfg.template_path = tmpl ? tmpl : beside_self("pysbx-template", beside, sizeof(beside));
+    cfg.packages = ds_packages;
+    for (int i = 0; i < 3; i++) {
+        uint64_t t0 = now_ns();
+        if (sbx_open(&cfg, &sbx, &err) < 0) {
+            fprintf(stderr, "pysbx-bench: sbx_open: %s\n", err.message);
+            return 1;
+        }
+        add_sample(&open_ms, ms_since(t0));
+        if (i < 2)
+            sbx_close(sbx);
+    }
+    usleep(1000000); /* let the pool fill */
+    priv_kb = idle_private_kb();
+    int st;
+    (void)ds_run_fresh(dir, mpl, &st); /* the font cache, once */
+    if (ds_floor_start(&floor, dir, mpl) < 0 || ds_floor_ask(&floor, 'r', line, sizeof(line)) < 0) {
+        fprintf(stderr, "pysbx-bench: the in-process floor did not start\n");
+        return 1;
+    }
+    for (int it = 0; it < iterations; it++)
+        for (int k = 0; k < DS_N; k++) {
+            enum ds_system sys = (enum ds_system)((k + it) % DS_N);
+            double ms = sys == DS_PYSBX   ? ds_run_pysbx(sbx, &st)
+                        : sys == DS_FRESH ? ds_run_fresh(dir, mpl, &st)
+                                          : ds_floor_ask(&floor, 'r', line, sizeof(line));
+            if (sys == DS_FLOOR)
+                st = ms < 0 || strncmp(line, "ok ", 3) != 0;
+            add_sample(&lat[sys], ms);
+            failures[sys] += st != 0;
+        }
+    for (int i = 0; i < 20; i++) {
+        double ms = ds_floor_ask(&floor, 'f', line, sizeof(line));
+        if (ms >= 0)
+            add_sample(&fork_ms, atof(line));
+    }
+    ds_floor_stop(&floor);
+    sbx_close(sbx);
+
+    char path[700];
+    snprintf(path, sizeof(path), "%s/packages.txt", out_dir);
+    FILE *sum = fopen(path, "w");
+    FILE *outs[2] = {stdout, sum};
+    double pysbx = quantile(&lat[DS_PYSBX], 0.5);
+    for (int o = 0; o < 2; o++) {
+        FILE *f = outs[o];
+        if (!f)
+            continue;
+        machine(f);
+        fprintf(f, "numpy + pandas + matplotlib chart program; %d iterations per system\n\n",
+                iterations);
+        fprintf(f, "%-22s %9s %9s %9s %9s\n", "system", "min ms", "p50 ms", "p90 ms", "vs pysbx");
+        for (int k = 0; k < DS_N; k++) {
+            double p50 = quantile(&lat[k], 0.5);
+            fprintf(f, "%-22s %9.1f %9.1f %9.1f %8.2fx\n", ds_names[k], quantile(&lat[k], 0), p50,
+                    quantile(&lat[k], 0.9), p50 / pysbx);
+        }
+        fprintf(f, "package template start (sbx_open): median %.0f ms of 3\n",
+                quantile(&open_ms, 0.5));
+        fprintf(f, "fork + exit of a warm python3 with the packages: median %.1f ms of %zu\n",
+                quantile(&fork_ms, 0.5), fork_ms.n);
+        fprintf(f, "idle worker private memory (package template): median %.0f KiB\n", priv_kb);
+        fprintf(f, "failed runs: pysbx %ld, fresh python3 %ld, floor %ld\n", failures[DS_PYSBX],
+                failures[DS_FRESH], failures[DS_FLOOR]);
+    }
+    if (sum)
+        fclose(sum);
+    for (int k = 0; k < DS_N; k++)
+        free(lat[k].v);
+    free(open_ms.v);
+    free(fork_ms.v);
+    int rfd = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    remove_tree_at(rfd, dir + 5);
+    close(rfd);
+    return failures[DS_PYSBX] + failures[DS_FRESH] + failures[DS_FLOOR] ? 1 : 0;
+}
+
 static void usage(void)
 {
     fputs("usage: pysbx-bench [--iterations N] [--throughput-seconds S] [--throughput-rounds R]\n"
           "                   [--out DIR] [--template PATH] [--no-peers] [--without LAYER,...]\n"
+          "                   [--packages]\n"
           "Latency of each snippet through pysbx, the floor (pysbx-floor: the template's\n"
           "interpreter forked per run, nothing else) and the peers (a fresh python3 -I -S\n"
           "per run, and bwrap around it when installed), interleaved; throughput and CPU\n"
@@ -540,7 +798,11 @@ static void usage(void)
           "Writes DIR/samples.csv, DIR/throughput.csv, DIR/summary.txt and (with\n"
           "gnuplot) DIR/latency.png and DIR/throughput.png.\n"
           "--without turns layers off (sbx_config.disable_layers), to measure what each\n"
-          "costs; never a deployment setting.\n",
+          "costs; never a deployment setting.\n"
+          "--packages runs the data-science case instead: a numpy, pandas and matplotlib\n"
+          "chart program through pysbx with the packages warm, a fresh /usr/bin/python3 -I\n"
+          "and the in-process floor (one warm python3 running it again, no fork),\n"
+          "interleaved; writes DIR/packages.txt.\n",
           stdout);
 }
 
@@ -554,6 +816,7 @@ int main(int argc, char **argv)
         {"template", required_argument, NULL, 'T'},
         {"no-peers", no_argument, NULL, 'P'},
         {"without", required_argument, NULL, 'W'},
+        {"packages", no_argument, NULL, 'K'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -562,7 +825,7 @@ int main(int argc, char **argv)
     int tp_rounds = 3;
     const char *out_dir = "bench/results";
     const char *tmpl = NULL;
-    bool peers = true;
+    bool peers = true, packages = false;
     unsigned without = 0;
     int c;
 
@@ -585,6 +848,9 @@ int main(int argc, char **argv)
             break;
         case 'P':
             peers = false;
+            break;
+        case 'K':
+            packages = true;
             break;
         case 'W':
             for (char *save = NULL, *tok = strtok_r(optarg, ",", &save); tok;
@@ -618,6 +884,8 @@ int main(int argc, char **argv)
         fmt(t->label, sizeof(t->label), "%s, %d %s%s", t->floor ? "floor" : "pysbx", t->callers,
             t->floor ? "loop" : "caller", t->callers > 1 ? "s" : "");
     }
+    if (packages)
+        return bench_packages(iterations, tmpl, out_dir);
     for (int i = 0; i < 32; i++) {
         char row[32];
         snprintf(row, sizeof(row), "%d,item-%d,%d\n", i, i, i * 7);

@@ -187,6 +187,15 @@ struct sbx_config {
      * ids default to SBX_SINGLE_RUN_WORKER_IDS. A second run waits for a
      * worker that never comes (its deadline, or cancellation, ends it). */
     bool single_run;
+    /* NULL-terminated list of Python distributions installed by the system's
+     * package manager ("numpy", "pandas", "matplotlib": Debian's python3-NAME)
+     * to make importable, read-only, with what they depend on (the Debian
+     * packages' own relations) and nothing else of the system's
+     * dist-packages. They are imported in the template (matplotlib with its
+     * non-interactive backend), so a sandbox with packages has a template of
+     * its own; figures a run leaves open come back as figure-N.png. NULL or
+     * empty: the standard library only. */
+    const char *const *packages;
 };
 
 /* Per-run ceilings. */
@@ -276,6 +285,12 @@ struct sbx_result {
     double cpu_ms;
     long max_rss_kb;
     char *reason; /* one line for any status but SBX_COMPLETED, else NULL */
+    /* As in a notebook cell: when the program's last statement is an
+     * expression, its repr(), at most max_output_chars characters (cut as
+     * stdout is); NULL otherwise, and for runs the sandbox stopped. */
+    char *value;
+    size_t value_len;
+    bool value_truncated;
 };
 
 /* Stable codes for refused requests; sbx_error_code_name() gives the JSON

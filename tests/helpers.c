@@ -34,9 +34,24 @@ void remove_dir(const char *path)
 
 void test_config_init(struct sbx_config *cfg, const char *work_root)
 {
+    /* PYSBX_TEST_PACKAGES=numpy,pandas runs a suite again on a template
+     * with those packages loaded: they must not open a way out. */
+    static char list[256];
+    static const char *packages[8];
+    const char *env = getenv("PYSBX_TEST_PACKAGES");
+
     sbx_config_init(cfg);
     cfg->template_path = PYSBX_TEST_TEMPLATE;
     cfg->work_root = work_root;
+    if (env && *env && !packages[0]) {
+        size_t n = 0;
+        snprintf(list, sizeof(list), "%s", env);
+        for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && n < 7;
+             tok = strtok_r(NULL, ",", &save))
+            packages[n++] = tok;
+    }
+    if (packages[0])
+        cfg->packages = packages;
 }
 
 int fixture_open(void **state)

@@ -100,7 +100,7 @@ check "crash" $((128 + 11)) $?
 # --- JSON ---
 echo 'print("x" * 50); open("o.txt", "w").write("data")' |
     "$PYSBX" run --json --max-output 10 - >"$T/r.json"; check "json" 0 $?
-[ "$(json_field "$T/r.json" 'sorted(r)')" = "['artifacts', 'artifacts_dropped', 'exit_code', 'limit', 'partial', 'reason', 'signal', 'stats', 'status', 'stderr', 'stderr_truncated', 'stdout', 'stdout_truncated']" ] ||
+[ "$(json_field "$T/r.json" 'sorted(r)')" = "['artifacts', 'artifacts_dropped', 'exit_code', 'limit', 'partial', 'reason', 'signal', 'stats', 'status', 'stderr', 'stderr_truncated', 'stdout', 'stdout_truncated', 'value']" ] ||
     { echo "FAIL json fields: $(json_field "$T/r.json" 'sorted(r)')"; fails=$((fails + 1)); }
 [ "$(json_field "$T/r.json" 'r["status"], r["exit_code"], r["stdout_truncated"], r["artifacts"][0]["name"], r["artifacts"][0]["content_base64"]')" = "('completed', 0, True, 'o.txt', 'ZGF0YQ==')" ] ||
     { echo "FAIL json values"; cat "$T/r.json"; fails=$((fails + 1)); }

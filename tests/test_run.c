@@ -111,6 +111,66 @@ static void sys_exit_code_is_the_exit_code(void **state)
     sbx_result_free(r);
 }
 
+static void last_expression_value_comes_back_not_printed(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "x = 6\nx * 7\n");
+    expect_completed(r, 0);
+    assert_string_equal(r->value, "42");
+    assert_int_equal(r->value_len, 2);
+    assert_string_equal(r->stdout_text, "");
+    sbx_result_free(r);
+    /* repr(), not str(); and the line is still the program's own. */
+    r = run_code(SBX(state), "print('a')\n{'k': 'v'}\n");
+    expect_completed(r, 0);
+    assert_string_equal(r->value, "{'k': 'v'}");
+    assert_string_equal(r->stdout_text, "a\n");
+    sbx_result_free(r);
+}
+
+static void no_value_without_a_final_expression(void **state)
+{
+    /* A statement, a call returning None, and a file of the value's name
+     * the code left itself: no value each time, and the file is no
+     * artifact either. */
+    const char *codes[] = {"x = 1\n", "print(1)\n",
+                           "open('.pysbx-value', 'w').write('forged')\nx = 1\n"};
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+        struct sbx_result *r = run_code(SBX(state), codes[i]);
+        expect_completed(r, 0);
+        assert_null(r->value);
+        assert_int_equal(r->n_artifacts, 0);
+        sbx_result_free(r);
+    }
+}
+
+static void value_is_cut_at_the_output_limit(void **state)
+{
+    struct sbx_limits l = limits(10, 5);
+    l.max_output_chars = 10;
+    struct sbx_result *r = run_with(SBX(state), "'\u00e9' * 100\n", &l, NULL, 0);
+    expect_completed(r, 0);
+    assert_true(r->value_truncated);
+    assert_int_equal(strncmp(r->value, "'\u00e9\u00e9", 5), 0);
+    assert_non_null(strstr(r->value, "output cut"));
+    sbx_result_free(r);
+}
+
+static void a_failing_last_expression_is_an_uncaught_exception(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "x = 1\n1 / 0\n");
+    expect_completed(r, 1);
+    assert_null(r->value);
+    assert_non_null(strstr(r->stderr_text, "line 2"));
+    assert_non_null(strstr(r->stderr_text, "ZeroDivisionError"));
+    sbx_result_free(r);
+    r = run_code(SBX(state),
+                 "class A:\n    def __repr__(self):\n        raise KeyError('r')\nA()\n");
+    expect_completed(r, 1);
+    assert_null(r->value);
+    assert_non_null(strstr(r->stderr_text, "KeyError"));
+    sbx_result_free(r);
+}
+
 static void threads_are_joined_and_atexit_runs(void **state)
 {
     expect_stdout(SBX(state),
@@ -754,6 +814,10 @@ int main(void)
         cmocka_unit_test(print_completes_with_output),
         cmocka_unit_test(uncaught_exception_is_exit_1_with_traceback),
         cmocka_unit_test(sys_exit_code_is_the_exit_code),
+        cmocka_unit_test(last_expression_value_comes_back_not_printed),
+        cmocka_unit_test(no_value_without_a_final_expression),
+        cmocka_unit_test(value_is_cut_at_the_output_limit),
+        cmocka_unit_test(a_failing_last_expression_is_an_uncaught_exception),
         cmocka_unit_test(threads_are_joined_and_atexit_runs),
         cmocka_unit_test(output_over_limit_is_cut_and_flagged),
         cmocka_unit_test(flood_without_end_is_stopped_at_the_deadline),

@@ -32,6 +32,7 @@ struct mcp_opts {
     struct sbx_backend *backend;
     struct sbx_limits limits; /* the tool's limits */
     size_t max_line_bytes;
+    const char *const *packages; /* the sandbox's, named in the description */
 };
 
 int mcp_main(const struct mcp_opts *o);

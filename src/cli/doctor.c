@@ -8,7 +8,48 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/utsname.h>
+
+/* Asked from inside a run, so that it shows what code there sees: every
+ * distribution it can find, with its version, and whether each named one
+ * imports. One line each: "name version" or "name version ERROR". */
+static const char packages_probe[] = "import importlib, importlib.metadata as md\n"
+                                     "seen = {}\n"
+                                     "for d in md.distributions():\n"
+                                     "    seen[d.metadata['Name']] = d.version\n"
+                                     "for name in sorted(seen, key=str.lower):\n"
+                                     "    print(name, seen[name])\n";
+
+/* What a run can import: "name version" lines, or NULL (then |why|). */
+static char *probe_packages(struct sbx *sbx, const char *const *named, char *why, size_t cap)
+{
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+    struct sbx_error err = {0};
+    char code[4096];
+    size_t n = (size_t)snprintf(code, sizeof(code), "%s", packages_probe);
+    char *out = NULL;
+
+    for (const char *const *p = named; p && *p && n < sizeof(code); p++)
+        n += (size_t)snprintf(code + n, sizeof(code) - n,
+                              "try:\n    importlib.import_module('%s')\n"
+                              "except Exception as e:\n"
+                              "    print('cannot import %s:', type(e).__name__, e)\n",
+                              *p, *p);
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    if (sbx_run(sbx, &req, &res, &err) < 0)
+        snprintf(why, cap, "%s", err.message);
+    else if (res->status != SBX_COMPLETED || res->exit_code != 0)
+        snprintf(why, cap, "the probe ended %s: %s", sbx_status_name(res->status),
+                 res->stderr_text);
+    else
+        out = strdup(res->stdout_text);
+    sbx_result_free(res);
+    return out;
+}
 
 int cmd_doctor(int argc, char **argv)
 {
@@ -25,10 +66,15 @@ int cmd_doctor(int argc, char **argv)
         return status < 0 ? 0 : status;
     unsigned required = o.required;
     bool json = o.json;
+    char why[512] = "";
+    char *pkgs = NULL;
     opts_config(&o, &cfg, tmpl, sizeof(tmpl));
-    opts_free(&o);
     cfg.required_layers = 0; /* report, whatever is missing */
-    if (sbx_open(&cfg, &sbx, &err) < 0) {
+    int rc = sbx_open(&cfg, &sbx, &err);
+    if (rc == 0 && o.packages && !(pkgs = probe_packages(sbx, cfg.packages, why, sizeof(why))))
+        status = 1;
+    opts_free(&o);
+    if (rc < 0) {
         fprintf(stderr, "pysbx: cannot start the sandbox: %s\n", err.message);
         return EXIT_SANDBOX;
     }
@@ -45,6 +91,18 @@ int cmd_doctor(int argc, char **argv)
                                           (required & layers[i].layer) != 0, "detail",
                                           layers[i].detail));
         json_object_set_new(doc, "layers", l);
+        if (pkgs) {
+            json_t *p = json_object();
+            for (char *save = NULL, *line = strtok_r(pkgs, "\n", &save); line;
+                 line = strtok_r(NULL, "\n", &save)) {
+                char *sp = strrchr(line, ' ');
+                if (sp && strncmp(line, "cannot import ", 14) != 0) {
+                    *sp = '\0';
+                    json_object_set_new(p, line, json_string(sp + 1));
+                }
+            }
+            json_object_set_new(doc, "packages", p);
+        }
         char *text = json_dumps(doc, JSON_INDENT(2));
         if (text)
             puts(text);
@@ -57,7 +115,18 @@ int cmd_doctor(int argc, char **argv)
         for (int i = 0; i < SBX_LAYER_COUNT; i++)
             printf("%-9s %-12s %s\n", layers[i].name, layers[i].active ? "active" : "UNAVAILABLE",
                    layers[i].detail);
+        if (pkgs)
+            printf("\nimportable in a run (distribution, version):\n%s", pkgs);
     }
+    if (pkgs && strstr(pkgs, "cannot import ")) {
+        fprintf(stderr, "pysbx: a named package does not import\n");
+        status = 1;
+    }
+    if (!pkgs && why[0]) {
+        fprintf(stderr, "pysbx: listing the packages: %s\n", why);
+        status = 1;
+    }
+    free(pkgs);
     if (sbx_check_layers(sbx, required, &err) < 0) {
         fprintf(stderr, "pysbx: %s\n", err.message);
         status = 1;

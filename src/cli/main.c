@@ -22,9 +22,10 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
     struct sbx_error err = {0};
     int status = parse_opts(cmd, argc, argv, &o);
 
-    opts_free(&o); /* only run takes files */
-    if (status != 0)
+    if (status != 0) {
+        opts_free(&o);
         return status < 0 ? 0 : status;
+    }
     if (!o.jobs)
         o.jobs = 2 * cores();
     /* run, mcp and batch turn SIGINT/SIGTERM/SIGHUP into a cancellation
@@ -33,6 +34,7 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
         (void)stopper_start();
     if (open_backend(&o, &b, &err) < 0) {
         fprintf(stderr, "pysbx %s: cannot start the sandbox: %s\n", cmd_name(cmd), err.message);
+        opts_free(&o);
         return EXIT_SANDBOX;
     }
     if (cmd == CMD_SERVE) {
@@ -48,13 +50,14 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .token_file = o.token_file};
         status = o.http ? http_main(&so) : serve_main(&so);
     } else if (cmd == CMD_MCP) {
-        struct mcp_opts mo = {&b, o.limits, o.max_line};
+        struct mcp_opts mo = {&b, o.limits, o.max_line, (const char *const *)o.packages};
         status = mcp_main(&mo);
     } else {
         struct batch_opts bo = {&b, o.limits, o.target, o.out, o.jobs, o.max_line};
         status = batch_main(&bo);
     }
     b.close(b.self);
+    opts_free(&o);
     return status;
 }
 

@@ -98,17 +98,27 @@ static const char input_schema[] =
     "\"encoding\": {\"type\": \"string\", \"enum\": [\"utf-8\", \"base64\"], "
     "\"default\": \"utf-8\"}}}]}}}}";
 
-static json_t *tool_description(const struct sbx_limits *l)
+static json_t *tool_description(const struct sbx_limits *l, const char *const *packages)
 {
-    char desc[1024];
+    char desc[1536], has[512] = "the standard library only";
+    size_t n = 0;
+
+    /* "numpy, pandas (already imported) and the standard library; ..." */
+    for (const char *const *p = packages; p && *p && n < sizeof(has); p++)
+        n += (size_t)snprintf(has + n, sizeof(has) - n, "%s%s", p == packages ? "" : ", ", *p);
+    if (n && n < sizeof(has))
+        fmt(has + n, sizeof(has) - n,
+            " (already imported) and the standard library; matplotlib figures left open or "
+            "shown come back as PNG images");
     fmt(desc, sizeof(desc),
-        "Run Python 3 code in a sandbox and get back its exit status, stdout, stderr and the "
-        "files it wrote. The sandbox has the standard library only, no network, and an empty "
+        "Run Python 3 code in a sandbox and get back its exit status, stdout, stderr, the "
+        "value of its last line when that is an expression (as in a notebook) and the "
+        "files it wrote. The sandbox has %s, no network, and an empty "
         "working directory (the input files, if any, are written there first). Limits: %g s "
         "of wall time, %g s of CPU, %llu MiB of memory, %llu characters of output per "
         "stream (a NUL byte in it shows as \\x00). Each call is a fresh interpreter: nothing "
         "carries over between calls. Print what you want to see.",
-        l->wall_seconds, l->cpu_seconds, (unsigned long long)(l->memory_bytes >> 20),
+        has, l->wall_seconds, l->cpu_seconds, (unsigned long long)(l->memory_bytes >> 20),
         (unsigned long long)l->max_output_chars);
     return json_pack("{s:s, s:s, s:s, s:o}", "name", "run_python", "title", "Run Python",
                      "description", desc, "inputSchema", json_loads(input_schema, 0, NULL));
@@ -233,6 +243,8 @@ static json_t *tool_result(const struct sbx_result *r)
         add_stream(content, "stdout:\n", r->stdout_text, r->stdout_len);
     if (r->stderr_len)
         add_stream(content, "stderr:\n", r->stderr_text, r->stderr_len);
+    if (r->value)
+        add_stream(content, "value:\n", r->value, r->value_len);
     for (size_t i = 0; i < r->n_artifacts; i++) {
         const struct sbx_artifact *a = &r->artifacts[i];
         char note[4300];
@@ -438,7 +450,8 @@ static void dispatch(struct server *s, json_t *msg)
     else if (strcmp(method, "ping") == 0)
         reply(s, id, json_object());
     else if (strcmp(method, "tools/list") == 0)
-        reply(s, id, json_pack("{s:[o]}", "tools", tool_description(&s->o->limits)));
+        reply(s, id,
+              json_pack("{s:[o]}", "tools", tool_description(&s->o->limits, s->o->packages)));
     else if (strcmp(method, "tools/call") == 0)
         call_tool(s, id, params);
     else

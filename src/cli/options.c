@@ -40,7 +40,12 @@ static const char sandbox_help[] =
     "                          'none' runs with whatever the machine has; layers:\n"
     "                          seccomp, landlock, netns, mountns, ipcns, utsns, user,\n"
     "                          rlimits, caps, root, uidrun (see pysbx doctor)\n"
-    "  --template PATH         the pysbx-template helper to use\n";
+    "  --template PATH         the pysbx-template helper to use\n"
+    "  --packages NAME,...     make these installed Python distributions importable\n"
+    "                          (Debian's python3-NAME: numpy, pandas, matplotlib),\n"
+    "                          with what they depend on and nothing else; imported\n"
+    "                          before any run; open matplotlib figures come back\n"
+    "                          as figure-N.png\n";
 
 static const char backend_help[] =
     "  --backend NAME          embedded (the sandbox, default) or python3 (a fresh\n"
@@ -217,7 +222,9 @@ static void print_usage(enum cmd c)
         break;
     case CMD_DOCTOR:
         fputs("usage: pysbx doctor [--json] [--require LAYER,...] [--template PATH]\n"
-              "Starts a sandbox as `pysbx run` would and says which layers are active.\n"
+              "                    [--packages NAME,...]\n"
+              "Starts a sandbox as `pysbx run` would and says which layers are active;\n"
+              "with --packages, also what a run can import, with versions.\n"
               "Exits 1 when a required layer (default: seccomp, file-system confinement by\n"
               "landlock or a private root, and uidrun when root) is not.\n",
               stdout);
@@ -315,6 +322,14 @@ static int add_file(struct opts *o, const char *spec)
     return 0;
 }
 
+static void free_packages(struct opts *o)
+{
+    for (size_t i = 0; o->packages && o->packages[i]; i++)
+        free(o->packages[i]);
+    free(o->packages);
+    o->packages = NULL;
+}
+
 /* "seccomp,landlock" or "none". */
 static int parse_layers(const char *text, unsigned *out)
 {
@@ -345,6 +360,29 @@ static int parse_layers(const char *text, unsigned *out)
     return 0;
 }
 
+/* "numpy,pandas": the list, replacing an earlier one. */
+static int parse_packages(const char *text, struct opts *o)
+{
+    size_t n = 1;
+    char *copy = strdup(text);
+
+    for (const char *p = text; *p; p++)
+        n += *p == ',';
+    free_packages(o);
+    o->packages = copy ? calloc(n + 1, sizeof(char *)) : NULL;
+    n = 0;
+    for (char *save = NULL, *tok = o->packages ? strtok_r(copy, ",", &save) : NULL; tok;
+         tok = strtok_r(NULL, ",", &save))
+        if (!(o->packages[n++] = strdup(tok)))
+            break;
+    free(copy);
+    if (!o->packages || !n || !o->packages[n - 1]) {
+        free_packages(o);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 enum {
     O_JSON = 256,
     O_WALL,
@@ -372,6 +410,7 @@ enum {
     O_CONNECT,
     O_HTTP,
     O_TOKEN,
+    O_PACKAGES,
 };
 
 #define LIMITS  (CMD_RUN | CMD_MCP | CMD_BATCH)
@@ -400,6 +439,7 @@ static const struct {
     {{"connect", required_argument, NULL, O_CONNECT}, CMD_RUN},
     {{"template", required_argument, NULL, O_TMPL}, SANDBOX},
     {{"require", required_argument, NULL, O_REQUIRE}, SANDBOX},
+    {{"packages", required_argument, NULL, O_PACKAGES}, SANDBOX},
     {{"policy-debug", no_argument, NULL, O_DEBUG}, CMD_RUN},
     {{"backend", required_argument, NULL, O_BACKEND}, FRONTS},
     {{"listen", required_argument, NULL, O_LISTEN}, CMD_SERVE},
@@ -525,6 +565,11 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         case O_DEBUG:
             o->policy_debug = true;
             break;
+        case O_PACKAGES:
+            if (parse_packages(optarg, o) < 0)
+                return usage_error(cmd, "--packages wants names separated by commas, not '%s'",
+                                   optarg);
+            break;
         case O_BACKEND:
             if (strcmp(optarg, "embedded") != 0 && strcmp(optarg, "python3") != 0)
                 return usage_error(cmd, "--backend is embedded or python3, not '%s'", optarg);
@@ -615,6 +660,7 @@ void opts_config(const struct opts *o, struct sbx_config *cfg, char *tmpl, size_
     cfg->template_path = find_template(o->template_path, tmpl, tmpl_cap);
     cfg->required_layers = o->required;
     cfg->policy_debug = o->policy_debug;
+    cfg->packages = (const char *const *)o->packages;
     if (o->cmd == CMD_DOCTOR)
         cfg->pool_size = 1;
     /* One program: no warm modules to import, one worker, nothing kept. */
@@ -654,4 +700,5 @@ void opts_free(struct opts *o)
     free(o->files);
     o->files = NULL;
     o->n_files = 0;
+    free_packages(o);
 }

@@ -54,6 +54,7 @@ struct opts {
     size_t max_pending;         /* serve: unsent answer bytes per client */
     const char *http;           /* serve: ADDR:PORT */
     const char *token_file;     /* serve --http: the bearer token */
+    char **packages;            /* --packages, NULL-terminated, or NULL */
 };
 
 /* "run", "serve", ... */

@@ -145,6 +145,13 @@ struct wire_file {
 
 #define WIRE_FILE_NAME_MAX 4096
 
+/* The worker writes the repr() of the program's last expression to this
+ * file of its workspace once the code has ended (replacing whatever the
+ * code left there); the supervisor takes it as the result's value, never
+ * as an artifact. A file, not a descriptor: while the code runs the worker
+ * holds no descriptor but its three streams. */
+#define WIRE_VALUE_FILE ".pysbx-value"
+
 /* Sends one SEQPACKET message with up to |nfds| descriptors attached.
  * Returns 0 or -errno. */
 int wire_send(int sock, const void *msg, size_t len, const int *fds, int nfds);

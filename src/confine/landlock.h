@@ -13,11 +13,15 @@
 int landlock_abi(void);
 
 /* Read-only places every worker needs, opened once in the template. */
+/* Room for the fixed places, module directories and a vetted package set
+ * (its places, each a rule). */
+#define LANDLOCK_PLACES_MAX 256
+
 struct landlock_base {
     int abi;
     int n;
-    int fds[32];
-    unsigned long long access[32];
+    int fds[LANDLOCK_PLACES_MAX];
+    unsigned long long access[LANDLOCK_PLACES_MAX];
 };
 
 /* Opens the read-only places: |ro_dirs| (NULL-terminated) plus the fixed

@@ -120,6 +120,40 @@ static int bind_path(const char *path, bool required, bool dir_expected, unsigne
     return rc;
 }
 
+/* Whether |path| lies in a directory of the fixed list, bound already. */
+static bool in_places(const char *path)
+{
+    for (size_t i = 0; i < n_places; i++) {
+        size_t l = strlen(places[i].path);
+        if (places[i].kind == PLACE_DIR && strncmp(path, places[i].path, l) == 0 &&
+            (path[l] == '/' || path[l] == '\0'))
+            return true;
+    }
+    return false;
+}
+
+/* The package set's places and links (see struct root_spec). */
+static int add_packages(const struct root_spec *s, char *err, size_t errlen)
+{
+    int rc = 0;
+
+    for (const char *const *p = s->package_places; rc == 0 && p && *p; p++)
+        if (!in_places(*p))
+            rc = bind_path(*p, true, false, MS_RDONLY | MS_NOSUID | MS_NODEV, err, errlen);
+    if (rc == 0 && s->package_places && make_dirs(ROOT_SCRATCH + 1) < 0)
+        rc = errmsg(err, errlen, -errno, "private root: " ROOT_SCRATCH ": %s", strerror(errno));
+    for (const char *const *l = s->package_links; rc == 0 && l && l[0] && l[1]; l += 2) {
+        char parent[PATH_MAX];
+        fmt(parent, sizeof(parent), "%s", l[0] + strspn(l[0], "/"));
+        char *slash = strrchr(parent, '/');
+        if (slash)
+            *slash = '\0';
+        if ((slash && make_dirs(parent) < 0) || symlink(l[1], l[0] + strspn(l[0], "/")) < 0)
+            rc = errmsg(err, errlen, -errno, "private root: link %s: %s", l[0], strerror(errno));
+    }
+    return rc;
+}
+
 const char *const root_written_files[] = {"/etc/passwd", "/etc/group", "/etc/nsswitch.conf", NULL};
 
 static int write_etc(const struct root_spec *s, char *err, size_t errlen)
@@ -183,6 +217,8 @@ int root_enter(const struct root_spec *s, char *err, size_t errlen)
     }
     for (const char *const *d = s->module_dirs; rc == 0 && d && *d; d++)
         rc = bind_path(*d, true, true, MS_RDONLY | MS_NOSUID | MS_NODEV, err, errlen);
+    if (rc == 0)
+        rc = add_packages(s, err, errlen);
     if (rc == 0)
         rc = write_etc(s, err, errlen);
     if (rc == 0 && make_dirs(WORKSPACE_MOUNT + 1) < 0)

@@ -19,6 +19,10 @@ struct root_spec {
      * mounts (workspace.h). */
     const char *work_dir;
     const char *const *module_dirs; /* NULL-terminated; read-only, same paths */
+    /* A vetted package set: directories or files bound read-only at the same
+     * paths, and symbolic links (path, target, ...) made as they are. */
+    const char *const *package_places;
+    const char *const *package_links;
     /* /etc/passwd and /etc/group name the workers' ids "sandbox", each with
      * its workspace as its home. */
     bool per_run_ids; /* ids base..base+n-1, workspace w<uid> */
@@ -26,6 +30,11 @@ struct root_spec {
     gid_t gid_base;
     unsigned ids;
 };
+
+/* An empty directory of the root where the template of a package set
+ * mounts a tmpfs of its own while it imports them (matplotlib writes its
+ * configuration and font cache there), and unmounts it before any fork. */
+#define ROOT_SCRATCH "/.pysbx-scratch"
 
 /* The files root_enter writes itself (NULL-terminated): /etc/passwd, ... */
 extern const char *const root_written_files[];

@@ -2,6 +2,7 @@
 #include "artifacts.h"
 
 #include "outbuf.h"
+#include "wire.h"
 #include "sysutil.h"
 #include "util.h"
 
@@ -219,6 +220,8 @@ static int walk(int ws_fd, const struct artifact_spec *s, struct heap *h, uint64
          * with everything that is not a plain file. */
         if (!S_ISREG(st.st_mode) || st.st_nlink != 1)
             continue;
+        if (depth == 0 && strcmp(n, WIRE_VALUE_FILE) == 0)
+            continue; /* the value, not an artifact */
         const struct sbx_file *in = find_input(s, path);
         if (in && same_as_input(dirfd(f->dir), n, &st, in))
             continue;
@@ -315,6 +318,30 @@ out:
     free(h.v);
     free(arts);
     return rc;
+}
+
+int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len, bool *truncated)
+{
+    int fd = open_beneath(ws_fd, WIRE_VALUE_FILE, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, false);
+    struct outbuf ob;
+    struct stat st;
+    char buf[65536];
+    ssize_t n = 0;
+
+    *text = NULL;
+    if (fd < 0)
+        return 0;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+        close(fd);
+        return 0;
+    }
+    outbuf_init(&ob, max_chars);
+    while ((n = read(fd, buf, sizeof(buf))) > 0)
+        outbuf_feed(&ob, buf, (size_t)n);
+    close(fd);
+    *text = outbuf_finish(&ob, len, truncated);
+    outbuf_free(&ob);
+    return *text ? 0 : -ENOMEM;
 }
 
 void artifacts_free(struct sbx_artifact *a, size_t n)

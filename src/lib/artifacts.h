@@ -23,6 +23,11 @@ struct artifact_spec {
 int artifacts_collect(int ws_fd, const struct artifact_spec *spec, struct sbx_artifact **out,
                       size_t *n_out, uint64_t *dropped);
 
+/* The value the worker left in WIRE_VALUE_FILE, if any, as text of at most
+ * |max_chars| characters (cut as output is). Returns 0 with *text (NULL
+ * when there is none; free it), *len and *truncated, or -ENOMEM. */
+int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len, bool *truncated);
+
 void artifacts_free(struct sbx_artifact *a, size_t n);
 
 #endif

@@ -302,6 +302,10 @@ int backend_python3_open(const struct sbx_config *cfg, struct sbx_backend *out,
 
     if (access(PYSBX_PYTHON3, X_OK) < 0)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOENT, "%s is not installed", PYSBX_PYTHON3);
+    /* It runs python3 -I -S: no package set, and no pretending to one. */
+    if (cfg && cfg->packages && cfg->packages[0])
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "the python3 backend does not take packages");
     b = calloc(1, sizeof(*b));
     if (!b)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");

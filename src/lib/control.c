@@ -72,7 +72,15 @@ static int send_config(struct sbx *sbx, const struct sbx_config *cfg, struct sbx
         json_object_set_new(o, "disable_layers", json_integer(cfg->disable_layers)) < 0 ||
         json_object_set_new(o, "workspace_bytes", json_integer((json_int_t)cfg->workspace_bytes)) <
             0 ||
-        json_object_set_new(o, "policy_debug", json_boolean(cfg->policy_debug)) < 0)
+        json_object_set_new(o, "policy_debug", json_boolean(cfg->policy_debug)) < 0 ||
+        (cfg->packages &&
+         (json_object_set_new(o, "package_path", json_string(PACKAGES_DIST_DIR)) < 0 ||
+          json_object_set_new(o, "package_modules",
+                              string_array((const char *const *)sbx->packages.modules)) < 0 ||
+          json_object_set_new(o, "package_places",
+                              string_array((const char *const *)sbx->packages.places)) < 0 ||
+          json_object_set_new(o, "package_links",
+                              string_array((const char *const *)sbx->packages.links)) < 0)))
         goto out;
     text = json_dumps(o, JSON_COMPACT);
     if (!text)

@@ -94,6 +94,11 @@ static json_t *result_json(const struct sbx_result *r)
         r->partial, "artifacts", arts, "artifacts_dropped", (json_int_t)r->artifacts_dropped,
         "stats", "wall_ms", r->wall_ms, "cpu_ms", r->cpu_ms, "max_rss_kb",
         (json_int_t)r->max_rss_kb, "reason", string_or_null(r->reason));
+    json_t *value = r->value ? json_stringn(r->value, r->value_len) : json_null();
+    if (o && json_object_set_new(o, "value", value) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
     return o;
 }
 
@@ -113,6 +118,7 @@ void sbx_result_free(struct sbx_result *res)
     free(res->stdout_text);
     free(res->stderr_text);
     free(res->reason);
+    free(res->value);
     artifacts_free(res->artifacts, res->n_artifacts);
     free(res);
 }

@@ -237,11 +237,18 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
     cfg.work_root = NULL;
     cfg.warm_modules = cfg.warm_modules ? copy_list(cfg.warm_modules) : NULL;
     cfg.module_dirs = cfg.module_dirs ? copy_list(cfg.module_dirs) : NULL;
+    cfg.packages = cfg.packages && cfg.packages[0] ? copy_list(cfg.packages) : NULL;
     sbx->cfg = cfg;
     if (!sbx->template_path || (given && given->warm_modules && !cfg.warm_modules) ||
-        (given && given->module_dirs && !cfg.module_dirs)) {
+        (given && given->module_dirs && !cfg.module_dirs) ||
+        (given && given->packages && given->packages[0] && !cfg.packages)) {
         sbx_close(sbx);
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    }
+    /* Once: a template that is started again shows the same places. */
+    if (cfg.packages && (rc = packages_resolve(cfg.packages, &sbx->packages, err)) < 0) {
+        sbx_close(sbx);
+        return rc;
     }
 
     rc = workdir_make(&sbx->work, given ? given->work_root : NULL, "pysbx-", geteuid() == 0, err);
@@ -270,6 +277,8 @@ void sbx_close(struct sbx *sbx)
     admission_destroy(&sbx->admission);
     free_list((char **)sbx->cfg.warm_modules);
     free_list((char **)sbx->cfg.module_dirs);
+    free_list((char **)sbx->cfg.packages);
+    packages_free(&sbx->packages);
     free(sbx->template_path);
     free(sbx);
 }

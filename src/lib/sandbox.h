@@ -3,6 +3,7 @@
 #define PYSBX_SANDBOX_H
 
 #include "admission.h"
+#include "packages.h"
 #include "pysbx.h"
 #include "wire.h"
 #include "workdir.h"
@@ -21,6 +22,7 @@ struct sbx {
     struct workdir work;   /* one workspace per worker inside */
     struct sbx_config cfg; /* a deep copy (strings our own): every start uses it */
     char *template_path;
+    struct packages packages; /* resolved from cfg.packages at open */
     /* The template, through its control socket (control.c), all under
      * ctl_lock. */
     pthread_mutex_t ctl_lock;

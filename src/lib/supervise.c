@@ -216,6 +216,9 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
     if (rc == 0)
         rc = artifacts_collect(s->ws_fd, &spec, &res->artifacts, &res->n_artifacts,
                                &res->artifacts_dropped);
+    if (rc == 0)
+        rc = artifacts_take_value(s->ws_fd, s->req->limits.max_output_chars, &res->value,
+                                  &res->value_len, &res->value_truncated);
     fsid_leave(switched);
     if (rc == -ENOMEM)
         return rc;

@@ -44,6 +44,20 @@ static PyStatus append_path(PyConfig *cfg, const char *dir)
     return st;
 }
 
+static int import_all(const char *const *names, char *err, size_t errlen)
+{
+    for (; names && *names; names++) {
+        PyObject *m = PyImport_ImportModule(*names);
+        if (!m) {
+            char what[128];
+            fmt(what, sizeof(what), "importing warm module %s", *names);
+            return pyrun_error_text(what, err, errlen);
+        }
+        Py_DECREF(m);
+    }
+    return 0;
+}
+
 int interp_start(const struct interp_config *c, char *err, size_t errlen)
 {
     PyPreConfig pre;
@@ -86,21 +100,18 @@ int interp_start(const struct interp_config *c, char *err, size_t errlen)
         st = append_path(&cfg, PYSBX_PY_DYNLOAD);
     for (const char *const *d = c->module_dirs; d && *d && !PyStatus_Exception(st); d++)
         st = append_path(&cfg, *d);
+    if (c->package_path && !PyStatus_Exception(st))
+        st = append_path(&cfg, c->package_path);
     if (!PyStatus_Exception(st))
         st = Py_InitializeFromConfig(&cfg);
     PyConfig_Clear(&cfg);
     if (PyStatus_Exception(st))
         return status_message(st, "Python initialisation", err, errlen);
 
-    for (; *warm; warm++) {
-        PyObject *m = PyImport_ImportModule(*warm);
-        if (!m) {
-            char what[128];
-            fmt(what, sizeof(what), "importing warm module %s", *warm);
-            return pyrun_error_text(what, err, errlen);
-        }
-        Py_DECREF(m);
-    }
+    if (import_all(warm, err, errlen) < 0 || import_all(c->package_modules, err, errlen) < 0)
+        return -EIO;
+    if (c->after_packages && c->after_packages(c->arg, err, errlen) < 0)
+        return -EIO;
     /* Every object that exists now is shared with every worker. Keep the
      * collector from ever walking them: a walk writes to each object's
      * header, and each write copies a page into the worker. */

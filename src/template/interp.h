@@ -10,6 +10,13 @@
 struct interp_config {
     const char *const *warm_modules; /* NULL-terminated; NULL: defaults */
     const char *const *module_dirs;  /* NULL-terminated extra sys.path dirs */
+    /* A vetted package set (may be NULL): its directory on sys.path, the
+     * modules imported after the warm ones, and work done once they are,
+     * before the interpreter's objects are frozen. */
+    const char *package_path;
+    const char *const *package_modules;
+    int (*after_packages)(void *arg, char *err, size_t errlen);
+    void *arg;
 };
 
 /* The modules imported in the template when the caller names none. */

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "confine.h"
 #include "interp.h"
+#include "packages.h"
 #include "root.h"
 #include "pysbx.h"
 #include "sysutil.h"
@@ -93,7 +94,15 @@ static int read_config(struct tmpl *t, char *err, size_t errlen)
     if (json_is_array(warm))
         t->warm = string_list(warm);
     t->module_dirs = string_list(json_object_get(cfg, "module_dirs"));
-    if (!t->base_path || (json_is_array(warm) && !t->warm) || !t->module_dirs) {
+    const char *pkg_path = json_string_value(json_object_get(cfg, "package_path"));
+    if (pkg_path) {
+        t->pkg_path = strdup(pkg_path);
+        t->pkg_modules = string_list(json_object_get(cfg, "package_modules"));
+        t->pkg_places = string_list(json_object_get(cfg, "package_places"));
+        t->pkg_links = string_list(json_object_get(cfg, "package_links"));
+    }
+    if (!t->base_path || (json_is_array(warm) && !t->warm) || !t->module_dirs ||
+        (pkg_path && (!t->pkg_path || !t->pkg_modules || !t->pkg_places || !t->pkg_links))) {
         rc = errmsg(err, errlen, -ENOMEM, "template: out of memory");
         goto out;
     }
@@ -111,6 +120,8 @@ static int enter_root(struct tmpl *t, char *err, size_t errlen)
     struct root_spec spec = {
         .work_dir = t->base_path,
         .module_dirs = (const char *const *)t->module_dirs,
+        .package_places = (const char *const *)t->pkg_places,
+        .package_links = (const char *const *)t->pkg_links,
         .per_run_ids = j->uid_per_run,
         .uid_base = j->switch_user ? j->uid_base : 0,
         .gid_base = j->switch_user ? j->gid_base : 0,
@@ -211,10 +222,14 @@ int main(void)
                     pthread_create(&builder, NULL, build_policy, &t) == 0;
     if (!threaded && !(t.jc.disable & SBX_LAYER_SECCOMP))
         build_policy(&t);
-    int py_rc = interp_start(&py, err, sizeof(err));
+    int py_rc = t.pkg_path ? packages_prepare(&t, &py, err, sizeof(err)) : 0;
+    if (py_rc == 0)
+        py_rc = interp_start(&py, err, sizeof(err));
     if (threaded)
         pthread_join(builder, NULL);
     if (py_rc < 0)
+        goto fail;
+    if (t.pkg_path && packages_started(&t, err, sizeof(err)) < 0)
         goto fail;
     if (t.jc.disable & SBX_LAYER_SECCOMP)
         fmt(t.seccomp_why, sizeof(t.seccomp_why), "turned off by the configuration");
@@ -225,9 +240,14 @@ int main(void)
             t.policy_debug ? " (DEBUG: refusals trap and are named; never for production)" : "");
     t.landlock = (t.jc.disable & SBX_LAYER_LANDLOCK) ? -EPERM : landlock_abi();
     /* A module directory that cannot be confined is the caller's error. */
+    const char *const *read_only = packages_read_only(&t);
+    if (!read_only) {
+        errmsg(err, sizeof(err), -ENOMEM, "template: out of memory");
+        goto fail;
+    }
     if (t.landlock > 0 &&
-        landlock_base_open(&t.ll_base, t.landlock, (const char *const *)t.module_dirs,
-                           t.root ? root_written_files : NULL, err, sizeof(err)) < 0)
+        landlock_base_open(&t.ll_base, t.landlock, read_only, t.root ? root_written_files : NULL,
+                           err, sizeof(err)) < 0)
         goto fail;
     if (t.landlock > 0)
         fmt(t.landlock_why, sizeof(t.landlock_why),

@@ -42,6 +42,11 @@ struct tmpl {
     unsigned n_workers;
     char **warm;
     char **module_dirs;
+    /* A vetted package set (all NULL without one): see packages.h. */
+    char *pkg_path;
+    char **pkg_modules;
+    char **pkg_places;
+    char **pkg_links;
     bool policy_debug;
     /* One run, then closed (sbx_config.single_run): one worker, no
      * rehearsal, no page plan, no replacement. */

@@ -5,15 +5,20 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "figures.h"
 #include "pyrun.h"
 #include "profile.h"
+#include "sysutil.h"
 #include "util.h"
 #include "wire.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define MAIN_FILENAME "<main>"
@@ -65,9 +70,9 @@ static void seed_linecache(const char *code, size_t len)
 
 /* compile() on bytes, as for a file: PEP 263 decoding, and a clear error
  * for NUL bytes or invalid UTF-8 instead of a silently cut C string. The
- * bytes are a view of |code| (NUL-terminated at |len|), not a copy: the
- * program is held once, not once more for each step. */
-static PyObject *compile_source(const char *code, size_t len)
+ * bytes are a view of |code|, not a copy: the program is held once, not once
+ * more for each step. NULL with the exception set when it does not compile. */
+static PyObject *compile_bytes(const char *code, size_t len, const char *mode)
 {
     PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
     PyObject *compile = builtins ? PyDict_GetItemString(builtins, "compile") : NULL;
@@ -75,9 +80,116 @@ static PyObject *compile_source(const char *code, size_t len)
     PyObject *co = NULL;
 
     if (compile && src)
-        co = PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, "exec", 0, 1);
+        co = PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, mode, 0, 1);
     Py_XDECREF(src);
     return co;
+}
+
+/* How many more brackets |line| closes than it opens (strings not
+ * considered: this only proposes where to try; compiling decides). */
+static int closes(const char *line, size_t len)
+{
+    int n = 0;
+
+    for (size_t i = 0; i < len; i++)
+        n += (strchr(")]}", line[i]) != NULL) - (strchr("([{", line[i]) != NULL);
+    return n;
+}
+
+/* Where the program's last statement would start if it were an expression
+ * of its own: its last line (not a comment), or, when that line closes
+ * brackets, the line that opens them (up to LAST_EXPR_LINES_MAX lines up).
+ * It must not be indented. Returns the offset, or -1; *tail_len is the
+ * length from there. */
+#define LAST_EXPR_LINES_MAX 64
+static ssize_t last_statement(const char *code, size_t len, size_t *tail_len)
+{
+    size_t end = len;
+
+    while (end > 0) {
+        while (end > 0 && strchr(" \t\r\n\f", code[end - 1]))
+            end--;
+        size_t start = end;
+        while (start > 0 && code[start - 1] != '\n')
+            start--;
+        if (code[start + strspn(code + start, " \t\f")] == '#') {
+            end = start; /* a comment: the line before it */
+            continue;
+        }
+        int open = closes(code + start, end - start);
+        for (int up = 0; open > 0 && start > 0 && up < LAST_EXPR_LINES_MAX; up++) {
+            size_t prev = start - 1;
+            while (prev > 0 && code[prev - 1] != '\n')
+                prev--;
+            open += closes(code + prev, start - prev);
+            start = prev;
+        }
+        *tail_len = end - start;
+        return end > start && !strchr(" \t\f", code[start]) ? (ssize_t)start : -1;
+    }
+    return -1;
+}
+
+/* As a notebook cell: when the program's last statement is an expression,
+ * it is compiled apart (*last, for eval) from the lines before it
+ * (returned, for exec), so that its value can be had. The split stands only when both
+ * parts compile; the lines before then hold no open bracket, string or
+ * block, so the expression is a statement of its own (a line-based check,
+ * without building the syntax tree: it costs two compilations of the usual
+ * kind). Otherwise *last is NULL and the program compiles as a whole. The
+ * expression is compiled after as many newlines as lines precede it, so its
+ * line numbers stay the program's. */
+static PyObject *compile_parts(const char *code, size_t len, PyObject **last)
+{
+    size_t tail_len = 0, lines = 0;
+    ssize_t start = last_statement(code, len, &tail_len);
+    PyObject *head = NULL;
+    char *tail = NULL;
+
+    *last = NULL;
+    for (ssize_t i = 0; i < start; i++)
+        lines += code[i] == '\n';
+    if (start >= 0 && (tail = malloc(lines + tail_len + 1))) {
+        memset(tail, '\n', lines);
+        memcpy(tail + lines, code + start, tail_len);
+        tail[lines + tail_len] = '\0';
+        *last = compile_bytes(tail, lines + tail_len, "eval");
+        free(tail);
+        head = *last ? compile_bytes(code, (size_t)start, "exec") : NULL;
+        if (head)
+            return head;
+        Py_CLEAR(*last);
+        PyErr_Clear();
+    }
+    return compile_bytes(code, len, "exec");
+}
+
+/* WIRE_VALUE_FILE in the workspace, by absolute path: the code may have
+ * changed directory. */
+static char value_path[PATH_MAX];
+
+/* The value's repr() for the supervisor (WIRE_VALUE_FILE); None, as in a
+ * notebook, shows nothing. What the code left under that name goes first,
+ * so only our own write is taken. Returns -1 with a Python exception when
+ * repr() raised; a value that cannot be written is lost, not an error. */
+static int send_value(PyObject *v)
+{
+    PyObject *r, *b;
+
+    if (v == Py_None)
+        return 0;
+    r = PyObject_Repr(v);
+    b = r ? PyUnicode_AsEncodedString(r, "utf-8", "replace") : NULL;
+    Py_XDECREF(r);
+    if (!b)
+        return -1;
+    int fd = open(value_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        (void)write_full(fd, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
+        close(fd);
+    }
+    Py_DECREF(b);
+    return 0;
 }
 
 /* |module| from sys.modules, without importing it (new reference), or NULL. */
@@ -154,15 +266,19 @@ static int rehearse(int devnull)
     static const char snippet[] = "print(1)\n";
     PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
     PyObject *ns = main_mod ? PyDict_Copy(PyModule_GetDict(main_mod)) : NULL;
-    PyObject *co = NULL, *res = NULL, *out = NULL, *lc = NULL, *cache = NULL;
+    PyObject *co = NULL, *last = NULL, *res = NULL, *out = NULL, *lc = NULL, *cache = NULL;
     int saved = -1, rc = -1;
 
     saved = dup(1);
     if (!ns || saved < 0 || dup2(devnull, 1) < 0)
         goto out;
     seed_linecache(snippet, sizeof(snippet) - 1);
-    co = compile_source(snippet, sizeof(snippet) - 1);
+    co = compile_parts(snippet, sizeof(snippet) - 1, &last);
     res = co ? PyEval_EvalCode(co, ns, ns) : NULL;
+    if (res && last) {
+        Py_DECREF(res);
+        res = PyEval_EvalCode(last, ns, ns);
+    }
     out = PySys_GetObject("stdout"); /* borrowed */
     if (res && out) {
         PyObject *r = PyObject_CallMethod(out, "flush", NULL);
@@ -183,6 +299,7 @@ out:
     Py_XDECREF(cache);
     Py_XDECREF(lc);
     Py_XDECREF(res);
+    Py_XDECREF(last);
     Py_XDECREF(co);
     Py_XDECREF(ns);
     return rc;
@@ -190,6 +307,7 @@ out:
 
 int pyrun_prepare(const char *workspace, bool rehearsal, int devnull, char *err, size_t errlen)
 {
+    fmt(value_path, sizeof(value_path), "%s/" WIRE_VALUE_FILE, workspace);
     if (set_environment(workspace) < 0 || (rehearsal && rehearse(devnull) < 0))
         return pyrun_error_text("preparing the worker", err, errlen);
     return 0;
@@ -314,7 +432,7 @@ _Noreturn void pyrun_main(char *code, size_t len)
 {
     PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
     PyObject *globals = main_mod ? PyModule_GetDict(main_mod) : NULL;
-    PyObject *co = NULL;
+    PyObject *co = NULL, *last = NULL;
     PyObject *res = NULL;
     bool nomem = false;
     int status = 0;
@@ -327,10 +445,18 @@ _Noreturn void pyrun_main(char *code, size_t len)
     bool seeded = len <= LINECACHE_EAGER_MAX && module_loaded("linecache");
     if (seeded)
         seed_linecache(code, len);
-    co = globals ? compile_source(code, len) : NULL;
+    co = globals ? compile_parts(code, len, &last) : NULL;
     if (co)
         res = PyEval_EvalCode(co, globals, globals);
     Py_XDECREF(co);
+    unlink(value_path);
+    if (res && last) {
+        Py_DECREF(res);
+        res = PyEval_EvalCode(last, globals, globals);
+        if (res && send_value(res) < 0)
+            Py_CLEAR(res);
+    }
+    Py_XDECREF(last);
 
     if (res)
         Py_DECREF(res);
@@ -348,6 +474,8 @@ _Noreturn void pyrun_main(char *code, size_t len)
         status = 1;
     }
     free(code);
+    if (!nomem)
+        figures_flush();
 
     /* What Py_FinalizeEx does that the code can observe, without the rest:
      * the process is about to vanish. */

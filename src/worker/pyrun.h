@@ -19,7 +19,9 @@ int pyrun_prepare(const char *workspace, bool rehearse, int devnull, char *err, 
  * python3 would: exit status 0, the sys.exit() code, or 1 after printing an
  * uncaught exception's traceback; non-daemon threads are joined and atexit
  * handlers run first. An uncaught MemoryError ends with WIRE_NOMEM_SIGNAL.
- * Takes ownership of |code| (malloc'd). */
+ * When the last statement is an expression, its repr() goes to the
+ * supervisor (WIRE_VALUE_FILE) instead of being thrown away; figures left
+ * open are saved (figures.h). Takes ownership of |code| (malloc'd). */
 _Noreturn void pyrun_main(char *code, size_t len);
 
 /* The pending Python exception as "|what|: Type: message" in |err|; clears

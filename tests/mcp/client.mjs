@@ -1,6 +1,7 @@
 // The MCP server as an agent host sees it, through the official TypeScript
 // SDK client: list the tools, call run_python with code, with files, with an
-// exception, with a CPU spin, with an image artifact.
+// exception, with a CPU spin, with an image artifact; then a server with
+// the vetted packages, whose matplotlib figures come back as images.
 // usage: node client.mjs PATH/TO/pysbx
 import assert from "node:assert/strict";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -110,6 +111,51 @@ await check("calls run concurrently and each gets its own answer", async () => {
   rs.forEach((r, i) => assert.match(text(r), new RegExp(`stdout:\\n${(i + 1) * 11}\\n`)));
 });
 
+await check("the last expression's value comes back as text", async () => {
+  const r = await call({ code: "x = 6\nx * 7" });
+  assert.equal(r.isError, false);
+  assert.match(text(r), /value:\n42/);
+  assert.doesNotMatch(text(r), /stdout:/);
+});
+
 await client.close();
+
+// A server with the vetted packages: a matplotlib chart the code leaves open
+// comes back as an image the client can decode.
+const charts = new Client({ name: "pysbx-test-charts", version: "1.0.0" });
+await charts.connect(new StdioClientTransport({
+  command: pysbx,
+  args: ["mcp", "--packages", "pandas,matplotlib", "--wall", "20"],
+  stderr: "inherit",
+}));
+
+await check("with packages, the tool says what it has", async () => {
+  const { tools } = await charts.listTools();
+  assert.match(tools[0].description, /pandas, matplotlib \(already imported\)/);
+});
+
+await check("an open matplotlib figure comes back as image content", async () => {
+  const r = await charts.callTool({
+    name: "run_python",
+    arguments: {
+      code: "import pandas as pd, matplotlib.pyplot as plt\n" +
+        "df = pd.DataFrame({'x': range(10), 'y': [v * v for v in range(10)]})\n" +
+        "df.plot(x='x', y='y', title='squares')\n" +
+        "print(df.y.sum())",
+    },
+  });
+  assert.equal(r.isError, false, text(r));
+  assert.match(text(r), /stdout:\n285\n/);
+  assert.match(text(r), /file figure-1\.png/);
+  const images = r.content.filter((c) => c.type === "image");
+  assert.equal(images.length, 1);
+  assert.equal(images[0].mimeType, "image/png");
+  const png = Buffer.from(images[0].data, "base64");
+  assert.equal(png.subarray(1, 4).toString(), "PNG");
+  // IHDR: width and height of matplotlib's default figure at 100 dpi.
+  assert.deepEqual([png.readUInt32BE(16), png.readUInt32BE(20)], [640, 480]);
+});
+
+await charts.close();
 console.log(`${failures} failure(s)`);
 process.exit(failures ? 1 : 0);

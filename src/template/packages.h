@@ -1,0 +1,32 @@
+/*
+ * The template's part of a vetted package set (sbx_config.packages): the
+ * environment the packages import under, their rehearsal before the fork,
+ * the check that they left the template single-threaded, and the places
+ * Landlock grants. The supervisor resolved which places those are.
+ */
+#ifndef PYSBX_TEMPLATE_PACKAGES_H
+#define PYSBX_TEMPLATE_PACKAGES_H
+
+#include "interp.h"
+#include "template.h"
+
+#include <stddef.h>
+
+/* Before the interpreter starts: native thread pools of one thread, the
+ * non-interactive matplotlib backend, its configuration and font cache in
+ * a directory of the template's own (workers never see it: they have the
+ * font list in memory). Fills |py|'s package fields. Returns 0 or -errno
+ * with a message. */
+int packages_prepare(struct tmpl *t, struct interp_config *py, char *err, size_t errlen);
+
+/* After the imports (and once any thread of the template's own is
+ * joined): unmounts the scratch directory, and fails unless the template
+ * has one thread. */
+int packages_started(struct tmpl *t, char *err, size_t errlen);
+
+/* What Landlock grants read-only: the module directories and, with a
+ * package set, its places. NULL when out of memory. Call after the root is
+ * entered (or not). */
+const char *const *packages_read_only(struct tmpl *t);
+
+#endif

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The vetted packages through the command: numpy, pandas and matplotlib
+# behave as under Debian's own python3, only the named set (and what it
+# depends on) imports, figures come back, memory limits hold.
+# usage: test_packages.sh PATH/TO/pysbx
+set -u
+PYSBX=$1
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0
+PY=/usr/bin/python3
+
+check() { # check NAME EXPECTED ACTUAL
+    if [ "$2" != "$3" ]; then
+        echo "FAIL $1: got '$3', expected '$2'"; fails=$((fails + 1))
+    else
+        echo "ok   $1"
+    fi
+}
+field() { # field FILE EXPR: a Python expression over the result r
+    $PY -c "import json,sys; r=json.load(open(sys.argv[1])); print(($2))" "$1"
+}
+
+# --- the same answers as Debian's python3 with the same packages ---
+cat >"$T/work.py" <<'PYEOF'
+import numpy as np, pandas as pd, matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+df = pd.DataFrame({"g": list("abcabcab"), "v": [1.5, 2, 3, 4, 5, 6.25, 7, 8]})
+print(df.groupby("g").v.agg(["sum", "mean", "count"]).to_string())
+a = np.array([[4.0, 1, 0], [1, 3, 1], [0, 1, 2]])
+print(np.round(np.linalg.solve(a, np.array([1.0, 2, 3])), 10))
+print(np.__version__, pd.__version__, matplotlib.__version__)
+fig, ax = plt.subplots()
+ax.plot(df.index, df.v, label="v")
+ax.legend()
+fig.savefig("line.png")
+print(fig.get_size_inches().tolist(), len(ax.lines[0].get_xdata()))
+print(open("line.png", "rb").read(8))
+PYEOF
+(cd "$T" && MPLBACKEND=Agg MPLCONFIGDIR="$T/mpl" $PY -I work.py >"$T/expected" 2>"$T/expected.err")
+check "the workload runs under python3" 0 $?
+"$PYSBX" run --packages numpy,pandas,matplotlib --wall 30 --json "$T/work.py" >"$T/r.json"
+check "the workload runs in the sandbox" "completed 0" "$(field "$T/r.json" 'r["status"], r["exit_code"]' | tr -d "(),'")"
+field "$T/r.json" 'r["stdout"]' | sed '$d' >"$T/got"
+if diff -u "$T/expected" "$T/got"; then echo "ok   the same output as python3"; else
+    echo "FAIL the output differs from python3's"; fails=$((fails + 1)); fi
+check "savefig writes an ordinary file; the figure left open comes back too" \
+    "['figure-1.png', 'line.png']" "$(field "$T/r.json" '[a["name"] for a in r["artifacts"]]')"
+
+# --- exactly the named set and what it depends on ---
+cat >"$T/only.py" <<'PYEOF'
+import importlib, sys
+def imports(name):
+    try:
+        importlib.import_module(name)
+        return "yes"
+    except Exception as e:
+        return type(e).__name__
+print(imports("numpy"), imports("pandas"), imports("scipy"), imports("yaml"))
+sys.path.append("/usr/lib/python3/dist-packages")
+sys.path.append("/usr/lib/python3/dist-packages/pandas")
+importlib.invalidate_caches()
+print(imports("pandas"), imports("yaml"), imports("jsonschema"))
+PYEOF
+out=$("$PYSBX" run --packages numpy "$T/only.py")
+check "numpy alone: numpy imports, nothing else does" \
+    "yes ModuleNotFoundError ModuleNotFoundError ModuleNotFoundError" "$(echo "$out" | sed -n 1p)"
+case "$(echo "$out" | sed -n 2p)" in
+*yes*) echo "FAIL adding dist-packages to sys.path reached more: $out"; fails=$((fails + 1)) ;;
+*) echo "ok   adding dist-packages to sys.path reaches nothing more" ;;
+esac
+out=$(echo 'import numpy; open("/usr/lib/python3/dist-packages/yaml/__init__.py")' |
+    "$PYSBX" run --packages numpy - 2>&1)
+check "another package's files cannot be read" 1 $?
+echo 'import dateutil, pytz, numpy, pandas; print(pandas.Timestamp("2024-01-02").day_name())' |
+    "$PYSBX" run --packages pandas - >"$T/deps" 2>&1
+check "pandas brings what it depends on" "Tuesday" "$(cat "$T/deps")"
+"$PYSBX" run --packages no-such-thing - </dev/null >/dev/null 2>"$T/err"
+check "an unknown package is refused" 70 $?
+grep -q "python3-no-such-thing is not installed" "$T/err" && echo "ok   saying which" ||
+    { echo "FAIL refusal message: $(cat "$T/err")"; fails=$((fails + 1)); }
+"$PYSBX" run --packages 'Numpy;rm' - </dev/null >/dev/null 2>&1
+check "a malformed name is refused" 70 $?
+
+# --- figures come back ---
+cat >"$T/fig.py" <<'PYEOF'
+import matplotlib.pyplot as plt
+plt.plot([1, 2, 3]); plt.show()
+plt.figure(); plt.bar(["a", "b"], [3, 4])
+plt.figure(); plt.scatter([1, 2], [2, 1])
+PYEOF
+rm -rf "$T/out"
+"$PYSBX" run --packages matplotlib --artifacts-dir "$T/out" "$T/fig.py"
+check "a run with figures" 0 $?
+check "plt.show() and the figures left open, each once" "figure-1.png figure-2.png figure-3.png" \
+    "$(cd "$T/out" && echo *)"
+check "they are PNG images" "PNG" "$(head -c 4 "$T/out/figure-2.png" | tail -c 3)"
+printf 'import matplotlib.pyplot as plt\nopen("figure-1.png", "w").write("mine")\nplt.plot([1])\n' |
+    "$PYSBX" run --packages matplotlib --json - >"$T/r.json"
+check "a name the code used is not overwritten" "['figure-1.png', 'figure-2.png'] 4" \
+    "$(field "$T/r.json" '[a["name"] for a in r["artifacts"]], r["artifacts"][0]["size"]' |
+        tr -d "()," | sed "s/' /', /")"
+printf 'import matplotlib.pyplot as plt\nfor i in range(3):\n    plt.figure(); plt.plot([i])\n' |
+    "$PYSBX" run --packages matplotlib --max-artifacts 2 --json - >"$T/r.json"
+check "figures count against the artifact limits" "2 1" \
+    "$(field "$T/r.json" 'len(r["artifacts"]), r["artifacts_dropped"]' | tr -d "(),")"
+printf 'import matplotlib.pyplot as plt\nplt.plot([1])\nraise SystemExit(3)\n' |
+    "$PYSBX" run --packages matplotlib --json - >"$T/r.json"
+check "figures come back from a run that exits non-zero" "3 ['figure-1.png']" \
+    "$(field "$T/r.json" 'r["exit_code"], [a["name"] for a in r["artifacts"]]' | tr -d "(),")"
+
+# --- the last expression's value, with the packages ---
+printf 'import numpy as np\nnp.arange(3) * 2\n' | "$PYSBX" run --packages numpy --json - >"$T/r.json"
+check "the value of a numpy expression, not printed" "True" \
+    "$(field "$T/r.json" 'r["value"] == "array([0, 2, 4])" and r["stdout"] == ""')"
+
+# --- limits hold ---
+echo 'import numpy as np; a = np.ones(10**9); print(a.sum())' |
+    "$PYSBX" run --packages numpy --memory 512M --json - >"$T/r.json"
+check "a numpy allocation past the memory limit" "memory_limit memory" \
+    "$(field "$T/r.json" 'r["status"], r["limit"]' | tr -d "(),'")"
+echo 'import threading; print(threading.active_count())' |
+    "$PYSBX" run --packages numpy,pandas,matplotlib - >"$T/threads"
+check "the packages start no thread of their own" 1 "$(cat "$T/threads")"
+
+# --- doctor ---
+"$PYSBX" doctor --packages pandas --json >"$T/d.json"
+check "doctor --packages" 0 $?
+check "doctor lists what imports, with versions" "True True False" \
+    "$(field "$T/d.json" '"numpy" in r["packages"], r["packages"].get("pytz", "").startswith("20"), "scipy" in r["packages"]' |
+        tr -d "(),")"
+
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]
