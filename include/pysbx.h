@@ -363,6 +363,7 @@ struct sbx_health {
     unsigned running;  /* runs in flight */
     unsigned waiting;  /* callers queued for a place */
     char reason[256];  /* when not ready: why, and when it tries again */
+    unsigned idle;     /* workers ready and not yet taken */
 };
 PYSBX_API int sbx_health(struct sbx *sbx, struct sbx_health *out);
 
@@ -387,7 +388,7 @@ PYSBX_API const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid
  * through one small interface: run a request (blocking; its cancel token
  * cancels it, its on_output callback streams it, the result comes back) and
  * close. A deployment can bind something else (a micro-VM, a remote
- * executor) by filling in the same three fields.
+ * executor) by filling in the same fields (health may be NULL).
  *
  *   "embedded"  this library's sandbox (sbx_open / sbx_run): the default.
  *   "python3"   a fresh `python3 -I -S` per request, with the same limits and
@@ -401,6 +402,8 @@ struct sbx_backend {
     int (*run)(void *self, const struct sbx_request *req, struct sbx_result **out,
                struct sbx_error *err);
     void (*close)(void *self);
+    /* Whether it can take runs now (see sbx_health); NULL: always. */
+    int (*health)(void *self, struct sbx_health *out);
 };
 
 /* Opens backend |name| ("embedded" or "python3"; NULL is "embedded") with

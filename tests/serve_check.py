@@ -53,8 +53,11 @@ for i in ["slow", 1, 2, 3, 5, 6, 7, 9, 10]:
 check("results", by_id['1'][0]["stdout"] == "1\n" and by_id['2'][0]["stdout"] == "hi\n"
       and by_id['3'][0]["stdout"] == "b'hi'\n" and by_id['"slow"'][0]["stdout"] == "slow\n",
       answers)
-check("answered as they finish: the slow one last",
-      answers[-1].get("id") == "slow", [a.get("id") for a in answers])
+# Id 9 is left out: when its CPU-time limit fires depends on how much CPU a
+# loaded machine gives it, and it may well end after the slow one.
+order = [a.get("id") for a in answers]
+check("answered as they finish: the slow one after the quick ones",
+      all(order.index("slow") > order.index(i) for i in [1, 2, 3, 10]), order)
 errors = {json.dumps(a.get("id")): a["error"]["code"] for a in answers if "error" in a}
 check("not JSON: invalid_request, id null", errors.get("null") in
       ("invalid_request", "request_too_large"), errors)

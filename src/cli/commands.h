@@ -21,9 +21,12 @@ struct serve_opts {
     struct sbx_limits ceilings; /* the most a request may ask for */
     double grace_seconds;       /* at SIGTERM: how long runs in flight may finish */
     size_t max_pending_bytes;   /* answers a client leaves unread, before it is dropped */
+    const char *http_addr;      /* ADDR:PORT: HTTP instead of JSON lines (http.c) */
+    const char *token_file;     /* HTTP: the bearer token clients must send */
 };
 
 int serve_main(const struct serve_opts *o);
+int http_main(const struct serve_opts *o);
 
 struct mcp_opts {
     struct sbx_backend *backend;

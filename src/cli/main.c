@@ -45,8 +45,10 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .socket_mode = (mode_t)o.socket_mode,
                                 .ceilings = o.ceilings,
                                 .grace_seconds = o.grace,
-                                .max_pending_bytes = o.max_pending};
-        status = serve_main(&so);
+                                .max_pending_bytes = o.max_pending,
+                                .http_addr = o.http,
+                                .token_file = o.token_file};
+        status = o.http ? http_main(&so) : serve_main(&so);
     } else if (cmd == CMD_MCP) {
         struct mcp_opts mo = {&b, o.limits, o.max_line, (const char *const *)o.packages};
         status = mcp_main(&mo);

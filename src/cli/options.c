@@ -83,7 +83,7 @@ static const char run_usage_tail[] =
     "  -h, --help              this text\n";
 
 static const char serve_usage[] =
-    "usage: pysbx serve [--listen PATH] [options]\n"
+    "usage: pysbx serve [--listen PATH | --http ADDR:PORT] [options]\n"
     "\n"
     "Answers JSON lines: one request per line on standard input (or on each\n"
     "connection to the UNIX socket PATH), one answer per line on standard output\n"
@@ -108,10 +108,16 @@ static const char serve_usage[] =
     "options:\n"
     "  --listen PATH           serve on a UNIX socket (mode 0600) instead\n"
     "  --socket-mode MODE      permissions of that socket, octal (default 600)\n"
+    "  --http ADDR:PORT        serve HTTP instead: POST /v1/run (a request object in,\n"
+    "                          its answer out), GET /healthz, GET /metrics\n"
+    "                          (Prometheus); e.g. 127.0.0.1:8080 or [::1]:8080\n"
+    "  --http-token-file FILE  clients must send Authorization: Bearer <the file's\n"
+    "                          text> (all but /healthz); required unless ADDR is\n"
+    "                          loopback\n"
     "  --jobs N                requests run at once per input stream (default: two\n"
     "                          per core)\n"
-    "  --max-line-bytes N      a longer request line is refused, not read into memory\n"
-    "                          (default 67108864)\n"
+    "  --max-line-bytes N      a longer request line (HTTP: body) is refused, not read\n"
+    "                          into memory (default 67108864)\n"
     "  --max-pending-bytes N   answers a client has not read, in bytes, past which it\n"
     "                          is disconnected and its runs cancelled (default 64M;\n"
     "                          one answer alone may exceed it); on standard output,\n"
@@ -402,6 +408,8 @@ enum {
     O_MAXCPU,
     O_MAXMEM,
     O_CONNECT,
+    O_HTTP,
+    O_TOKEN,
     O_PACKAGES,
 };
 
@@ -435,6 +443,8 @@ static const struct {
     {{"policy-debug", no_argument, NULL, O_DEBUG}, CMD_RUN},
     {{"backend", required_argument, NULL, O_BACKEND}, FRONTS},
     {{"listen", required_argument, NULL, O_LISTEN}, CMD_SERVE},
+    {{"http", required_argument, NULL, O_HTTP}, CMD_SERVE},
+    {{"http-token-file", required_argument, NULL, O_TOKEN}, CMD_SERVE},
     {{"socket-mode", required_argument, NULL, O_MODE}, CMD_SERVE},
     {{"jobs", required_argument, NULL, O_JOBS}, CMD_SERVE | CMD_BATCH},
     {{"max-line-bytes", required_argument, NULL, O_LINE}, FRONTS},
@@ -568,6 +578,12 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         case O_LISTEN:
             o->listen = optarg;
             break;
+        case O_HTTP:
+            o->http = optarg;
+            break;
+        case O_TOKEN:
+            o->token_file = optarg;
+            break;
         case O_MODE: {
             char *end;
             unsigned long m = strtoul(optarg, &end, 8);
@@ -604,6 +620,10 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         return usage_error(cmd, "unexpected '%s'", argv[optind + (wants_target ? 1 : 0)]);
     if (wants_target)
         o->target = argv[optind];
+    if (o->http && o->listen)
+        return usage_error(cmd, "--http and --listen are two ways to serve: choose one");
+    if (o->token_file && !o->http)
+        return usage_error(cmd, "--http-token-file goes with --http");
     if (cmd != CMD_RUN && cmd != CMD_DOCTOR) {
         struct sbx_request probe;
         struct sbx_error err;

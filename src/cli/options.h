@@ -52,6 +52,8 @@ struct opts {
     struct sbx_limits ceilings; /* serve: the most a request may ask */
     double grace;               /* serve: seconds to drain at SIGTERM */
     size_t max_pending;         /* serve: unsent answer bytes per client */
+    const char *http;           /* serve: ADDR:PORT */
+    const char *token_file;     /* serve --http: the bearer token */
     char **packages;            /* --packages, NULL-terminated, or NULL */
 };
 

@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include "commands.h"
 #include "detach.h"
+#include "drain.h"
 #include "lines.h"
 #include "reqjson.h"
 #include "sbxerr.h"
@@ -37,11 +38,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* At shutdown, once the grace is over and what was left is cancelled: how
- * long the cancelled runs may take to end, then how long clients have to
- * read their answers before they are cut off. */
-#define CANCEL_WAIT_SECONDS 10.0
-#define FLUSH_SECONDS       1.0
 /* Requests a stream may have read and waiting for one of its --jobs places
  * (their lines together at most --max-line-bytes): reading ahead is what
  * lets a cancel sent behind them be seen. */
@@ -96,18 +92,6 @@ struct conn {
     bool dropped;   /* the client is gone or cut off: its answers go nowhere */
 };
 
-static void notify(int efd)
-{
-    uint64_t one = 1;
-    (void)!write(efd, &one, sizeof(one));
-}
-
-static void consume(int efd)
-{
-    uint64_t n;
-    (void)!read(efd, &n, sizeof(n));
-}
-
 static void free_answers(struct conn *c)
 {
     while (c->head) {
@@ -136,7 +120,7 @@ static void drop_locked(struct conn *c, const char *why)
     if (c->socket)
         shutdown(c->in_fd, SHUT_RDWR);
     pthread_cond_broadcast(&c->changed);
-    notify(c->wake_fd);
+    efd_notify(c->wake_fd);
     fprintf(stderr, "pysbx serve: %s %s; %u run%s cancelled\n",
             c->socket ? "a client" : "the reader of standard output", why, runs,
             runs == 1 ? "" : "s");
@@ -199,10 +183,10 @@ static struct job *finish(struct conn *c, struct job *j, char *line, bool slot)
         c->inflight--;
         if (slot && !(next = unqueue(c, c->wait_head)))
             c->active--;
-        notify(c->wake_fd);
+        efd_notify(c->wake_fd);
         /* Before the unlock: once it is done, the stream (and, at the end,
          * the server) may be gone. */
-        notify(c->s->wake_fd);
+        efd_notify(c->s->wake_fd);
     }
     pthread_mutex_unlock(&c->lock);
     free(a);
@@ -252,7 +236,7 @@ static struct job *run_one(struct job *j, bool slot)
     pthread_mutex_lock(&c->lock);
     c->running--;
     pthread_mutex_unlock(&c->lock);
-    notify(s->wake_fd);
+    efd_notify(s->wake_fd);
     if (rc == 0)
         line = json_answer_result(j->r.id_text, res);
     else
@@ -333,7 +317,7 @@ static void wait_stream(struct conn *c, bool idle)
             pthread_mutex_unlock(&c->lock);
         }
         if (p[0].revents)
-            consume(c->wake_fd);
+            efd_consume(c->wake_fd);
     }
 }
 
@@ -494,7 +478,7 @@ static void leave(struct server *s, struct conn *c)
             break;
         }
     s->n_conns--;
-    notify(s->wake_fd); /* under the lock: the main thread may end once it sees none */
+    efd_notify(s->wake_fd); /* under the lock: the main thread may end once it sees none */
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -556,12 +540,9 @@ static int add_conn(struct server *s, int in_fd, int out_fd, bool socket)
 
 /* --- shutdown ------------------------------------------------------------------ */
 
-/* What shutdown waits for: every stream ended (its answers written), or no
- * run left in the sandbox (answers may still wait for a slow reader). */
-enum until { NO_CONNS, NO_RUNS };
-
-static bool reached(struct server *s, enum until what)
+static bool reached(void *p, enum drain_until what)
 {
+    struct server *s = p;
     bool yes = true;
 
     pthread_mutex_lock(&s->lock);
@@ -574,29 +555,10 @@ static bool reached(struct server *s, enum until what)
     return yes;
 }
 
-/* Waits for |what|, at most until |deadline| (now_ns(); 0: no end). Returns
- * 1 when reached, 0 at the deadline, -1 on another SIGINT or SIGTERM. */
-static int wait_for(struct server *s, int sfd, enum until what, uint64_t deadline)
+static void cancel_all(void *p)
 {
-    for (;;) {
-        if (reached(s, what))
-            return 1;
-        uint64_t now = now_ns();
-        if (deadline && now >= deadline)
-            return 0;
-        int ms = deadline ? (int)((deadline - now + 999999) / 1000000) : -1;
-        struct pollfd p[2] = {{sfd, POLLIN, 0}, {s->wake_fd, POLLIN, 0}};
-        if (poll(p, 2, ms) < 0 && errno != EINTR)
-            return 1;
-        if (p[0].revents)
-            return -1;
-        if (p[1].revents)
-            consume(s->wake_fd);
-    }
-}
+    struct server *s = p;
 
-static void cancel_all(struct server *s)
-{
     pthread_mutex_lock(&s->lock);
     s->cancelling = true;
     for (struct conn *c = s->conns; c; c = c->next) {
@@ -608,8 +570,10 @@ static void cancel_all(struct server *s)
     pthread_mutex_unlock(&s->lock);
 }
 
-static void drop_all(struct server *s)
+static void drop_all(void *p)
 {
+    struct server *s = p;
+
     pthread_mutex_lock(&s->lock);
     for (struct conn *c = s->conns; c; c = c->next) {
         pthread_mutex_lock(&c->lock);
@@ -619,34 +583,21 @@ static void drop_all(struct server *s)
     pthread_mutex_unlock(&s->lock);
 }
 
-static uint64_t after(double seconds)
-{
-    return now_ns() + (uint64_t)(seconds * 1e9);
-}
-
-/* After SIGINT or SIGTERM: no more requests; what is in flight has the
- * grace to finish, then is cancelled and answered. Returns 1 when every
- * stream has ended, 0 when one could not be waited for, -1 on a second
- * signal. */
+/* After SIGINT or SIGTERM: no more requests; then drain.h's order. */
 static int drain(struct server *s, int sfd)
 {
-    int r;
+    /* A socket's writer ends with the drop; standard output may block for
+     * good, and is not waited for. */
+    struct drain d = {.self = s,
+                      .wake_fd = s->wake_fd,
+                      .grace_seconds = s->o->grace_seconds,
+                      .reached = reached,
+                      .cancel_all = cancel_all,
+                      .drop_all = drop_all,
+                      .drop_ends_all = s->o->listen_path != NULL};
 
-    notify(s->stop_fd);
-    r = wait_for(s, sfd, NO_CONNS, after(s->o->grace_seconds));
-    if (r == 0) {
-        cancel_all(s);
-        r = wait_for(s, sfd, NO_RUNS, after(CANCEL_WAIT_SECONDS));
-        if (r >= 0)
-            r = wait_for(s, sfd, NO_CONNS, after(FLUSH_SECONDS));
-        if (r == 0) {
-            drop_all(s);
-            /* A socket's writer ends with the drop; standard output may
-             * block for good, and is not waited for. */
-            r = s->o->listen_path ? wait_for(s, sfd, NO_CONNS, 0) : 0;
-        }
-    }
-    return r;
+    efd_notify(s->stop_fd);
+    return drain_run(&d, sfd);
 }
 
 /* --- the server ------------------------------------------------------------------ */
@@ -683,7 +634,7 @@ static int open_listener(const struct serve_opts *o)
 static int serve_until_signal(struct server *s, int sfd, int lfd)
 {
     for (;;) {
-        if (lfd < 0 && reached(s, NO_CONNS))
+        if (lfd < 0 && reached(s, ALL_DONE))
             return 0;
         struct pollfd p[3] = {{sfd, POLLIN, 0}, {s->wake_fd, POLLIN, 0}, {lfd, POLLIN, 0}};
         if (poll(p, 3, -1) < 0 && errno != EINTR)
@@ -694,7 +645,7 @@ static int serve_until_signal(struct server *s, int sfd, int lfd)
             return 1;
         }
         if (p[1].revents)
-            consume(s->wake_fd);
+            efd_consume(s->wake_fd);
         if (!p[2].revents)
             continue;
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
@@ -706,16 +657,10 @@ static int serve_until_signal(struct server *s, int sfd, int lfd)
 int serve_main(const struct serve_opts *o)
 {
     struct server s = {.o = o, .stop_fd = -1, .wake_fd = -1};
-    sigset_t stop;
     int sfd = -1, lfd = -1, rc = 1;
 
-    /* SIGINT and SIGTERM are read from a descriptor by the main thread;
-     * blocked before any thread starts, so that every thread inherits it. */
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop, NULL);
-    sfd = signalfd(-1, &stop, SFD_CLOEXEC);
+    /* SIGINT and SIGTERM are read from a descriptor by the main thread. */
+    sfd = stop_signals_open();
     s.stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     s.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     pthread_mutex_init(&s.lock, NULL);

@@ -11,6 +11,11 @@ static int embedded_run(void *self, const struct sbx_request *req, struct sbx_re
     return sbx_run(self, req, out, err);
 }
 
+static int embedded_health(void *self, struct sbx_health *out)
+{
+    return sbx_health(self, out);
+}
+
 static void embedded_close(void *self)
 {
     sbx_close(self);
@@ -25,7 +30,7 @@ int sbx_backend_open(const char *name, const struct sbx_config *cfg, struct sbx_
         int rc = sbx_open(cfg, &sbx, err);
         if (rc < 0)
             return rc;
-        *out = (struct sbx_backend){"embedded", sbx, embedded_run, embedded_close};
+        *out = (struct sbx_backend){"embedded", sbx, embedded_run, embedded_close, embedded_health};
         return 0;
     }
     if (strcmp(name, "python3") == 0)

@@ -14,6 +14,8 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -407,6 +409,13 @@ int control_health(struct sbx *sbx, struct sbx_health *h)
     pthread_mutex_lock(&sbx->ctl_lock);
     h->ready = sbx->ctl >= 0 && !template_dead(sbx);
     h->restarts = sbx->restarts;
+    /* Announced workers wait on the socket as one message each: the bytes
+     * queued there (SIOCINQ counts a whole SOCK_SEQPACKET queue) say how
+     * many. */
+    int queued = 0;
+    h->idle = h->ready && ioctl(sbx->ctl, SIOCINQ, &queued) == 0 && queued > 0
+                  ? (unsigned)((size_t)queued / sizeof(struct wire_worker))
+                  : 0;
     fmt(h->reason, sizeof(h->reason), "%s", h->ready ? "" : sbx->why_down);
     if (!h->ready && !h->reason[0])
         fmt(h->reason, sizeof(h->reason), "the template process ended; the next run restarts it");

@@ -1,0 +1,85 @@
+#define _GNU_SOURCE
+#include "drain.h"
+
+#include "sysutil.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+/* Once the grace is over and what was left is cancelled: how long the
+ * cancelled runs may take to end, then how long clients have to read their
+ * answers before they are cut off. */
+#define CANCEL_WAIT_SECONDS 10.0
+#define FLUSH_SECONDS       1.0
+
+int stop_signals_open(void)
+{
+    sigset_t stop;
+
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    int fd = signalfd(-1, &stop, SFD_CLOEXEC);
+    return fd < 0 ? -errno : fd;
+}
+
+void efd_notify(int efd)
+{
+    uint64_t one = 1;
+    (void)!write(efd, &one, sizeof(one));
+}
+
+void efd_consume(int efd)
+{
+    uint64_t n;
+    (void)!read(efd, &n, sizeof(n));
+}
+
+/* Waits for |what|, at most until |deadline| (now_ns(); 0: no end). Returns
+ * 1 when reached, 0 at the deadline, -1 on another SIGINT or SIGTERM. */
+static int wait_for(const struct drain *d, int sfd, enum drain_until what, uint64_t deadline)
+{
+    for (;;) {
+        if (d->reached(d->self, what))
+            return 1;
+        uint64_t now = now_ns();
+        if (deadline && now >= deadline)
+            return 0;
+        int ms = deadline ? (int)((deadline - now + 999999) / 1000000) : -1;
+        struct pollfd p[2] = {{sfd, POLLIN, 0}, {d->wake_fd, POLLIN, 0}};
+        if (poll(p, 2, ms) < 0 && errno != EINTR)
+            return 1;
+        if (p[0].revents)
+            return -1;
+        if (p[1].revents)
+            efd_consume(d->wake_fd);
+    }
+}
+
+static uint64_t after(double seconds)
+{
+    return now_ns() + (uint64_t)(seconds * 1e9);
+}
+
+int drain_run(const struct drain *d, int sfd)
+{
+    int r = wait_for(d, sfd, ALL_DONE, after(d->grace_seconds));
+
+    if (r == 0) {
+        d->cancel_all(d->self);
+        r = wait_for(d, sfd, NO_RUNS, after(CANCEL_WAIT_SECONDS));
+        if (r >= 0)
+            r = wait_for(d, sfd, ALL_DONE, after(FLUSH_SECONDS));
+        if (r == 0) {
+            d->drop_all(d->self);
+            r = d->drop_ends_all ? wait_for(d, sfd, ALL_DONE, 0) : 0;
+        }
+    }
+    return r;
+}

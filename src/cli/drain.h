@@ -1,0 +1,42 @@
+/*
+ * What the two servers (JSON lines in serve.c, HTTP in http.c) share:
+ * SIGINT and SIGTERM read from a descriptor, eventfd wake-ups, and the
+ * order of a drain at shutdown: the grace for what is in flight, then
+ * cancelling what is left, then a moment for clients to read their answers.
+ */
+#ifndef PYSBX_DRAIN_H
+#define PYSBX_DRAIN_H
+
+#include <stdbool.h>
+
+/* Blocks SIGINT and SIGTERM in the calling thread (call it before any
+ * thread starts, so that every thread inherits the mask) and returns a
+ * descriptor that reads them, or -errno. */
+int stop_signals_open(void);
+
+/* Wakes whoever polls eventfd |efd|; takes the wake-up. */
+void efd_notify(int efd);
+void efd_consume(int efd);
+
+/* What a drain waits for: every request answered and written (ALL_DONE),
+ * or no run left in the sandbox (NO_RUNS; answers may still wait for a
+ * slow reader). */
+enum drain_until { ALL_DONE, NO_RUNS };
+
+struct drain {
+    void *self;
+    int wake_fd; /* written whenever reached() may have changed */
+    double grace_seconds;
+    bool (*reached)(void *self, enum drain_until what);
+    void (*cancel_all)(void *self); /* fire every run's cancel token, and any later one's */
+    void (*drop_all)(void *self);   /* give up on the clients that still have not read */
+    bool drop_ends_all;             /* once dropped, every stream ends by itself */
+};
+
+/* After SIGINT or SIGTERM, once no new request is taken: what is in flight
+ * has the grace to finish, then is cancelled (its answer says so), then
+ * clients get a second to read. Returns 1 when everything ended, 0 when a
+ * stream could not be waited for, -1 on a second signal on |sfd|. */
+int drain_run(const struct drain *d, int sfd);
+
+#endif

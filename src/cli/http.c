@@ -1,0 +1,848 @@
+/*
+ * pysbx serve --http ADDR:PORT: the JSON-lines server's requests and
+ * answers over HTTP, with libmicrohttpd doing the HTTP.
+ *
+ *   POST /v1/run   a request object (reqjson.h) in, its answer object out:
+ *                  200 with the result whatever the code did, or the error
+ *                  object with 400 (invalid_*), 413 (request_too_large) or
+ *                  503 (sandbox_busy, sandbox_unavailable).
+ *   GET /healthz   200 when the sandbox can take runs, 503 otherwise.
+ *   GET /metrics   Prometheus' text format.
+ *
+ * Threads: libmicrohttpd gives each connection a thread (keep-alive
+ * included), which parses, runs (blocking in the backend: at most --jobs
+ * runs at once, the library's queue behind them) and answers. A watcher
+ * cancels the run of a client that hangs up meanwhile. The main
+ * thread waits for SIGINT or SIGTERM, then drains as serve.c does
+ * (drain.h): no new connection, 503 to new requests on open ones, the
+ * grace for runs in flight, then cancel.
+ */
+#define _GNU_SOURCE
+#include "commands.h"
+#include "drain.h"
+#include "options.h"
+#include "reqjson.h"
+#include "sbxerr.h"
+#include "sysutil.h"
+#include "util.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* What a connection may hold of request line and headers (libmicrohttpd
+ * answers 431 past it), how many connections (each a thread) at once, and
+ * how long an idle keep-alive connection is kept. */
+#define HEADER_BYTES    (64u << 10)
+#define MAX_CONNECTIONS 512u
+#define IDLE_TIMEOUT_S  60u
+#define LISTEN_BACKLOG  128
+#define TOKEN_MAX       4096u
+#define JSON_TYPE       "application/json"
+#define METRICS_TYPE    "text/plain; version=0.0.4; charset=utf-8"
+#define METRICS_ROOM    8192u
+
+/* The run-duration histogram's upper bounds, in seconds. */
+static const double buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                 0.25,  0.5,    1,     2.5,  5,     10,   30};
+#define N_BUCKETS ARRAY_SIZE(buckets)
+#define N_STATUS  (SBX_SANDBOX_ERROR + 1)
+#define N_CODES   (SBX_ERR_BUSY + 1)
+
+struct metrics {
+    uint64_t runs[N_STATUS];    /* answered with a result, by status */
+    uint64_t refused[N_CODES];  /* answered with an error, by code */
+    uint64_t le[N_BUCKETS + 1]; /* runs per bucket (not cumulative); last: +Inf */
+    double seconds;             /* the sum */
+};
+
+struct job {
+    struct job *next;
+    struct sbx_cancel *cancel;
+    int fd; /* the client's connection, watched for a hang-up */
+};
+
+struct http {
+    const struct serve_opts *o;
+    char *token;
+    size_t token_len;
+    int wake_fd; /* eventfd: an exchange or a run ended */
+    pthread_mutex_t lock;
+    struct metrics m;
+    struct job *jobs; /* runs in flight, for cancel_all */
+    unsigned running; /* runs in flight */
+    unsigned open;    /* requests begun and not yet answered to the end */
+    bool draining;    /* SIGINT or SIGTERM: new requests get 503 */
+    bool cancelling;  /* the grace is over: a run is cancelled as it starts */
+    int watch_fd;     /* eventfd: the runs in flight changed, or the watcher should end */
+    bool unwatched;   /* the watcher ends */
+};
+
+enum route { ROUTE_NONE, ROUTE_RUN, ROUTE_HEALTH, ROUTE_METRICS };
+
+/* One request: where it goes, its body as it arrives. */
+struct exchange {
+    enum route rt;
+    char *body;
+    size_t len, cap;
+    bool too_large;
+    size_t discarded; /* bytes thrown away once too_large */
+};
+
+static bool is_draining(struct http *h)
+{
+    pthread_mutex_lock(&h->lock);
+    bool d = h->draining;
+    pthread_mutex_unlock(&h->lock);
+    return d;
+}
+
+/* --- answers ------------------------------------------------------------------- */
+
+static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, char *text,
+                                 const char *type, bool close_after)
+{
+    struct MHD_Response *r;
+    enum MHD_Result ok;
+
+    if (!text)
+        return MHD_NO; /* out of memory: the connection is closed */
+    r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD, POST");
+    if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (close_after)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    ok = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static unsigned status_for(enum sbx_error_code code)
+{
+    switch (code) {
+    case SBX_ERR_TOO_LARGE:
+        return MHD_HTTP_CONTENT_TOO_LARGE;
+    case SBX_ERR_UNAVAILABLE:
+    case SBX_ERR_BUSY:
+        return MHD_HTTP_SERVICE_UNAVAILABLE;
+    default:
+        return MHD_HTTP_BAD_REQUEST;
+    }
+}
+
+static void count_refused(struct http *h, enum sbx_error_code code)
+{
+    pthread_mutex_lock(&h->lock);
+    h->m.refused[(unsigned)code < N_CODES ? code : SBX_ERR_INVALID_REQUEST]++;
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* The JSON-lines server's error answer, with |id_text| (NULL: null). */
+static enum MHD_Result send_error(struct http *h, struct MHD_Connection *conn, unsigned status,
+                                  const char *id_text, enum sbx_error_code code, const char *format,
+                                  ...) __attribute__((format(printf, 6, 7)));
+
+static enum MHD_Result send_error(struct http *h, struct MHD_Connection *conn, unsigned status,
+                                  const char *id_text, enum sbx_error_code code, const char *format,
+                                  ...)
+{
+    struct sbx_error err = {.code = code};
+    va_list ap;
+
+    va_start(ap, format);
+    vsnprintf(err.message, sizeof(err.message), format, ap);
+    va_end(ap);
+    count_refused(h, code);
+    return send_text(conn, status, json_answer_error(id_text, &err), JSON_TYPE,
+                     status == MHD_HTTP_SERVICE_UNAVAILABLE && is_draining(h));
+}
+
+/* --- authentication ------------------------------------------------------------ */
+
+/* Compares in time that depends on the token's length only, never on where
+ * the first wrong byte is. */
+static bool token_matches(const struct http *h, const char *got)
+{
+    size_t glen = strlen(got);
+    unsigned char diff = glen != h->token_len;
+
+    for (size_t i = 0; i < h->token_len; i++)
+        diff |= (unsigned char)(h->token[i] ^ got[i < glen ? i : 0]);
+    return diff == 0;
+}
+
+static bool authorised(const struct http *h, struct MHD_Connection *conn)
+{
+    const char *a;
+
+    if (!h->token)
+        return true;
+    a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!a || strncasecmp(a, "Bearer ", 7) != 0)
+        return false;
+    a += 7;
+    while (*a == ' ')
+        a++;
+    return token_matches(h, a);
+}
+
+/* --- the endpoints --------------------------------------------------------------- */
+
+static bool ready(const struct serve_opts *o, struct sbx_health *st)
+{
+    memset(st, 0, sizeof(*st));
+    if (!o->backend->health) {
+        st->ready = true;
+        return true;
+    }
+    o->backend->health(o->backend->self, st);
+    /* Workers ready: one idle, or runs in flight (whose ends make more).
+     * A template that is up but cannot make any is not ready. */
+    return st->ready && (st->idle > 0 || st->running > 0);
+}
+
+static enum MHD_Result healthz(struct http *h, struct MHD_Connection *conn)
+{
+    struct sbx_health st;
+    bool draining = is_draining(h);
+    bool ok = ready(h->o, &st) && !draining;
+    const char *state = draining ? "draining" : ok ? "ready" : "unavailable";
+    json_t *j =
+        json_pack("{s:s, s:b, s:I, s:I, s:I, s:I, s:s}", "status", state, "template_up", st.ready,
+                  "idle_workers", (json_int_t)st.idle, "runs_in_flight", (json_int_t)st.running,
+                  "queued", (json_int_t)st.waiting, "template_restarts", (json_int_t)st.restarts,
+                  "reason", draining ? "the server is shutting down" : st.reason);
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+
+    json_decref(j);
+    return send_text(conn, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, text, JSON_TYPE,
+                     draining);
+}
+
+struct buf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+};
+
+static void add(struct buf *b, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+static void add(struct buf *b, const char *format, ...)
+{
+    va_list ap;
+
+    for (int tries = 0; !b->failed && tries < 2; tries++) {
+        va_start(ap, format);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, format, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+        } else if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        } else {
+            char *p = realloc(b->p, b->cap * 2 + (size_t)n);
+            if (!p)
+                b->failed = true;
+            else {
+                b->p = p;
+                b->cap = b->cap * 2 + (size_t)n;
+            }
+        }
+    }
+}
+
+static void add_metric(struct buf *b, const char *name, const char *type, const char *help)
+{
+    add(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static enum MHD_Result metrics(struct http *h, struct MHD_Connection *conn)
+{
+    struct buf b = {malloc(METRICS_ROOM), 0, METRICS_ROOM, false};
+    struct sbx_health st;
+    struct metrics m;
+    uint64_t cumulative = 0, total = 0;
+
+    if (!b.p)
+        return MHD_NO;
+    bool up = ready(h->o, &st);
+    pthread_mutex_lock(&h->lock);
+    m = h->m;
+    pthread_mutex_unlock(&h->lock);
+
+    add_metric(&b, "pysbx_runs_total", "counter", "Runs answered with a result, by status.");
+    for (unsigned i = 0; i < N_STATUS; i++)
+        add(&b, "pysbx_runs_total{status=\"%s\"} %llu\n", sbx_status_name(i),
+            (unsigned long long)m.runs[i]);
+    add_metric(&b, "pysbx_requests_refused_total", "counter",
+               "Requests answered with an error object, by error code.");
+    for (unsigned i = 1; i < N_CODES; i++)
+        add(&b, "pysbx_requests_refused_total{code=\"%s\"} %llu\n", sbx_error_code_name(i),
+            (unsigned long long)m.refused[i]);
+    add_metric(&b, "pysbx_run_duration_seconds", "histogram",
+               "Wall time of runs answered with a result, from the request read to its result.");
+    for (unsigned i = 0; i <= N_BUCKETS; i++) {
+        cumulative += m.le[i];
+        if (i < N_BUCKETS)
+            add(&b, "pysbx_run_duration_seconds_bucket{le=\"%g\"} %llu\n", buckets[i],
+                (unsigned long long)cumulative);
+        else
+            add(&b, "pysbx_run_duration_seconds_bucket{le=\"+Inf\"} %llu\n",
+                (unsigned long long)cumulative);
+    }
+    for (unsigned i = 0; i < N_STATUS; i++)
+        total += m.runs[i];
+    add(&b, "pysbx_run_duration_seconds_sum %.6f\npysbx_run_duration_seconds_count %llu\n",
+        m.seconds, (unsigned long long)total);
+    add_metric(&b, "pysbx_queue_depth", "gauge", "Runs waiting for a place in the sandbox.");
+    add(&b, "pysbx_queue_depth %u\n", st.waiting);
+    add_metric(&b, "pysbx_runs_in_flight", "gauge", "Runs in the sandbox now.");
+    add(&b, "pysbx_runs_in_flight %u\n", st.running);
+    add_metric(&b, "pysbx_idle_workers", "gauge", "Workers ready and not yet taken.");
+    add(&b, "pysbx_idle_workers %u\n", st.idle);
+    add_metric(&b, "pysbx_template_up", "gauge", "1 when the template process is running.");
+    add(&b, "pysbx_template_up %d\n", st.ready ? 1 : 0);
+    add_metric(&b, "pysbx_ready", "gauge", "1 when /healthz answers 200.");
+    add(&b, "pysbx_ready %d\n", up && !is_draining(h) ? 1 : 0);
+    add_metric(&b, "pysbx_template_restarts_total", "counter",
+               "Template processes started after the first.");
+    add(&b, "pysbx_template_restarts_total %u\n", st.restarts);
+    add_metric(&b, "pysbx_build_info", "gauge", "The version and backend; always 1.");
+    add(&b, "pysbx_build_info{version=\"%s\",backend=\"%s\"} 1\n", PYSBX_VERSION,
+        h->o->backend->name);
+    if (b.failed) {
+        free(b.p);
+        return MHD_NO;
+    }
+    return send_text(conn, MHD_HTTP_OK, b.p, METRICS_TYPE, false);
+}
+
+static void job_add(struct http *h, struct job *j)
+{
+    pthread_mutex_lock(&h->lock);
+    j->next = h->jobs;
+    h->jobs = j;
+    h->running++;
+    if (h->cancelling)
+        sbx_cancel_fire(j->cancel); /* answered at once: cancelled */
+    pthread_mutex_unlock(&h->lock);
+    efd_notify(h->watch_fd);
+}
+
+static void job_done(struct http *h, struct job *j, const struct sbx_result *res, double seconds)
+{
+    pthread_mutex_lock(&h->lock);
+    for (struct job **pp = &h->jobs; *pp; pp = &(*pp)->next)
+        if (*pp == j) {
+            *pp = j->next;
+            break;
+        }
+    h->running--;
+    efd_notify(h->watch_fd);
+    if (res) {
+        unsigned i = 0;
+        while (i < N_BUCKETS && seconds > buckets[i])
+            i++;
+        h->m.le[i]++;
+        h->m.seconds += seconds;
+        h->m.runs[(unsigned)res->status < N_STATUS ? res->status : SBX_SANDBOX_ERROR]++;
+    }
+    pthread_mutex_unlock(&h->lock);
+    efd_notify(h->wake_fd);
+}
+
+static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct exchange *x)
+{
+    struct json_request r = {0};
+    struct sbx_error err = {0};
+    struct sbx_result *res = NULL;
+    struct job j = {0};
+    enum MHD_Result ok;
+    char *text;
+    int rc;
+
+    if (json_request_parse(x->body ? x->body : "", x->len, &h->o->ceilings, &r, &err) < 0) {
+        text = json_answer_error(r.id_text, &err);
+        count_refused(h, err.code);
+        json_request_free(&r);
+        return send_text(conn, status_for(err.code), text, JSON_TYPE, false);
+    }
+    if (r.cancel_text) {
+        ok = send_error(h, conn, MHD_HTTP_BAD_REQUEST, NULL, SBX_ERR_INVALID_REQUEST,
+                        "cancel messages are for the JSON-lines server; over HTTP, close the "
+                        "connection to cancel its run");
+        json_request_free(&r);
+        return ok;
+    }
+    if (!(j.cancel = sbx_cancel_new())) {
+        json_request_free(&r);
+        return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
+                          "out of memory");
+    }
+    r.req.cancel = j.cancel;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j.fd = ci ? ci->connect_fd : -1;
+    job_add(h, &j);
+    uint64_t t0 = now_ns();
+    rc = h->o->backend->run(h->o->backend->self, &r.req, &res, &err);
+    job_done(h, &j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9);
+    if (rc == 0) {
+        text = json_answer_result(r.id_text, res);
+        ok = send_text(conn, MHD_HTTP_OK, text, JSON_TYPE, false);
+    } else {
+        text = json_answer_error(r.id_text, &err);
+        count_refused(h, err.code);
+        ok = send_text(conn, status_for(err.code), text, JSON_TYPE, false);
+    }
+    sbx_result_free(res);
+    sbx_cancel_free(j.cancel);
+    json_request_free(&r);
+    return ok;
+}
+
+/* Takes what arrived of the body, up to --max-line-bytes. */
+static void take_body(struct exchange *x, size_t max, const char *data, size_t n)
+{
+    if (x->too_large || x->len + n > max) {
+        x->too_large = true;
+        x->discarded += n;
+        return;
+    }
+    if (x->len + n + 1 > x->cap) {
+        size_t cap = x->cap ? x->cap : 4096;
+        while (cap < x->len + n + 1)
+            cap *= 2;
+        char *p = realloc(x->body, cap);
+        if (!p) {
+            x->too_large = true; /* answered as too large for this server */
+            return;
+        }
+        x->body = p;
+        x->cap = cap;
+    }
+    memcpy(x->body + x->len, data, n);
+    x->len += n;
+    x->body[x->len] = '\0';
+}
+
+static enum route route_of(const char *url)
+{
+    if (strcmp(url, "/v1/run") == 0)
+        return ROUTE_RUN;
+    if (strcmp(url, "/healthz") == 0)
+        return ROUTE_HEALTH;
+    if (strcmp(url, "/metrics") == 0)
+        return ROUTE_METRICS;
+    return ROUTE_NONE;
+}
+
+static bool is(const char *method, const char *want)
+{
+    return strcmp(method, want) == 0;
+}
+
+/* The first call for a request, before its body: everything that can be
+ * refused without reading it (an answer queued now closes the connection
+ * after it). Returns MHD_YES with nothing queued to go on. */
+static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const char *url,
+                              const char *method, enum route rt)
+{
+    bool get = is(method, MHD_HTTP_METHOD_GET) || is(method, MHD_HTTP_METHOD_HEAD);
+    const char *cl;
+
+    if (rt == ROUTE_NONE)
+        return send_error(h, conn, MHD_HTTP_NOT_FOUND, NULL, SBX_ERR_INVALID_REQUEST,
+                          "no such path: %.100s (POST /v1/run, GET /healthz, GET /metrics)", url);
+    if (rt == ROUTE_RUN ? !is(method, MHD_HTTP_METHOD_POST) : !get)
+        return send_error(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, SBX_ERR_INVALID_REQUEST,
+                          "%.100s takes %s, not %.20s", url, rt == ROUTE_RUN ? "POST" : "GET",
+                          method);
+    if (rt != ROUTE_HEALTH && !authorised(h, conn))
+        return send_error(h, conn, MHD_HTTP_UNAUTHORIZED, NULL, SBX_ERR_INVALID_REQUEST,
+                          "a valid bearer token is required (Authorization: Bearer ...)");
+    if (rt != ROUTE_RUN)
+        return MHD_YES;
+    if (is_draining(h))
+        return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
+                          "the server is shutting down");
+    cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    uint64_t n;
+    if (cl && parse_u64(cl, &n) == 0 && n > h->o->max_line_bytes)
+        return send_error(h, conn, MHD_HTTP_CONTENT_TOO_LARGE, NULL, SBX_ERR_TOO_LARGE,
+                          "request body longer than %zu bytes", h->o->max_line_bytes);
+    return MHD_YES;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
+                              const char *method, const char *version, const char *data,
+                              size_t *data_size, void **state)
+{
+    struct http *h = cls;
+    struct exchange *x = *state;
+
+    (void)version;
+    if (!x) {
+        if (!(x = calloc(1, sizeof(*x))))
+            return MHD_NO;
+        *state = x;
+        x->rt = route_of(url);
+        pthread_mutex_lock(&h->lock);
+        h->open++;
+        pthread_mutex_unlock(&h->lock);
+        return screen(h, conn, url, method, x->rt);
+    }
+    if (*data_size) {
+        take_body(x, h->o->max_line_bytes, data, *data_size);
+        *data_size = 0;
+        /* libmicrohttpd takes no answer before the body has ended: a
+         * chunked body over the limit is read and thrown away to its end,
+         * then answered 413, unless it goes on for as much again: then the
+         * connection is closed without an answer. */
+        return x->discarded > h->o->max_line_bytes ? MHD_NO : MHD_YES;
+    }
+    if (x->rt == ROUTE_HEALTH)
+        return healthz(h, conn);
+    if (x->rt == ROUTE_METRICS)
+        return metrics(h, conn);
+    if (x->too_large)
+        return send_error(h, conn, MHD_HTTP_CONTENT_TOO_LARGE, NULL, SBX_ERR_TOO_LARGE,
+                          "request body longer than %zu bytes", h->o->max_line_bytes);
+    return run(h, conn, x);
+}
+
+static void completed(void *cls, struct MHD_Connection *conn, void **state,
+                      enum MHD_RequestTerminationCode why)
+{
+    struct http *h = cls;
+    struct exchange *x = *state;
+
+    (void)conn;
+    (void)why;
+    if (!x)
+        return;
+    free(x->body);
+    free(x);
+    *state = NULL;
+    pthread_mutex_lock(&h->lock);
+    h->open--;
+    pthread_mutex_unlock(&h->lock);
+    efd_notify(h->wake_fd);
+}
+
+static void log_mhd(void *cls, const char *format, va_list ap)
+{
+    (void)cls;
+    fputs("pysbx serve: ", stderr);
+    vfprintf(stderr, format, ap);
+}
+
+/* --- clients that hang up ---------------------------------------------------------- */
+
+/* Polls the connections of the runs in flight; a client that hangs up (or
+ * shuts its sending side: an HTTP client waiting for its answer does not)
+ * has its run cancelled, as the JSON-lines server does. A connection's
+ * descriptor stays its own while its run is on the list: libmicrohttpd
+ * closes it only after the handler returned. */
+static void *watcher_main(void *p)
+{
+    struct http *h = p;
+    struct pollfd *fds = NULL;
+    size_t cap = 0;
+
+    for (;;) {
+        size_t n = 1;
+        pthread_mutex_lock(&h->lock);
+        if (h->unwatched) {
+            pthread_mutex_unlock(&h->lock);
+            break;
+        }
+        if (cap < h->running + 1) {
+            struct pollfd *more = realloc(fds, (h->running + 1) * sizeof(*fds));
+            if (more) {
+                fds = more;
+                cap = h->running + 1;
+            }
+        }
+        if (fds) {
+            fds[0] = (struct pollfd){h->watch_fd, POLLIN, 0};
+            for (struct job *j = h->jobs; j && n < cap; j = j->next)
+                if (j->fd >= 0 && !sbx_cancel_fired(j->cancel))
+                    fds[n++] = (struct pollfd){j->fd, POLLRDHUP, 0};
+        }
+        pthread_mutex_unlock(&h->lock);
+        struct pollfd wake = {h->watch_fd, POLLIN, 0};
+        if (poll(fds ? fds : &wake, fds ? n : 1, -1) < 0 && errno != EINTR)
+            break;
+        if ((fds ? fds : &wake)[0].revents)
+            efd_consume(h->watch_fd);
+        for (size_t i = 1; i < n; i++) {
+            if (!(fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+                continue;
+            pthread_mutex_lock(&h->lock);
+            for (struct job *j = h->jobs; j; j = j->next)
+                if (j->fd == fds[i].fd && !sbx_cancel_fired(j->cancel)) {
+                    sbx_cancel_fire(j->cancel);
+                    fputs("pysbx serve: a client hung up; its run is cancelled\n", stderr);
+                }
+            pthread_mutex_unlock(&h->lock);
+        }
+    }
+    free(fds);
+    return NULL;
+}
+
+/* --- the drain ------------------------------------------------------------------ */
+
+static bool reached(void *p, enum drain_until what)
+{
+    struct http *h = p;
+
+    pthread_mutex_lock(&h->lock);
+    bool yes = what == NO_RUNS ? h->running == 0 : h->open == 0;
+    pthread_mutex_unlock(&h->lock);
+    return yes;
+}
+
+static void cancel_all(void *p)
+{
+    struct http *h = p;
+
+    pthread_mutex_lock(&h->lock);
+    h->cancelling = true;
+    for (struct job *j = h->jobs; j; j = j->next)
+        sbx_cancel_fire(j->cancel);
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* Stopping the daemon cuts off whoever is left. */
+static void drop_none(void *p)
+{
+    (void)p;
+}
+
+/* --- start-up ------------------------------------------------------------------ */
+
+static bool loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(a))
+        return a->s6_addr[12] == 127;
+    return IN6_IS_ADDR_LOOPBACK(a);
+}
+
+/* "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:0". Returns a listening socket
+ * or -errno, having said why: -EINVAL for a bad address, -EACCES for one
+ * that is not loopback when there is no token. */
+static int open_http_listener(const char *spec, bool token, char *shown, size_t cap)
+{
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE,
+                             .ai_socktype = SOCK_STREAM};
+    struct addrinfo *ai = NULL;
+    const char *colon = strrchr(spec, ':');
+    char host[INET6_ADDRSTRLEN + 2];
+    size_t hl = colon ? (size_t)(colon - spec) : 0;
+    int fd = -1, one = 1, rc;
+
+    if (!colon || hl == 0 || hl >= sizeof(host) || !colon[1]) {
+        fprintf(stderr,
+                "pysbx serve: --http wants ADDR:PORT (127.0.0.1:8080, [::1]:8080), "
+                "not '%s'\n",
+                spec);
+        return -EINVAL;
+    }
+    memcpy(host, spec, hl);
+    host[hl] = '\0';
+    if (host[0] == '[' && host[hl - 1] == ']') {
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = '\0';
+    }
+    rc = getaddrinfo(host, colon + 1, &hints, &ai);
+    if (rc != 0) {
+        fprintf(stderr, "pysbx serve: --http %s: %s (a numeric address and port)\n", spec,
+                gai_strerror(rc));
+        return -EINVAL;
+    }
+    if (!token && !loopback(ai->ai_addr)) {
+        fprintf(stderr,
+                "pysbx serve: --http %s is not a loopback address: refusing to serve "
+                "it without --http-token-file\n",
+                spec);
+        freeaddrinfo(ai);
+        return -EACCES;
+    }
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, LISTEN_BACKLOG) < 0) {
+        rc = -errno;
+        fprintf(stderr, "pysbx serve: --http %s: %s\n", spec, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        return rc;
+    }
+    freeaddrinfo(ai);
+
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char a[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        bool v4 = ss.ss_family == AF_INET;
+        const void *in = v4 ? (const void *)&((struct sockaddr_in *)&ss)->sin_addr
+                            : (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr;
+        inet_ntop(ss.ss_family, in, a, sizeof(a));
+        port = ntohs(v4 ? ((struct sockaddr_in *)&ss)->sin_port
+                        : ((struct sockaddr_in6 *)&ss)->sin6_port);
+        fmt(shown, cap, v4 ? "%s:%u" : "[%s]:%u", a, port);
+    }
+    return fd;
+}
+
+/* The token: the file's text without surrounding white space; printable
+ * ASCII only, so that it fits in a header as it is. */
+static int load_token(const char *path, char **out, size_t *len)
+{
+    char *t = NULL;
+    size_t n = 0;
+    int rc = slurp(path, TOKEN_MAX, &t, &n);
+
+    if (rc < 0) {
+        fprintf(stderr, "pysbx serve: --http-token-file %s: %s\n", path,
+                rc == -EFBIG ? "longer than 4096 bytes" : strerror(-rc));
+        return rc;
+    }
+    while (n && isspace((unsigned char)t[n - 1]))
+        n--;
+    size_t start = 0;
+    while (start < n && isspace((unsigned char)t[start]))
+        start++;
+    bool ok = n > start;
+    for (size_t i = start; i < n; i++)
+        ok = ok && t[i] > ' ' && t[i] < 0x7f;
+    if (!ok) {
+        fprintf(stderr, "pysbx serve: --http-token-file %s: %s\n", path,
+                n > start ? "the token must be printable ASCII without spaces" : "empty");
+        free(t);
+        return -EINVAL;
+    }
+    memmove(t, t + start, n - start);
+    t[n - start] = '\0';
+    *out = t;
+    *len = n - start;
+    return 0;
+}
+
+int http_main(const struct serve_opts *o)
+{
+    struct http h = {.o = o, .wake_fd = -1, .watch_fd = -1};
+    pthread_t watcher;
+    bool watching = false;
+    struct MHD_Daemon *d = NULL;
+    char shown[INET6_ADDRSTRLEN + 16] = "";
+    int sfd = -1, lfd = -1, rc = EXIT_USAGE;
+
+    pthread_mutex_init(&h.lock, NULL);
+    sfd = stop_signals_open();
+    h.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    h.watch_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (sfd < 0 || h.wake_fd < 0 || h.watch_fd < 0) {
+        fprintf(stderr, "pysbx serve: %s\n", strerror(errno));
+        rc = 1;
+        goto out;
+    }
+    if (o->token_file && load_token(o->token_file, &h.token, &h.token_len) < 0)
+        goto out;
+    if ((lfd = open_http_listener(o->http_addr, h.token != NULL, shown, sizeof(shown))) < 0) {
+        rc = lfd == -EINVAL || lfd == -EACCES ? EXIT_USAGE : 1;
+        goto out;
+    }
+    d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                             MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG,
+                         0, NULL, NULL, handle, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+                         MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                         (size_t)HEADER_BYTES, MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS,
+                         MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
+                         completed, &h, MHD_OPTION_END);
+    if (!d || pthread_create(&watcher, NULL, watcher_main, &h) != 0) {
+        fprintf(stderr, "pysbx serve: cannot start the HTTP server\n");
+        rc = 1;
+        goto out;
+    }
+    watching = true;
+    fprintf(stderr, "pysbx serve: listening on http://%s (backend %s%s)\n", shown, o->backend->name,
+            h.token ? ", bearer token required" : "");
+
+    struct pollfd p = {sfd, POLLIN, 0};
+    while (poll(&p, 1, -1) < 0 && errno == EINTR)
+        ;
+    uint64_t sig[16];
+    (void)!read(sfd, sig, sizeof(sig)); /* so that only another one counts */
+
+    /* New connections are refused at once (shutdown ends the listening:
+     * what waits in the backlog is reset); the descriptor itself is closed
+     * only after the daemon has stopped, which may still poll it. */
+    shutdown(lfd, SHUT_RDWR);
+    pthread_mutex_lock(&h.lock);
+    h.draining = true;
+    pthread_mutex_unlock(&h.lock);
+    struct drain dr = {.self = &h,
+                       .wake_fd = h.wake_fd,
+                       .grace_seconds = o->grace_seconds,
+                       .reached = reached,
+                       .cancel_all = cancel_all,
+                       .drop_all = drop_none};
+    int r = drain_run(&dr, sfd);
+    if (r < 0 || (r == 0 && !reached(&h, NO_RUNS))) {
+        /* Threads still hold runs: end the process here rather than free
+         * what they use. */
+        if (r < 0)
+            fputs("pysbx serve: a second signal: exiting now\n", stderr);
+        fflush(stderr);
+        _exit(r < 0 ? 1 : 0);
+    }
+    rc = 0;
+out:
+    if (d)
+        MHD_stop_daemon(d);
+    if (watching) {
+        pthread_mutex_lock(&h.lock);
+        h.unwatched = true;
+        pthread_mutex_unlock(&h.lock);
+        efd_notify(h.watch_fd);
+        pthread_join(watcher, NULL);
+    }
+    if (lfd >= 0)
+        close(lfd);
+    close_fd(&sfd);
+    close_fd(&h.wake_fd);
+    close_fd(&h.watch_fd);
+    free(h.token);
+    pthread_mutex_destroy(&h.lock);
+    return rc;
+}

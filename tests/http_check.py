@@ -1,0 +1,415 @@
+"""pysbx serve --http as a client sees it, every answer checked against
+docs/openapi.yaml (and the result schema it refers to). Run by test_http.sh
+with Debian's python3 (python3-jsonschema, python3-yaml); exits non-zero when
+a check failed. Servers listen on loopback only."""
+import atexit, http.client, json, os, re, signal, socket, subprocess, sys, tempfile, threading
+import time
+
+import jsonschema
+import yaml
+
+PYSBX, SRC = sys.argv[1], sys.argv[2]
+DOCS = os.path.join(SRC, "docs")
+TOKEN = "t0ken-" + os.urandom(8).hex()
+failures = 0
+started = []
+seen = {}  # what the first server answered: status or error code -> count
+
+
+@atexit.register
+def stop_servers():
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def check(name, ok, detail=""):
+    global failures
+    print(("ok   " if ok else "FAIL ") + name + ("" if ok else f": {detail}"))
+    failures += not ok
+
+
+# --- the document ------------------------------------------------------------
+with open(os.path.join(DOCS, "openapi.yaml")) as f:
+    API = yaml.safe_load(f)
+with open(os.path.join(DOCS, "result.schema.json")) as f:
+    RESULT = json.load(f)
+BASE = "file://" + DOCS + "/openapi.yaml"
+RESOLVER = jsonschema.RefResolver(BASE, API, store={"file://" + DOCS + "/result.schema.json": RESULT})
+jsonschema.Draft202012Validator.check_schema(RESULT)
+
+
+def resolve(obj):
+    while "$ref" in obj and obj["$ref"].startswith("#/"):
+        obj = RESOLVER.resolve(obj["$ref"])[1]
+    return obj
+
+
+def conforms(path, method, status, resp_type, body):
+    """Whether an answer is one the document describes: a documented status,
+    its content type, and (for JSON) the schema."""
+    # Unknown paths and methods: the document's NotFound and MethodNotAllowed.
+    ops = API["paths"].get(path)
+    op = (ops or {}).get(method.lower())
+    if op is None:
+        want = "NotFound" if ops is None else "MethodNotAllowed"
+        op = {"responses": {"404" if ops is None else "405":
+                            {"$ref": "#/components/responses/" + want}}}
+    r = op["responses"].get(str(status))
+    if r is None:
+        return False, f"{method} {path} does not document {status}"
+    r = resolve(r)
+    content = r.get("content")
+    if not content:
+        return True, ""
+    ctype = (resp_type or "").split(";")[0].strip()
+    if ctype not in content:
+        return False, f"content type {resp_type!r}, documented {list(content)}"
+    if ctype != "application/json":
+        return True, ""
+    try:
+        jsonschema.Draft202012Validator(content[ctype]["schema"], resolver=RESOLVER).validate(
+            json.loads(body))
+    except (jsonschema.ValidationError, ValueError) as e:
+        return False, f"{str(e)[:300]} in {body[:300]!r}"
+    return True, ""
+
+
+# --- a server ----------------------------------------------------------------
+def start(*args, token=True, wait=True):
+    tf = None
+    if token:
+        tf = tempfile.NamedTemporaryFile("w", delete=False)
+        tf.write(TOKEN + "\n")
+        tf.close()
+        args = ("--http-token-file", tf.name) + args
+    args = ("--http", "127.0.0.1:0") + args
+    p = subprocess.Popen([PYSBX, "serve", *args], stderr=subprocess.PIPE, text=True)
+    started.append(p)
+    if not wait:
+        return p, None
+    line = p.stderr.readline()
+    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+    if not m:
+        raise SystemExit(f"the server did not start: {line!r}")
+    threading.Thread(target=lambda: p.stderr.read(), daemon=True).start()
+    return p, int(m.group(1))
+
+
+class Client:
+    def __init__(self, port, token=TOKEN):
+        self.port, self.token = port, token
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def request(self, method, path, body=None, headers=None, check_doc=True):
+        h = dict(headers or {})
+        if self.token is not None:
+            h.setdefault("Authorization", "Bearer " + self.token)
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+            h.setdefault("Content-Type", "application/json")
+        try:
+            self.conn.request(method, path, body=body, headers=h)
+            r = self.conn.getresponse()
+        except (ConnectionError, http.client.HTTPException):
+            self.conn.close()
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            self.conn.request(method, path, body=body, headers=h)
+            r = self.conn.getresponse()
+        data = r.read().decode()
+        if r.will_close:
+            self.conn.close()
+        if check_doc:
+            ok, why = conforms(path, method if method != "HEAD" else "GET", r.status,
+                               r.getheader("Content-Type"), data)
+            check(f"{method} {path} -> {r.status} is as documented", ok, why)
+        return r, data
+
+    def run(self, req, **kw):
+        r, data = self.request("POST", "/v1/run", req, **kw)
+        a = json.loads(data) if data else None
+        key = a.get("status") or a["error"]["code"]
+        seen[key] = seen.get(key, 0) + 1
+        return r.status, a
+
+
+proc, port = start("--jobs", "2", "--max-line-bytes", "4096", "--max-wall", "5", "--grace", "5")
+c = Client(port)
+
+# --- health and runs -----------------------------------------------------------
+for _ in range(100):  # the pool fills shortly after the start
+    r, body = c.request("GET", "/healthz", check_doc=False)
+    if r.status == 200:
+        break
+    time.sleep(0.05)
+r, body = c.request("GET", "/healthz")
+check("healthz: 200, ready, idle workers", r.status == 200 and json.loads(body)["status"] == "ready"
+      and json.loads(body)["idle_workers"] > 0, body)
+r, body = Client(port, token=None).request("GET", "/healthz")
+check("healthz needs no token", r.status == 200, r.status)
+
+st, a = c.run({"id": "one", "code": "print(6 * 7)"})
+check("a run: 200 and its result", st == 200 and a["status"] == "completed"
+      and a["stdout"] == "42\n" and a["id"] == "one", a)
+r, data = c.request("POST", "/v1/run", '{"id": 1.00000000001, "code": "pass"}')
+check("the id comes back as written", data.startswith('{"id":1.00000000001,'), data[:60])
+seen["completed"] = seen.get("completed", 0) + 1
+st, a = c.run({"id": 2, "code": "print(open('d/a.txt').read(), open('b', 'rb').read())",
+               "files": {"d/a.txt": "hi"}, "files_base64": {"b": "aGk="}})
+check("input files, text and base64", st == 200 and a["stdout"] == "hi b'hi'\n", a)
+st, a = c.run({"id": 3, "code": "open('out.txt', 'w').write('x' * 10)"})
+check("an artifact", st == 200 and [x["name"] for x in a["artifacts"]] == ["out.txt"], a)
+st, a = c.run({"id": 4, "code": "raise ValueError('v')"})
+check("an exception: completed, exit 1", st == 200 and a["exit_code"] == 1
+      and "ValueError: v" in a["stderr"], a)
+st, a = c.run({"id": 5, "code": "while True: pass", "limits": {"cpu_seconds": 0.3}})
+check("a CPU spin: 200, timeout/cpu", st == 200 and a["status"] == "timeout"
+      and a["limit"] == "cpu", a)
+
+# --- refusals: the JSON-lines server's codes ---------------------------------------
+for name, req, code in [
+    ("not JSON", "this is not json", "invalid_request"),
+    ("no code", {"id": 6}, "invalid_request"),
+    ("an unknown field", {"id": 7, "code": "pass", "Code": "x"}, "invalid_request"),
+    ("an unknown limit", {"id": 8, "code": "pass", "limits": {"bogus": 1}}, "invalid_limit"),
+    ("an impossible limit", {"id": 9, "code": "pass", "limits": {"wall_seconds": -1}},
+     "invalid_limit"),
+    ("above the server's ceiling", {"id": 10, "code": "pass", "limits": {"wall_seconds": 100}},
+     "invalid_limit"),
+    ("an escaping file name", {"id": 11, "code": "pass", "files": {"../x": "x"}}, "invalid_file"),
+    ("a cancel message", {"cancel": 1}, "invalid_request"),
+    ("an empty body", "", "invalid_request"),
+]:
+    st, a = c.run(req)
+    check(f"{name}: 400 {code}", st == 400 and a["error"]["code"] == code, (st, a))
+st, a = c.run({"id": 12, "code": "x" * 5000})
+check("a body over --max-line-bytes: 413 request_too_large",
+      st == 413 and a["error"]["code"] == "request_too_large", (st, a))
+
+
+def chunked_too_large():
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/run", body=iter([b"x" * 3000, b"y" * 3000]), encode_chunked=True,
+                 headers={"Authorization": "Bearer " + TOKEN})
+    r = conn.getresponse()
+    data = r.read().decode()
+    conn.close()
+    return r.status, json.loads(data)
+
+
+st, a = chunked_too_large()
+check("a chunked body over the limit: 413", st == 413
+      and a["error"]["code"] == "request_too_large", (st, a))
+try:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/run", body=iter([b"x" * 1000] * 100), encode_chunked=True,
+                 headers={"Authorization": "Bearer " + TOKEN})
+    got = conn.getresponse().status
+except (OSError, http.client.HTTPException) as e:
+    got = e
+conn.close()
+check("a chunked body going on past twice the limit: cut off, not read to its end",
+      isinstance(got, (OSError, http.client.HTTPException)), got)
+r, _ = c.request("GET", "/healthz", headers={"X-Big": "a" * 70000})
+check("headers over 64 KiB: 431", r.status == 431, r.status)
+r, body = c.request("GET", "/nope")
+check("an unknown path: 404 invalid_request", r.status == 404
+      and json.loads(body)["error"]["code"] == "invalid_request", body)
+r, body = c.request("GET", "/v1/run")
+check("GET /v1/run: 405 with Allow", r.status == 405 and r.getheader("Allow"), r.status)
+r, body = c.request("DELETE", "/healthz", check_doc=False)
+check("DELETE /healthz: 405", r.status == 405 and json.loads(body)["error"]["code"]
+      == "invalid_request", body)
+
+# --- the token ----------------------------------------------------------------------
+for name, tok in [("no token", None), ("a wrong token", TOKEN[:-1] + "x"),
+                  ("a token too short", TOKEN[:-1]), ("a token too long", TOKEN + "x"),
+                  ("another scheme", "")]:
+    cl = Client(port, token=tok)
+    hdr = {"Authorization": "Basic " + TOKEN} if tok == "" else None
+    if tok == "":
+        cl.token = None
+    st, a = cl.run({"id": 13, "code": "print('ran')"}, headers=hdr)
+    check(f"{name}: 401, nothing run", st == 401 and "error" in a, (st, a))
+    r, _ = cl.request("GET", "/metrics", headers=hdr)
+    check(f"{name}: /metrics 401", r.status == 401, r.status)
+
+# --- keep-alive and concurrency --------------------------------------------------------
+k = Client(port)
+k.run({"code": "pass"})
+sock = k.conn.sock
+for i in range(3):
+    k.run({"id": i, "code": "pass"})
+check("keep-alive: one connection for several requests", sock is not None and k.conn.sock is sock)
+
+answers = {}
+
+
+def one(i):
+    st, a = Client(port).run({"id": f"c{i}", "code": f"import time; time.sleep(0.05); print({i})"},
+                             check_doc=False)
+    answers.setdefault(a.get("id"), []).append((st, a))
+
+
+ts = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+check("12 concurrent requests, each answered once with its own output",
+      all(len(answers.get(f"c{i}", [])) == 1 and answers[f"c{i}"][0][1]["stdout"] == f"{i}\n"
+          for i in range(12)), answers)
+
+# --- metrics ---------------------------------------------------------------------------
+r, text = c.request("GET", "/metrics")
+check("metrics: text format", r.status == 200
+      and r.getheader("Content-Type").startswith("text/plain; version=0.0.4"), r.status)
+vals = {}
+for line in text.splitlines():
+    if line and not line.startswith("#"):
+        name, value = line.rsplit(" ", 1)
+        vals[name] = float(value)
+for status in ["completed", "timeout"]:
+    n = vals.get(f'pysbx_runs_total{{status="{status}"}}', -1)
+    check(f"metrics: {status} runs counted", n == seen[status], (n, seen))
+# The chunked 413 did not go through Client.run.
+for code, extra in [("invalid_limit", 0), ("invalid_file", 0), ("request_too_large", 1)]:
+    n = vals.get(f'pysbx_requests_refused_total{{code="{code}"}}', -1)
+    check(f"metrics: {code} refusals counted", n == seen[code] + extra, (n, seen))
+bucket = [v for n, v in vals.items() if n.startswith("pysbx_run_duration_seconds_bucket")]
+check("metrics: the histogram is cumulative and counts every run",
+      bucket == sorted(bucket)
+      and bucket[-1] == vals["pysbx_run_duration_seconds_count"] == seen["completed"] + 1
+      and vals["pysbx_run_duration_seconds_sum"] > 0, bucket)
+for g in ["pysbx_queue_depth", "pysbx_idle_workers", "pysbx_runs_in_flight",
+          "pysbx_template_restarts_total", "pysbx_template_up", "pysbx_ready"]:
+    check(f"metrics: {g}", g in vals, list(vals)[:5])
+check("metrics: build info", any(n.startswith("pysbx_build_info{version=") for n in vals), vals)
+for name in {n.split("{")[0] for n in vals}:
+    base = re.sub(r"_(bucket|sum|count)$", "", name)
+    check(f"metrics: {name} has HELP and TYPE",
+          f"# HELP {base} " in text and f"# TYPE {base} " in text)
+
+# --- a client that hangs up -----------------------------------------------------------
+hang = socket.create_connection(("127.0.0.1", port))
+body = json.dumps({"code": "import time; time.sleep(4); print('finished')"})
+hang.sendall((f"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+time.sleep(0.5)  # the run has started
+hang.close()
+metric = lambda text, name: float(re.search(re.escape(name) + r" (\S+)\n", text).group(1))
+for _ in range(100):  # its end, whichever it is: cancelled, or completed after 4 s
+    r, text = c.request("GET", "/metrics", check_doc=False)
+    ended = (metric(text, 'pysbx_runs_total{status="cancelled"}')
+             + metric(text, 'pysbx_runs_total{status="completed"}') - seen["completed"])
+    if ended:
+        break
+    time.sleep(0.1)
+check("a client that hangs up has its run cancelled",
+      metric(text, 'pysbx_runs_total{status="cancelled"}') == 1, text[:600])
+seen["cancelled"] = 1
+
+# --- health when the template dies ------------------------------------------------------
+
+
+def children(pid):
+    out = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+tmpl = [p for p in children(proc.pid) if comm(p).startswith("pysbx-templ")]
+check("the template is the server's child", len(tmpl) == 1, tmpl)
+if tmpl:
+    os.kill(tmpl[0], signal.SIGKILL)
+    for _ in range(100):
+        r, body = c.request("GET", "/healthz", check_doc=False)
+        if r.status == 503:
+            break
+        time.sleep(0.05)
+    r, body = c.request("GET", "/healthz")
+    check("the template killed: healthz 503 with a reason", r.status == 503
+          and json.loads(body)["status"] == "unavailable" and json.loads(body)["reason"], body)
+    r, text = c.request("GET", "/metrics")
+    check("the template killed: template_up 0", "\npysbx_template_up 0\n" in text, text[-400:])
+    for _ in range(50):  # the next run restarts it, after a backoff
+        st, a = c.run({"code": "print('back')"}, check_doc=False)
+        if st == 200 and a["status"] == "completed":
+            break
+        time.sleep(0.1)
+    check("a run after it: a new template", st == 200 and a["stdout"] == "back\n", (st, a))
+    r, text = c.request("GET", "/metrics")
+    check("the restart counted", "\npysbx_template_restarts_total 1\n" in text, text[-400:])
+
+# --- shutdown ---------------------------------------------------------------------------
+slow = {}
+
+
+def slow_run(port, key, code):
+    try:
+        slow[key] = Client(port).run({"id": key, "code": code}, check_doc=False)
+    except Exception as e:  # noqa: BLE001 - recorded and checked below
+        slow[key] = (0, repr(e))
+
+
+t = threading.Thread(target=slow_run, args=(port, "slow", "import time; time.sleep(1.5); print('done')"))
+t.start()
+time.sleep(0.5)
+idle = Client(port)  # an open keep-alive connection
+idle.run({"code": "pass"}, check_doc=False)
+proc.send_signal(signal.SIGTERM)
+time.sleep(0.3)
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    refused = False
+except OSError:
+    refused = True
+check("SIGTERM: new connections refused at once", refused)
+st, a = idle.run({"code": "pass"})
+check("SIGTERM: a new request on an open connection is 503", st == 503
+      and a["error"]["code"] == "sandbox_unavailable", (st, a))
+t.join(30)
+st, a = slow.get("slow", (0, None))
+check("SIGTERM: the run in flight finishes within the grace", st == 200
+      and a["status"] == "completed" and a["stdout"] == "done\n", (st, a))
+check("SIGTERM: exits 0", proc.wait(30) == 0, proc.returncode)
+
+p2, port2 = start("--grace", "0.5")
+t = threading.Thread(target=slow_run, args=(port2, "long", "import time; time.sleep(30)"))
+t.start()
+time.sleep(0.5)
+p2.send_signal(signal.SIGTERM)
+t.join(30)
+st, a = slow.get("long", (0, None))
+check("past the grace: cancelled and answered", st == 200 and a["status"] == "cancelled"
+      and a["partial"] is True, (st, a))
+check("past the grace: exits 0", p2.wait(30) == 0, p2.returncode)
+
+# --- start-up refusals --------------------------------------------------------------------
+for name, args, want in [
+    ("a non-loopback address without a token", ("--http", "0.0.0.0:0"), "not a loopback"),
+    ("an address that is not numeric", ("--http", "localhost:0"), "--http"),
+    ("no port", ("--http", "127.0.0.1"), "ADDR:PORT"),
+    ("--http with --listen", ("--http", "127.0.0.1:0", "--listen", "/tmp/x.sock"), "choose one"),
+]:
+    p = subprocess.run([PYSBX, "serve", *args], capture_output=True, text=True, timeout=60)
+    check(f"refused at start: {name}", p.returncode == 2 and want in p.stderr,
+          (p.returncode, p.stderr))
+with tempfile.NamedTemporaryFile("w") as empty:
+    p = subprocess.run([PYSBX, "serve", "--http", "127.0.0.1:0", "--http-token-file", empty.name],
+                       capture_output=True, text=True, timeout=60)
+    check("refused at start: an empty token file", p.returncode == 2 and "empty" in p.stderr,
+          (p.returncode, p.stderr))
+
+sys.exit(1 if failures else 0)
