@@ -4,10 +4,8 @@
 # default non-root user with no extra flag, and with every layer required
 # under the flags the README gives. Images live in a private store under
 # .cache/podman (ignored by git), not the machine's.
-# To add a check, add lines at the end using in_container; NET replaces
-# --network none, e.g. for a server reached through a published port:
-#   NET="-p 127.0.0.1:$port:8080" in_container -d --name pysbx-test -- serve --http 0.0.0.0:8080
-# (then $PODMAN stop pysbx-test).
+# Last, one HTTP request to `pysbx serve --http` in a container, through a
+# port published on the host's loopback.
 # usage: test_image.sh BUILD_DIR SOURCE_DIR
 set -eu
 BUILD=$1
@@ -64,5 +62,34 @@ out=$(echo 'import os; print(os.getuid() >= 2130706432, os.uname().nodename)' |
 in_container --user 0 --cap-add SYS_ADMIN -- doctor --require "$ALL" >/dev/null ||
     fail "doctor does not show every layer active"
 echo "ok   every layer active under --user 0 --cap-add SYS_ADMIN"
+# One HTTP request answered from a container: serve --http on all of the
+# container's addresses (a token is then required), published on the host's
+# loopback only.
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+TOK=$(mktemp -d)
+trap 'rm -rf "$TOK"; $PODMAN rm -f pysbx-http-test >/dev/null 2>&1 || true' EXIT
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TOK/token"
+chmod 0644 "$TOK/token"
+$PODMAN rm -f pysbx-http-test >/dev/null 2>&1 || true
+NET="-p 127.0.0.1:$port:8080" in_container -d --name pysbx-http-test -v "$TOK/token:/token:ro" -- \
+    serve --http 0.0.0.0:8080 --http-token-file /token >/dev/null ||
+    fail "serve --http in a container"
+cat >"$TOK/ask.py" <<'PY'
+import json, sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/run",
+                             data=json.dumps({"id": 7, "code": "print(6 * 7)"}).encode(),
+                             headers={"Authorization": f"Bearer {sys.argv[2]}",
+                                      "Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=5))
+print(r["id"], r["status"], r["stdout"].strip())
+PY
+answer=
+for _ in $(seq 100); do
+    answer=$(/usr/bin/python3 "$TOK/ask.py" "$port" "$(cat "$TOK/token")" 2>/dev/null) && break
+    sleep 0.1
+done
+$PODMAN stop -t 2 pysbx-http-test >/dev/null 2>&1 || true
+[ "$answer" = "7 completed 42" ] || fail "the HTTP answer from the container was '$answer'"
+echo "ok   an HTTP request answered from a container (serve --http, published on loopback)"
 $PODMAN image prune -f >/dev/null # the images of earlier runs
 echo "image test passed"
