@@ -28,6 +28,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -42,6 +43,45 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+/* libmicrohttpd's functions, loaded on first use (dlopen): linked into the
+ * command, it and GnuTLS cost every `pysbx run` their start-up. */
+static struct {
+    __typeof__(MHD_start_daemon) *start_daemon;
+    __typeof__(MHD_stop_daemon) *stop_daemon;
+    __typeof__(MHD_queue_response) *queue_response;
+    __typeof__(MHD_create_response_from_buffer) *create_response_from_buffer;
+    __typeof__(MHD_destroy_response) *destroy_response;
+    __typeof__(MHD_add_response_header) *add_response_header;
+    __typeof__(MHD_lookup_connection_value) *lookup_connection_value;
+    __typeof__(MHD_get_connection_info) *get_connection_info;
+} mhd;
+
+/* Returns 0, or -1 having said why on stderr. The handle stays open: the
+ * server's threads use it until the process ends. */
+static int mhd_load(void)
+{
+    void *h = dlopen(PYSBX_MHD_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "pysbx serve: --http needs %s: %s\n", PYSBX_MHD_SONAME, dlerror());
+        return -1;
+    }
+#define MHD_LOAD(field, symbol)                                                                    \
+    if (!(*(void **)&mhd.field = dlsym(h, symbol))) {                                              \
+        fprintf(stderr, "pysbx serve: %s has no %s\n", PYSBX_MHD_SONAME, symbol);                  \
+        return -1;                                                                                 \
+    }
+    MHD_LOAD(start_daemon, "MHD_start_daemon")
+    MHD_LOAD(stop_daemon, "MHD_stop_daemon")
+    MHD_LOAD(queue_response, "MHD_queue_response")
+    MHD_LOAD(create_response_from_buffer, "MHD_create_response_from_buffer")
+    MHD_LOAD(destroy_response, "MHD_destroy_response")
+    MHD_LOAD(add_response_header, "MHD_add_response_header")
+    MHD_LOAD(lookup_connection_value, "MHD_lookup_connection_value")
+    MHD_LOAD(get_connection_info, "MHD_get_connection_info")
+#undef MHD_LOAD
+    return 0;
+}
 
 /* What a connection may hold of request line and headers (libmicrohttpd
  * answers 431 past it), how many connections (each a thread) at once, and
@@ -120,22 +160,22 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, c
 
     if (!text)
         return MHD_NO; /* out of memory: the connection is closed */
-    r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    r = mhd.create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(text);
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    mhd.add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (status == MHD_HTTP_UNAUTHORIZED)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+        mhd.add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD, POST");
+        mhd.add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD, POST");
     if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+        mhd.add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (close_after)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    ok = MHD_queue_response(conn, status, r);
-    MHD_destroy_response(r);
+        mhd.add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    ok = mhd.queue_response(conn, status, r);
+    mhd.destroy_response(r);
     return ok;
 }
 
@@ -199,7 +239,7 @@ static bool authorised(const struct http *h, struct MHD_Connection *conn)
 
     if (!h->token)
         return true;
-    a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    a = mhd.lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!a || strncasecmp(a, "Bearer ", 7) != 0)
         return false;
     a += 7;
@@ -404,7 +444,7 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     }
     r.req.cancel = j.cancel;
     const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        mhd.get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     j.fd = ci ? ci->connect_fd : -1;
     job_add(h, &j);
     uint64_t t0 = now_ns();
@@ -489,7 +529,7 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
     if (is_draining(h))
         return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
                           "the server is shutting down");
-    cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    cl = mhd.lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     uint64_t n;
     if (cl && parse_u64(cl, &n) == 0 && n > h->o->max_line_bytes)
         return send_error(h, conn, MHD_HTTP_CONTENT_TOO_LARGE, NULL, SBX_ERR_TOO_LARGE,
@@ -782,7 +822,11 @@ int http_main(const struct serve_opts *o)
         rc = lfd == -EINVAL || lfd == -EACCES ? EXIT_USAGE : 1;
         goto out;
     }
-    d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+    if (mhd_load() < 0) {
+        rc = 1;
+        goto out;
+    }
+    d = mhd.start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                              MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG,
                          0, NULL, NULL, handle, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
                          MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
@@ -829,7 +873,7 @@ int http_main(const struct serve_opts *o)
     rc = 0;
 out:
     if (d)
-        MHD_stop_daemon(d);
+        mhd.stop_daemon(d);
     if (watching) {
         pthread_mutex_lock(&h.lock);
         h.unwatched = true;
