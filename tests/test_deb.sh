@@ -3,7 +3,8 @@
 # library, the header, the pkg-config and CMake files; installed with apt
 # into a clean Debian 12 root (an overlay of scripts/debian-root's cached
 # minbase root, so the cache stays clean), its Depends bring what it needs
-# from Debian's mirror, and pysbx runs a program there (chroot).
+# from Debian's mirror, and pysbx runs a program there (chroot), and serves
+# one over HTTP, its metrics scraped.
 # usage: test_deb.sh BUILD_DIR SOURCE_DIR
 set -eu
 BUILD=$1
@@ -16,7 +17,7 @@ trap 'rm -rf "$T"' EXIT
 DEB=$("$SRC/scripts/deb" "$BUILD" "$T/pkg")
 depends=$(dpkg-deb -f "$DEB" Depends)
 echo "Depends: $depends"
-for lib in libc6 libjansson4 libseccomp2 libcap2 libpython3; do
+for lib in libc6 libjansson4 libseccomp2 libcap2 libpython3 libmicrohttpd; do
     echo "$depends" | grep -q "$lib" || fail "Depends lacks $lib"
 done
 dpkg-deb -c "$DEB" | awk '{print $6}' >"$T/files"
@@ -65,5 +66,28 @@ echo "$out"
 echo "ok   the installed pysbx runs a program there (default layers required)"
 in_root pysbx doctor >"$T/doctor" || { cat "$T/doctor"; echo "FAIL pysbx doctor"; exit 1; }
 cat "$T/doctor"
+# The HTTP service from the installed package (the chroot shares the host's
+# network: loopback only), one run, then its metrics.
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+in_root pysbx serve --http "127.0.0.1:$port" >"$T/http.log" 2>&1 &
+server=$!
+cat >"$T/ask.py" <<'PY'
+import json, sys, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+req = urllib.request.Request(base + "/v1/run", data=b'{"id": 1, "code": "print(6 * 7)"}',
+                             headers={"Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=5))
+metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+runs = [l for l in metrics.splitlines() if l.startswith('pysbx_runs_total{status="completed"}')]
+print(r["status"], r["stdout"].strip(), runs[0].split()[-1] if runs else "none")
+PY
+got=
+for _ in $(seq 100); do
+    got=$(/usr/bin/python3 "$T/ask.py" "$port" 2>/dev/null) && break
+    sleep 0.1
+done
+kill -TERM "$server"; wait "$server" || true
+[ "$got" = "completed 42 1" ] || { cat "$T/http.log"; echo "FAIL serve --http from the package: '$got'"; exit 1; }
+echo "ok   the installed pysbx serves HTTP: a run answered, /metrics counts it"
 EOF2
 echo "deb test passed"
