@@ -91,6 +91,25 @@ static double ms_since(uint64_t t0)
 
 /* --- pysbx ----------------------------------------------------------------- */
 
+/* Template start: sbx_open three times, timed; the last sandbox stays open
+ * in *last. Returns 0 or -1 having said why. */
+static int time_opens(const struct sbx_config *cfg, struct samples *open_ms, struct sbx **last)
+{
+    struct sbx_error err;
+
+    for (int i = 0; i < 3; i++) {
+        uint64_t t0 = now_ns();
+        if (sbx_open(cfg, last, &err) < 0) {
+            fprintf(stderr, "pysbx-bench: sbx_open: %s\n", err.message);
+            return -1;
+        }
+        add_sample(open_ms, ms_since(t0));
+        if (i < 2)
+            sbx_close(*last);
+    }
+    return 0;
+}
+
 static struct sbx_file input_file(void)
 {
     return (struct sbx_file){"data.csv", input_csv, strlen(input_csv)};
@@ -696,7 +715,6 @@ static double idle_private_kb(void)
 static int bench_packages(int iterations, const char *tmpl, const char *out_dir)
 {
     struct sbx_config cfg;
-    struct sbx_error err;
     struct sbx *sbx = NULL;
     char beside[4096], dir[] = "/tmp/pysbx-bench-ds-XXXXXX", mpl[600], line[128];
     struct samples lat[DS_N] = {{0}}, open_ms = {0}, fork_ms = {0};
@@ -710,16 +728,8 @@ static int bench_packages(int iterations, const char *tmpl, const char *out_dir)
     sbx_config_init(&cfg);
     cfg.template_path = tmpl ? tmpl : beside_self("pysbx-template", beside, sizeof(beside));
     cfg.packages = ds_packages;
-    for (int i = 0; i < 3; i++) {
-        uint64_t t0 = now_ns();
-        if (sbx_open(&cfg, &sbx, &err) < 0) {
-            fprintf(stderr, "pysbx-bench: sbx_open: %s\n", err.message);
-            return 1;
-        }
-        add_sample(&open_ms, ms_since(t0));
-        if (i < 2)
-            sbx_close(sbx);
-    }
+    if (time_opens(&cfg, &open_ms, &sbx) < 0)
+        return 1;
     usleep(1000000); /* let the pool fill */
     priv_kb = idle_private_kb();
     int st;
@@ -924,16 +934,8 @@ int main(int argc, char **argv)
     if (without)
         cfg.required_layers = 0;
     struct samples open_ms = {0};
-    for (int i = 0; i < 3; i++) {
-        uint64_t t0 = now_ns();
-        if (sbx_open(&cfg, &sbx, &err) < 0) {
-            fprintf(stderr, "pysbx-bench: sbx_open: %s\n", err.message);
-            return 1;
-        }
-        add_sample(&open_ms, ms_since(t0));
-        if (i < 2)
-            sbx_close(sbx);
-    }
+    if (time_opens(&cfg, &open_ms, &sbx) < 0)
+        return 1;
     usleep(500000); /* let the pool fill */
 
     /* Idle workers' private memory. */
