@@ -112,7 +112,8 @@ static void spawn_worker(struct tmpl *t)
         ws = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     }
     if (ws < 0) {
-        fmt(why, sizeof(why), "template: opening workspace %s: %s", path, strerror(errno));
+        fmt(why, sizeof(why), "template: opening workspace %s: %s",
+            t->root ? "(a detached tmpfs)" : path, strerror(errno));
         goto fail;
     }
     if (t->landlock > 0) {
