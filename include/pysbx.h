@@ -184,8 +184,8 @@ struct sbx_config {
      * start as fast as possible rather than be ready for many. The template
      * imports no warm modules (unless warm_modules names some), makes one
      * worker, which skips its idle rehearsal, and replaces none; the worker
-     * ids default to SBX_SINGLE_RUN_WORKER_IDS. A second run waits for a
-     * worker that never comes (its deadline, or cancellation, ends it). */
+     * ids default to SBX_SINGLE_RUN_WORKER_IDS. A second sbx_run is
+     * refused with SBX_ERR_BUSY. */
     bool single_run;
     /* NULL-terminated list of Python distributions installed by the system's
      * package manager ("numpy", "pandas", "matplotlib": Debian's python3-NAME)

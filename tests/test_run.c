@@ -722,6 +722,48 @@ static void a_work_root_workers_cannot_pass_is_refused(void **state)
     rmdir(root);
 }
 
+/* --- a single run -------------------------------------------------------- */
+
+/* A sandbox opened for one program (as pysbx run does): no warm module
+ * imported, yet the standard library works; the environment is the usual
+ * one; a traceback still shows its lines; a second run is refused at once,
+ * not left waiting for a worker that never comes. */
+static void a_single_run_sandbox_runs_one_program_then_refuses(void **state)
+{
+    (void)state;
+    char root[256];
+    make_temp_dir(root, sizeof(root));
+    chmod(root, 0711);
+    struct sbx_config cfg;
+    struct sbx_error err = {0};
+    struct sbx *sbx = NULL;
+    test_config_init(&cfg, root);
+    cfg.single_run = true;
+    assert_int_equal(sbx_open(&cfg, &sbx, &err), 0);
+    struct sbx_result *r = run_code(sbx, "import os, sys, json\n"
+                                         "print('json' in sys.modules, os.environ['HOME'],\n"
+                                         "      sorted(os.environ), json.dumps([1]))\n"
+                                         "def f():\n"
+                                         "    raise ValueError('x')\n"
+                                         "f()\n");
+    expect_completed(r, 1);
+    assert_string_equal(r->stdout_text, "True /workspace ['HOME', 'LANG', 'LOGNAME', 'TMPDIR', "
+                                        "'USER'] [1]\n");
+    assert_non_null(strstr(r->stderr_text, "    raise ValueError('x')\n"));
+    sbx_result_free(r);
+    struct sbx_request req;
+    struct sbx_result *second = NULL;
+    sbx_request_init(&req);
+    req.code = "print(2)";
+    req.code_len = 8;
+    assert_int_equal(sbx_run(sbx, &req, &second, &err), -EBUSY);
+    assert_null(second);
+    assert_int_equal(err.code, SBX_ERR_BUSY);
+    sbx_close(sbx);
+    assert_int_equal(count_entries(root), 0);
+    rmdir(root);
+}
+
 /* --- many runs ------------------------------------------------------------ */
 
 /* Our only child is the template; its children are the workers. */
@@ -848,6 +890,7 @@ int main(void)
         cmocka_unit_test(bad_limits_are_refused_before_running),
         cmocka_unit_test(escaping_file_names_are_refused),
         cmocka_unit_test(a_work_root_workers_cannot_pass_is_refused),
+        cmocka_unit_test(a_single_run_sandbox_runs_one_program_then_refuses),
         cmocka_unit_test(a_thousand_runs_leave_nothing_behind),
     };
     int rc = cmocka_run_group_tests(tests, fixture_open, fixture_close);

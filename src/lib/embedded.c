@@ -243,6 +243,11 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
         rc = check_fits(sbx, req, err);
     if (rc < 0)
         return rc;
+    /* A single-run sandbox makes one worker and no other: a second run
+     * would wait for one that never comes. */
+    if (sbx->cfg.single_run && atomic_exchange(&sbx->single_run_used, true))
+        return sbx_fail(err, SBX_ERR_BUSY, -EBUSY,
+                        "this sandbox was opened for a single run (single_run), which it has had");
     a = admission_enter(&sbx->admission, req, err);
     if (a == REFUSED)
         return err && err->code == SBX_ERR_UNAVAILABLE ? -ESHUTDOWN : -EBUSY;

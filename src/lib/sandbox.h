@@ -9,6 +9,7 @@
 #include "workdir.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -22,7 +23,8 @@ struct sbx {
     struct workdir work;   /* one workspace per worker inside */
     struct sbx_config cfg; /* a deep copy (strings our own): every start uses it */
     char *template_path;
-    struct packages packages; /* resolved from cfg.packages at open */
+    struct packages packages;    /* resolved from cfg.packages at open */
+    atomic_bool single_run_used; /* cfg.single_run: the one run was asked for */
     /* The template, through its control socket (control.c), all under
      * ctl_lock. */
     pthread_mutex_t ctl_lock;
