@@ -5,11 +5,11 @@
 #include <time.h>
 #include <unistd.h>
 
-const char *const prof_names[PROF_COUNT] = {
+#ifdef PYSBX_PROFILE
+/* The names in the report, which bench/phases reads. */
+static const char *const prof_names[PROF_COUNT] = {
     "prefault", "afterfork", "fds", "workspace", "prepare", "confine", "request", "started", "ran",
 };
-
-#ifdef PYSBX_PROFILE
 static double marks[PROF_COUNT];
 static struct prof_spawn spawn;
 

@@ -22,9 +22,6 @@ enum prof_mark {
     PROF_COUNT,
 };
 
-/* "prefault", ...: the names bench/phases prints. */
-extern const char *const prof_names[PROF_COUNT];
-
 /* The template's side, measured there and carried to the next worker (the
  * cost of making one worker is known only once it is made): the CPU its
  * fork() took in the template, and the whole of making it (pipes,
