@@ -196,6 +196,9 @@ struct sbx_config {
      * its own; figures a run leaves open come back as figure-N.png. NULL or
      * empty: the standard library only. */
     const char *const *packages;
+    /* Sessions open at once (sbx_session_open); one more is refused with
+     * SBX_ERR_BUSY. 0: SBX_DEFAULT_MAX_SESSIONS. */
+    unsigned max_sessions;
 };
 
 /* Per-run ceilings. */
@@ -284,13 +287,20 @@ struct sbx_result {
     double wall_ms;
     double cpu_ms;
     long max_rss_kb;
-    char *reason; /* one line for any status but SBX_COMPLETED, else NULL */
+    char *reason; /* one line for any status but SBX_COMPLETED (and a session cell
+                   * rolled back), else NULL */
     /* As in a notebook cell: when the program's last statement is an
      * expression, its repr(), at most max_output_chars characters (cut as
      * stdout is); NULL otherwise, and for runs the sandbox stopped. */
     char *value;
     size_t value_len;
     bool value_truncated;
+    /* Session cells only (sbx_session_run; 0 and false otherwise): the
+     * cell's number in its session, from 1, and whether the session was put
+     * back as it was before the cell (variables and files). A completed cell
+     * that was rolled back has its reason set too. */
+    uint64_t cell;
+    bool rolled_back;
 };
 
 /* Stable codes for refused requests; sbx_error_code_name() gives the JSON
@@ -303,6 +313,7 @@ enum sbx_error_code {
     SBX_ERR_TOO_LARGE,       /* "request_too_large" */
     SBX_ERR_UNAVAILABLE,     /* "sandbox_unavailable": could not start */
     SBX_ERR_BUSY,            /* "sandbox_busy": queue full, or waited too long */
+    SBX_ERR_SESSION_LOST,    /* "session_lost": the session is gone (see sbx_session_run) */
 };
 
 struct sbx_error {
@@ -384,6 +395,98 @@ PYSBX_API const char *sbx_limit_name(enum sbx_limit_kind limit);     /* "wall", 
 PYSBX_API const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid_limit", ... */
 
 /*
+ * Sessions: state across runs, and a failed cell leaves no trace.
+ *
+ * A session is a process of its own, started from the template like a
+ * worker and confined the same way (its own uid, private root, seccomp,
+ * Landlock), that holds the interpreter's state between runs ("cells").
+ * Each cell runs in a fork of that state, made by the sandbox at the cell's
+ * start and by nothing else: if the cell is kept, its process becomes the
+ * session's state; if it is rolled back, its process is killed and the
+ * session is exactly as it was before the cell, its workspace files
+ * included. Between cells the state process is stopped: nothing of it runs.
+ *
+ *          struct sbx_session *s;
+ *          rc = sbx_session_open(sbx, NULL, &s, &err);
+ *          rc = sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &res, &err);
+ *          ... res->cell, res->rolled_back ...
+ *          sbx_session_close(s);
+ *
+ * A session holds at most two processes (its state, and the cell running)
+ * and two workspaces (the cell's, and the files as of the last kept cell).
+ */
+
+/* Defaults of struct sbx_session_limits and sbx_config.max_sessions. */
+#define SBX_DEFAULT_SESSION_IDLE_SECONDS     600.0
+#define SBX_DEFAULT_SESSION_LIFETIME_SECONDS 86400.0
+#define SBX_DEFAULT_SESSION_MAX_CELLS        100000ULL
+#define SBX_DEFAULT_MAX_SESSIONS             64u
+#define SBX_MAX_SESSIONS_LIMIT               4096u
+
+struct sbx_session_limits {
+    /* No cell for this long: the session ends (session_lost). */
+    double idle_seconds;
+    /* The session ends this long after it opened, once no cell runs. */
+    double lifetime_seconds;
+    /* The ceiling of every cell's memory limit: each of the session's
+     * processes has at most this much address space, whatever a cell asks
+     * (code may raise its own soft limit up to it). 0: the default memory
+     * limit of a run. */
+    uint64_t memory_bytes;
+    /* Cells it may run; the one after the last is refused (session_lost). */
+    uint64_t max_cells;
+};
+
+/* What a cell that did not end well does to the session. Whatever the
+ * choice, a cell whose process is gone (a timeout, the memory limit, a
+ * crash, os._exit) or that left a thread running cannot become the state
+ * and is rolled back. */
+enum sbx_rollback {
+    /* "on_error" (the default): an uncaught exception or a non-zero
+     * sys.exit() rolls back too. */
+    SBX_ROLLBACK_ON_ERROR = 0,
+    /* "on_stop": as a notebook, an exception keeps what the cell did
+     * before it. */
+    SBX_ROLLBACK_ON_STOP,
+    /* "never": as on_stop, and a cell the sandbox had to stop keeps the
+     * files it wrote (its variables cannot be kept: its process is gone). */
+    SBX_ROLLBACK_NEVER,
+};
+
+struct sbx_session;
+
+PYSBX_API void sbx_session_limits_init(struct sbx_session_limits *limits);
+
+/* Opens a session in |sbx| (|limits| NULL: the defaults). Returns 0 with
+ * *out (close it with sbx_session_close, before sbx_close), or a negative
+ * errno with |err|: SBX_ERR_BUSY when max_sessions are open,
+ * SBX_ERR_INVALID_LIMIT for a bad limit, SBX_ERR_UNAVAILABLE when the
+ * sandbox cannot start one. */
+PYSBX_API int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *limits,
+                               struct sbx_session **out, struct sbx_error *err);
+
+/* Runs |req| as the session's next cell: as sbx_run (the same checks, the
+ * request's limits for this cell, the same result), in a fork of the
+ * session's state. The cell's artifacts are the files it created or
+ * changed. sys.exit() ends the cell, not the session. Calls on one session
+ * are taken one at a time (a second caller waits). Returns 0 with *out, or
+ * a negative errno with |err|; -ENOLINK with SBX_ERR_SESSION_LOST when the
+ * session is gone: its idle time or lifetime ran out, it ran its cells, its
+ * process died, or its sandbox's template was replaced. A lost session
+ * stays lost; close it. */
+PYSBX_API int sbx_session_run(struct sbx_session *s, const struct sbx_request *req,
+                              enum sbx_rollback rollback, struct sbx_result **out,
+                              struct sbx_error *err);
+
+/* Ends the session: its processes are killed, its workspaces and uid
+ * released. NULL is accepted. */
+PYSBX_API void sbx_session_close(struct sbx_session *s);
+
+/* "on_error", "on_stop", "never"; and back (0, or -EINVAL). */
+PYSBX_API const char *sbx_rollback_name(enum sbx_rollback rollback);
+PYSBX_API int sbx_rollback_from_name(const char *name, enum sbx_rollback *out);
+
+/*
  * Backends: what the front ends (pysbx serve, mcp, batch) run requests on,
  * through one small interface: run a request (blocking; its cancel token
  * cancels it, its on_output callback streams it, the result comes back) and
@@ -404,6 +507,13 @@ struct sbx_backend {
     void (*close)(void *self);
     /* Whether it can take runs now (see sbx_health); NULL: always. */
     int (*health)(void *self, struct sbx_health *out);
+    /* Sessions, as sbx_session_open / run / close; NULL where the backend
+     * has none ("python3"). */
+    int (*session_open)(void *self, const struct sbx_session_limits *limits,
+                        struct sbx_session **out, struct sbx_error *err);
+    int (*session_run)(struct sbx_session *s, const struct sbx_request *req,
+                       enum sbx_rollback rollback, struct sbx_result **out, struct sbx_error *err);
+    void (*session_close)(struct sbx_session *s);
 };
 
 /* Opens backend |name| ("embedded" or "python3"; NULL is "embedded") with

@@ -16,6 +16,12 @@ static int embedded_health(void *self, struct sbx_health *out)
     return sbx_health(self, out);
 }
 
+static int embedded_session_open(void *self, const struct sbx_session_limits *limits,
+                                 struct sbx_session **out, struct sbx_error *err)
+{
+    return sbx_session_open(self, limits, out, err);
+}
+
 static void embedded_close(void *self)
 {
     sbx_close(self);
@@ -30,7 +36,16 @@ int sbx_backend_open(const char *name, const struct sbx_config *cfg, struct sbx_
         int rc = sbx_open(cfg, &sbx, err);
         if (rc < 0)
             return rc;
-        *out = (struct sbx_backend){"embedded", sbx, embedded_run, embedded_close, embedded_health};
+        *out = (struct sbx_backend){
+            .name = "embedded",
+            .self = sbx,
+            .run = embedded_run,
+            .close = embedded_close,
+            .health = embedded_health,
+            .session_open = embedded_session_open,
+            .session_run = sbx_session_run,
+            .session_close = sbx_session_close,
+        };
         return 0;
     }
     if (strcmp(name, "python3") == 0)

@@ -29,6 +29,7 @@ static const char *const error_code_names[] = {
     [SBX_ERR_TOO_LARGE] = "request_too_large",
     [SBX_ERR_UNAVAILABLE] = "sandbox_unavailable",
     [SBX_ERR_BUSY] = "sandbox_busy",
+    [SBX_ERR_SESSION_LOST] = "session_lost",
 };
 
 /* An out-of-range value (a caller's cast) gets |fallback|. */
