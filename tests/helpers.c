@@ -87,6 +87,38 @@ int fixture_close(void **state)
     return left == 0 ? 0 : -1;
 }
 
+int test_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
+             struct sbx_error *err)
+{
+    /* PYSBX_TEST_SESSION=1 runs a suite again with each run as the second
+     * cell of a session of its own: a fork of a state that was a cell. */
+    const char *env = getenv("PYSBX_TEST_SESSION");
+    struct sbx_session_limits l;
+    struct sbx_session *s;
+    struct sbx_request first;
+    struct sbx_result *r0 = NULL;
+    int rc;
+
+    if (!env || !*env)
+        return sbx_run(sbx, req, out, err);
+    sbx_session_limits_init(&l);
+    l.memory_bytes = req->limits.memory_bytes;
+    if ((rc = sbx_session_open(sbx, &l, &s, err)) < 0)
+        return rc;
+    sbx_request_init(&first);
+    first.code = "_before = 1\n";
+    first.code_len = strlen(first.code);
+    rc = sbx_session_run(s, &first, SBX_ROLLBACK_ON_ERROR, &r0, err);
+    if (rc == 0) {
+        expect_completed(r0, 0);
+        assert_false(r0->rolled_back);
+        sbx_result_free(r0);
+        rc = sbx_session_run(s, req, SBX_ROLLBACK_ON_ERROR, out, err);
+    }
+    sbx_session_close(s);
+    return rc;
+}
+
 struct sbx_result *run_with(struct sbx *sbx, const char *code, const struct sbx_limits *limits,
                             const struct sbx_file *files, size_t n_files)
 {
@@ -101,7 +133,7 @@ struct sbx_result *run_with(struct sbx *sbx, const char *code, const struct sbx_
     req.n_files = n_files;
     if (limits)
         req.limits = *limits;
-    if (sbx_run(sbx, &req, &res, &err) < 0)
+    if (test_run(sbx, &req, &res, &err) < 0)
         fail_msg("sbx_run refused: %s: %s", sbx_error_code_name(err.code), err.message);
     assert_non_null(res);
     assert_non_null(res->stdout_text);

@@ -26,6 +26,11 @@ void test_config_init(struct sbx_config *cfg, const char *work_root);
 int fixture_open(void **state);
 int fixture_close(void **state);
 
+/* sbx_run; or, with PYSBX_TEST_SESSION set, the same request as the second
+ * cell of a session opened for it (and closed after). */
+int test_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
+             struct sbx_error *err);
+
 /* Runs |code| with default limits changed by |limits| (may be NULL) and the
  * given files; fails the test if sbx_run refuses. */
 struct sbx_result *run_with(struct sbx *sbx, const char *code, const struct sbx_limits *limits,

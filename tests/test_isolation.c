@@ -73,7 +73,7 @@ static void *bg_main(void *p)
     req.limits = b->limits;
     req.on_output = bg_output;
     req.user = b;
-    if (sbx_run(b->sbx, &req, &b->res, &err) < 0)
+    if (test_run(b->sbx, &req, &b->res, &err) < 0)
         b->res = NULL;
     pthread_mutex_lock(&b->lock);
     b->done = true;

@@ -252,7 +252,7 @@ static void policy_table_holds(void **state)
     char err[256];
     struct sock_filter prog[BPF_MAXINSNS];
 
-    assert_int_equal(policy_build(&p, false, false, err, sizeof(err)), 0);
+    assert_int_equal(policy_build(&p, false, false, false, err, sizeof(err)), 0);
     unsigned short len = policy_patch(&p, SELF, prog);
     assert_true(len > 10);
     int failures = 0;
@@ -279,7 +279,7 @@ static void debug_program_traps_what_it_would_refuse(void **state)
     struct policy p;
     char err[256];
     struct sock_filter prog[BPF_MAXINSNS];
-    assert_int_equal(policy_build(&p, true, false, err, sizeof(err)), 0);
+    assert_int_equal(policy_build(&p, true, false, false, err, sizeof(err)), 0);
     unsigned short len = policy_patch(&p, SELF, prog);
     struct seccomp_data d = {.nr = 1000, .arch = X86};
     assert_int_equal(eval(prog, len, &d), SECCOMP_RET_TRAP);

@@ -131,6 +131,12 @@ int wire_decode_hello(const void *buf, size_t n, struct wire_hello *out, char *w
 int wire_decode_worker(const void *buf, size_t n, int nfds, struct wire_worker *out, char *why,
                        size_t cap)
 {
+    return wire_decode_worker_fds(buf, n, nfds, WFD_COUNT, out, why, cap);
+}
+
+int wire_decode_worker_fds(const void *buf, size_t n, int nfds, int want, struct wire_worker *out,
+                           char *why, size_t cap)
+{
     union {
         struct wire_hdr hdr;
         struct wire_worker worker;
@@ -139,9 +145,29 @@ int wire_decode_worker(const void *buf, size_t n, int nfds, struct wire_worker *
 
     memset(&m, 0, sizeof(m));
     memcpy(&m, buf, n < sizeof(m) ? n : sizeof(m));
-    if (n > 0 && m.hdr.type == WIRE_WORKER && n == sizeof(m.worker) && nfds == WFD_COUNT) {
+    if (n > 0 && m.hdr.type == WIRE_WORKER && n == sizeof(m.worker) && nfds == want) {
         m.worker.workspace[sizeof(m.worker.workspace) - 1] = '\0';
         *out = m.worker;
+        return 0;
+    }
+    if (m.hdr.type == WIRE_FAIL && n == sizeof(m.fail))
+        return fail_text(&m.fail, why, cap);
+    return errmsg(why, cap, -EPROTO, "malformed message from the template");
+}
+
+int wire_decode_session(const void *buf, size_t n, struct wire_session *out, char *why,
+                        size_t cap)
+{
+    union {
+        struct wire_hdr hdr;
+        struct wire_session session;
+        struct wire_fail fail;
+    } m;
+
+    memset(&m, 0, sizeof(m));
+    memcpy(&m, buf, n < sizeof(m) ? n : sizeof(m));
+    if (n > 0 && m.hdr.type == WIRE_SESSION && n == sizeof(m.session)) {
+        *out = m.session;
         return 0;
     }
     if (m.hdr.type == WIRE_FAIL && n == sizeof(m.fail))

@@ -32,6 +32,9 @@ enum wire_msg_type {
     WIRE_WORKER,
     WIRE_FAIL,
     WIRE_TAKE,
+    WIRE_SESSION_OPEN, /* supervisor -> template: a session's channel attached */
+    WIRE_SESSION,      /* template -> supervisor, on the channel: the session is ready */
+    WIRE_CELL,         /* supervisor -> template, on the channel: run the next cell */
 };
 
 /* Descriptors attached to WIRE_WORKER, in this order. */
@@ -44,6 +47,11 @@ enum wire_worker_fd {
     WFD_WORKSPACE, /* the worker's workspace directory */
     WFD_COUNT,
 };
+
+/* A cell's WIRE_WORKER carries one more: the session's saved workspace,
+ * the files as of the last kept cell. */
+#define WFD_SAVED          WFD_COUNT
+#define WFD_SESSION_COUNT (WFD_COUNT + 1)
 
 #define WIRE_TEXT_MAX 1024
 #define WIRE_NAME_MAX 64
@@ -91,6 +99,36 @@ struct wire_fail {
     char text[WIRE_TEXT_MAX];
 };
 
+/*
+ * Sessions. The supervisor makes a SOCK_SEQPACKET pair per session and sends
+ * one end to the template with WIRE_SESSION_OPEN; everything else of the
+ * session goes over it. The template answers WIRE_SESSION (or WIRE_FAIL),
+ * then, for each WIRE_CELL, WIRE_WORKER with WFD_SESSION_COUNT descriptors
+ * (the cell's, as a worker's, and the saved workspace) or WIRE_FAIL; the
+ * cell's status pipe then carries its struct wire_status as a worker's
+ * does. When the session ends on the template's side (its idle time or
+ * lifetime ran out, its process died) the template sends WIRE_FAIL saying
+ * why and closes the channel.
+ */
+struct wire_session_open {
+    struct wire_hdr hdr;
+    uint64_t idle_ms;
+    uint64_t lifetime_ms;
+    uint64_t memory_bytes;
+};
+
+struct wire_session {
+    struct wire_hdr hdr;
+    int32_t pid; /* the session's first state process */
+    uint32_t uid, gid;
+};
+
+struct wire_cell {
+    struct wire_hdr hdr;
+    uint32_t rollback; /* enum sbx_rollback */
+    uint32_t reserved;
+};
+
 #define WIRE_STATUS_MAGIC 0x70737473u /* "psts" */
 
 struct wire_status {
@@ -112,6 +150,14 @@ struct wire_status {
 /* The template killed the worker at its wall limit: the supervisor's own
  * deadline had not (a slow output callback, say, held it up). */
 #define WIRE_STATUS_WALL_KILLED 4u
+/* Session cells. The cell ended by itself with the exit status in
+ * wait_status and its process is now the session's state. */
+#define WIRE_STATUS_KEPT 8u
+/* The cell ended by itself with the exit status in wait_status but was
+ * rolled back: its process was killed, the state is the one before it. */
+#define WIRE_STATUS_ROLLED_BACK 16u
+/* ... because it left a thread running at its end. */
+#define WIRE_STATUS_THREADS_LEFT 32u
 
 /* What a worker tells the template, on its ready pipe, once its request is
  * in place and before any of the request's code runs: the byte
@@ -175,6 +221,13 @@ int wire_decode_hello(const void *buf, size_t n, struct wire_hello *out, char *w
  * FAIL: -EIO and its text in |why|. Anything else: -EPROTO. */
 int wire_decode_worker(const void *buf, size_t n, int nfds, struct wire_worker *out, char *why,
                        size_t cap);
+/* The same, for a session's cell: |want| descriptors (WFD_SESSION_COUNT). */
+int wire_decode_worker_fds(const void *buf, size_t n, int nfds, int want, struct wire_worker *out,
+                           char *why, size_t cap);
+/* The answer to WIRE_SESSION_OPEN: 0 and *out; FAIL: -EIO and its text in
+ * |why|; anything else: -EPROTO. */
+int wire_decode_session(const void *buf, size_t n, struct wire_session *out, char *why,
+                        size_t cap);
 /* A status message: 0 and *out, or -EPROTO when it is cut or not one. */
 int wire_decode_status(const void *buf, size_t n, struct wire_status *out);
 

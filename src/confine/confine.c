@@ -101,7 +101,8 @@ int confine_self(const struct confine_plan *p, char *err, size_t errlen)
                       strerror(errno));
     /* Last: from here on, only what the table allows. No thread has been
      * started in this process. */
-    rc = policy_load(p->policy, getpid());
+    rc = p->session_listener ? policy_load_session(p->policy, p->session_listener)
+                             : policy_load(p->policy, getpid());
     if (rc < 0)
         return errmsg(err, errlen, rc, "loading the seccomp policy: %s", strerror(-rc));
     return 0;

@@ -20,6 +20,9 @@ struct confine_plan {
     int ruleset_fd;
     const struct policy *policy; /* NULL: no seccomp */
     bool policy_debug;
+    /* A session's process: |policy| is the session's program, loaded with
+     * a listener, which lands here (see policy_load_session). */
+    int *session_listener;
 };
 
 /* Empties the capability bounding set (what an execve could give back),

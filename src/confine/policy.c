@@ -303,6 +303,10 @@ static const struct rule table[] = {
     /* prctl: the harmless name calls only. */
     R_ALLOW_IF(prctl, "thread names", A(0, SCMP_CMP_EQ, PR_SET_NAME, 0)),
     R_ALLOW_IF(prctl, "thread names", A(0, SCMP_CMP_EQ, PR_GET_NAME, 0)),
+    R_ALLOW_IF(prctl, "a session's cell dies with the template, as every worker does",
+               A(0, SCMP_CMP_EQ, PR_SET_PDEATHSIG, 0), A(1, SCMP_CMP_EQ, SIGKILL, 0)),
+    R_ALLOW(setsid, "a session's cell leads a process group of its own (a worker leads one "
+                    "already: EPERM)"),
 
     /* --- signals: to ourselves only --- */
     R_ALLOW(rt_sigaction, "signal.signal"),
@@ -374,7 +378,26 @@ static const struct rule table[] = {
 /* libseccomp's SCMP_FLTATR_CTL_OPTIMIZE value for a binary tree. */
 #define POLICY_TREE 2
 
-int policy_build(struct policy *p, bool debug, bool refuse_path_meta, char *err, size_t errlen)
+/* Whether a row compares an argument with the worker's own pid. */
+static bool names_self(const struct rule *r)
+{
+    for (unsigned i = 0; i < r->n_args; i++)
+        if (r->args[i].datum_a == POLICY_SELF_PID)
+            return true;
+    return false;
+}
+
+int policy_self_arg(long nr)
+{
+    for (size_t i = 0; i < ARRAY_SIZE(table); i++)
+        for (unsigned k = 0; table[i].nr == nr && k < table[i].n_args; k++)
+            if (table[i].args[k].datum_a == POLICY_SELF_PID)
+                return (int)table[i].args[k].arg;
+    return -1;
+}
+
+int policy_build(struct policy *p, bool debug, bool refuse_path_meta, bool session, char *err,
+                 size_t errlen)
 {
     const uint32_t deflt = debug ? SCMP_ACT_TRAP : SCMP_ACT_ERRNO(EPERM);
     scmp_filter_ctx ctx = seccomp_init(deflt);
@@ -406,13 +429,24 @@ int policy_build(struct policy *p, bool debug, bool refuse_path_meta, char *err,
             action = SCMP_ACT_ERRNO(EPERM);
         if (r->nr < 0)
             continue; /* not a system call on this architecture */
+        /* A session's program has no pid of its own to compare with (each
+         * cell is a fork that carries it): the row goes to the listener,
+         * which compares the pid with the caller's (policy_self_arg). */
+        struct scmp_arg_cmp args[2];
+        memcpy(args, r->args, sizeof(args));
+        if (session && names_self(r)) {
+            action = SCMP_ACT_NOTIFY;
+            for (unsigned k = 0; k < r->n_args; k++)
+                if (args[k].datum_a == POLICY_SELF_PID)
+                    args[k] = (struct scmp_arg_cmp)A(args[k].arg, SCMP_CMP_NE, 0, 0);
+        }
         /* Spelled out for the reader; libseccomp refuses rules that repeat
          * the default action. */
         if (action == deflt) {
             added++;
             continue;
         }
-        int e = seccomp_rule_add_array(ctx, action, r->nr, r->n_args, r->args);
+        int e = seccomp_rule_add_array(ctx, action, r->nr, r->n_args, args);
         if (e < 0) {
             char *name = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, r->nr);
             rc = errmsg(err, errlen, e, "seccomp rule for %s: %s", name ? name : "?", strerror(-e));
@@ -420,6 +454,25 @@ int policy_build(struct policy *p, bool debug, bool refuse_path_meta, char *err,
             goto out;
         }
         added++;
+    }
+    /* A session's fork, and only its exact flags: the listener (the
+     * template) answers, allowing it only at a cell's start. */
+    if (session) {
+        int e = seccomp_rule_add(ctx, SCMP_ACT_NOTIFY, SCMP_SYS(clone), 1,
+                                 SCMP_A0(SCMP_CMP_EQ, POLICY_SESSION_FORK));
+        /* Its channel to us carries descriptors (a cell's pipes, the
+         * listener): messages on that descriptor alone. */
+        if (e == 0)
+            e = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(sendmsg), 1,
+                                 SCMP_A0(SCMP_CMP_EQ, POLICY_SESSION_CHANNEL_FD));
+        if (e == 0)
+            e = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(recvmsg), 1,
+                                 SCMP_A0(SCMP_CMP_EQ, POLICY_SESSION_CHANNEL_FD));
+        if (e < 0) {
+            rc = errmsg(err, errlen, e, "seccomp rule for a session's fork: %s", strerror(-e));
+            goto out;
+        }
+        added += 3;
     }
     /* libseccomp writes the program to a descriptor; read it back. */
     memfd = memfd_create("pysbx-policy", MFD_CLOEXEC);
@@ -475,6 +528,20 @@ int policy_load(const struct policy *p, pid_t self)
     prog.len = policy_patch(p, self, insns);
     if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
         return -errno;
+    return 0;
+}
+
+int policy_load_session(const struct policy *p, int *listener)
+{
+    struct sock_fprog prog = {.filter = p->insns, .len = p->len};
+
+    if (!p->insns || p->len == 0)
+        return -EINVAL;
+    int fd = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                          &prog);
+    if (fd < 0)
+        return -errno;
+    *listener = fd;
     return 0;
 }
 

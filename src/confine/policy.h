@@ -6,6 +6,8 @@
 #define PYSBX_POLICY_H
 
 #include <linux/filter.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -25,7 +27,8 @@ struct policy {
  * (no private root: a path may name a host file), chmod, chown and utime by
  * path fail with EPERM; their descriptor forms stay. Returns 0 or -errno
  * with a message. */
-int policy_build(struct policy *p, bool debug, bool refuse_path_meta, char *err, size_t errlen);
+int policy_build(struct policy *p, bool debug, bool refuse_path_meta, bool session, char *err,
+                 size_t errlen);
 void policy_free(struct policy *p);
 
 /* Copies the program into |out| (BPF_MAXINSNS entries) with |self| in place
@@ -36,6 +39,25 @@ unsigned short policy_patch(const struct policy *p, pid_t self, struct sock_filt
  * and loads it (no_new_privs must be set). Never calls libseccomp. Returns 0
  * or -errno. */
 int policy_load(const struct policy *p, pid_t self);
+
+/* The one fork a session's program does not refuse but hands to its
+ * listener: a plain process whose parent is the forker's (the template). */
+#define POLICY_SESSION_FORK (CLONE_PARENT | SIGCHLD)
+/* ... and the one descriptor on which it may send and receive messages:
+ * its channel to the template (the worker's FD_READY). */
+#define POLICY_SESSION_CHANNEL_FD 4
+
+/* In a session's process: loads the session's program as it is (no pid
+ * patched in: in a session, where every cell is a fork carrying its state's
+ * program, a pid would be another process's; calls about a process by its
+ * pid are refused, by 0 allowed) and returns its listener in *listener.
+ * Returns 0 or -errno. */
+int policy_load_session(const struct policy *p, int *listener);
+
+/* For a call the table allows about the worker's own pid: the argument
+ * that holds the pid (in a session's program the listener compares it with
+ * the caller's), or -1 for any other call. */
+int policy_self_arg(long nr);
 
 /* For the debug program: a SIGSYS handler that names the refused call on
  * stderr and makes it fail with EPERM instead of killing. */

@@ -222,6 +222,8 @@ static int walk(int ws_fd, const struct artifact_spec *s, struct heap *h, uint64
             continue;
         if (depth == 0 && strcmp(n, WIRE_VALUE_FILE) == 0)
             continue; /* the value, not an artifact */
+        if (s->only && !s->only(s->only_ctx, path))
+            continue;
         const struct sbx_file *in = find_input(s, path);
         if (in && same_as_input(dirfd(f->dir), n, &st, in))
             continue;

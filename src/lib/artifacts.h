@@ -16,6 +16,10 @@ struct artifact_spec {
     uint64_t max_count;            /* files returned: the first by name */
     const struct sbx_file *inputs; /* returned only if changed */
     size_t n_inputs;
+    /* When set: only the files it says yes to (a session's cell: what the
+     * cell created or changed). */
+    bool (*only)(const void *ctx, const char *path);
+    const void *only_ctx;
 };
 
 /* Walks the workspace |ws_fd|. Returns 0 with *out (n_out entries, sorted by

@@ -19,6 +19,7 @@
 #include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The template imports its warm set before it answers; on a cold disk cache
@@ -36,6 +37,8 @@
 #define RESTART_BACKOFF_FIRST_NS (100ULL * 1000000ULL)
 #define RESTART_BACKOFF_MAX_NS   (5ULL * 1000000000ULL)
 #define RESTART_WINDOW_NS        (30ULL * 1000000000ULL)
+/* Backoffs a session's opening waits out before it gives up. */
+#define SESSION_RESTART_TRIES 3
 
 static json_t *string_array(const char *const *list)
 {
@@ -402,6 +405,38 @@ int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64
     w->gid = worker.gid;
     fmt(w->workspace, sizeof(w->workspace), "%s", worker.workspace);
     return 0;
+}
+
+int control_open_session(struct sbx *sbx, const struct wire_session_open *m, int chan,
+                         int *template_pidfd, char *why, size_t whylen)
+{
+    pthread_mutex_lock(&sbx->ctl_lock);
+    /* Takers notice a dead template when its socket ends; look first. */
+    if (sbx->ctl >= 0 && template_dead(sbx))
+        template_failed(sbx, "the template process ended");
+    int rc = ensure_template(sbx, why, whylen);
+    /* A restart after its backoff, as a taker would wait for it. */
+    for (int i = 0; rc == -EAGAIN && i < SESSION_RESTART_TRIES; i++) {
+        uint64_t now = now_ns(), at = sbx->retry_at;
+        pthread_mutex_unlock(&sbx->ctl_lock);
+        if (at > now)
+            (void)nanosleep(&(struct timespec){.tv_sec = (time_t)((at - now) / 1000000000ULL),
+                                               .tv_nsec = (long)((at - now) % 1000000000ULL)},
+                            NULL);
+        pthread_mutex_lock(&sbx->ctl_lock);
+        rc = ensure_template(sbx, why, whylen);
+    }
+    if (rc == -EAGAIN)
+        rc = -EHOSTDOWN;
+    if (rc == 0 && (rc = wire_send(sbx->ctl, m, sizeof(*m), &chan, 1)) < 0)
+        errmsg(why, whylen, rc, "the template does not listen: %s", strerror(-rc));
+    if (rc == 0) {
+        *template_pidfd = fcntl(sbx->template_pidfd, F_DUPFD_CLOEXEC, 0);
+        if (*template_pidfd < 0)
+            rc = errmsg(why, whylen, -errno, "dup: %s", strerror(errno));
+    }
+    pthread_mutex_unlock(&sbx->ctl_lock);
+    return rc;
 }
 
 int control_health(struct sbx *sbx, struct sbx_health *h)

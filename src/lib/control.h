@@ -35,6 +35,13 @@ struct taken_worker {
 int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64_t deadline,
                         struct taken_worker *w, char *why, size_t whylen);
 
+/* Hands the template a session's channel |chan| with |m| (starting a
+ * template if there is none). Returns 0 with a descriptor of the
+ * template's pidfd in *template_pidfd (its end ends the session), or a
+ * negative errno with |why|: -EHOSTDOWN, -ESHUTDOWN, or the send's. */
+int control_open_session(struct sbx *sbx, const struct wire_session_open *m, int chan,
+                         int *template_pidfd, char *why, size_t whylen);
+
 /* Fills |h| (see sbx_health). */
 int control_health(struct sbx *sbx, struct sbx_health *h);
 

@@ -7,6 +7,7 @@
 #include "control.h"
 #include "sandbox.h"
 #include "sbxerr.h"
+#include "session.h"
 #include "supervise.h"
 #include "sysutil.h"
 #include "util.h"
@@ -42,6 +43,7 @@ static void read_status(struct supervision *sv)
             .utime_us = st.utime_us,
             .stime_us = st.stime_us,
             .maxrss_kb = st.maxrss_kb,
+            .flags = st.flags,
         };
         sv->have_outcome = true;
     } else {
@@ -138,7 +140,7 @@ static bool workspace_name_ok(const char *name)
     return true;
 }
 
-static int check_fits(const struct sbx *sbx, const struct sbx_request *req, struct sbx_error *err)
+int embedded_check_fits(const struct sbx *sbx, const struct sbx_request *req, struct sbx_error *err)
 {
     uint64_t in = 0;
 
@@ -171,8 +173,8 @@ static void remove_workspace(struct sbx *sbx, const struct taken_worker *w)
  * other failure is a result, but for the sandbox being down, closing, or no
  * worker within the queue timeout: then *refused is the negative errno to
  * return, with |err| filled. */
-static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_result *res,
-                         int *refused, struct sbx_error *err)
+static int run_on_worker(struct sbx *sbx, struct sbx_session *sess, struct supervision *sv,
+                         struct sbx_result *res, int *refused, struct sbx_error *err)
 {
     const struct sbx_request *req = sv->req;
     uint64_t deadline = req->queue_timeout_seconds > 0
@@ -180,10 +182,21 @@ static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_res
                             : UINT64_MAX;
     struct taken_worker w;
     char why[WIRE_TEXT_MAX];
+    int saved = -1;
     int req_fd;
     int rc;
 
-    rc = control_take_worker(sbx, req->cancel, deadline, &w, why, sizeof(why));
+    /* A session's cell is a fork of its state, there as soon as the
+     * state forks: it waits for no queue, only (at most) its wall limit. */
+    if (sess)
+        rc = session_take_cell(sess, now_ns() + (uint64_t)(req->limits.wall_seconds * 1e9), &w,
+                               &saved, why, sizeof(why));
+    else
+        rc = control_take_worker(sbx, req->cancel, deadline, &w, why, sizeof(why));
+    if (rc == -ENOLINK) {
+        *refused = sbx_fail(err, SBX_ERR_SESSION_LOST, rc, "%s", why);
+        return 0;
+    }
     if (rc == -ECANCELED)
         return supervise_refuse(sv, res, SBX_CANCELLED, why);
     if (rc == -EHOSTDOWN || rc == -ESHUTDOWN || rc == -ETIMEDOUT) {
@@ -206,6 +219,7 @@ static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_res
     sv->on_done = read_status;
     if (!workspace_name_ok(w.workspace)) {
         close_fd(&req_fd);
+        close_fd(&saved);
         supervise_kill(sv);
         return supervise_refuse(sv, res, SBX_SANDBOX_ERROR,
                                 "malformed workspace name from the template");
@@ -214,7 +228,14 @@ static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_res
     supervise_start_clock(sv);
     (void)send_request(sv, &req_fd); /* a failure shows in the outcome */
     supervise_run(sv);
+    if (sess)
+        session_cell_ended(sess, sv, saved);
     rc = supervise_finish(sv, res);
+    if (sess) {
+        if (rc == 0)
+            rc = session_cell_settle(sess, sv, saved, res);
+        close_fd(&saved);
+    }
     /* Its template ended under it because the sandbox is closing. */
     if (rc == 0 && res->status == SBX_SANDBOX_ERROR &&
         __atomic_load_n(&sbx->closing, __ATOMIC_ACQUIRE))
@@ -229,10 +250,6 @@ static int run_on_worker(struct sbx *sbx, struct supervision *sv, struct sbx_res
 int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
             struct sbx_error *err)
 {
-    struct supervision sv;
-    struct sbx_result *res;
-    enum admitted a;
-    int refused = 0;
     int rc;
 
     *out = NULL;
@@ -240,7 +257,7 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "no sandbox");
     rc = sbx_request_check(req, err);
     if (rc == 0)
-        rc = check_fits(sbx, req, err);
+        rc = embedded_check_fits(sbx, req, err);
     if (rc < 0)
         return rc;
     /* A single-run sandbox makes one worker and no other: a second run
@@ -248,6 +265,19 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
     if (sbx->cfg.single_run && atomic_exchange(&sbx->single_run_used, true))
         return sbx_fail(err, SBX_ERR_BUSY, -EBUSY,
                         "this sandbox was opened for a single run (single_run), which it has had");
+    return embedded_run(sbx, NULL, req, out, err);
+}
+
+int embedded_run(struct sbx *sbx, struct sbx_session *sess, const struct sbx_request *req,
+                 struct sbx_result **out, struct sbx_error *err)
+{
+    struct supervision sv;
+    struct sbx_result *res;
+    enum admitted a;
+    int refused = 0;
+    int rc;
+
+    *out = NULL;
     a = admission_enter(&sbx->admission, req, err);
     if (a == REFUSED)
         return err && err->code == SBX_ERR_UNAVAILABLE ? -ESHUTDOWN : -EBUSY;
@@ -262,7 +292,7 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
     if (a == CANCELLED || sbx_cancel_fired(req->cancel))
         rc = supervise_refuse(&sv, res, SBX_CANCELLED, "cancelled before it started");
     else
-        rc = run_on_worker(sbx, &sv, res, &refused, err);
+        rc = run_on_worker(sbx, sess, &sv, res, &refused, err);
     if (a == ADMITTED)
         admission_leave(&sbx->admission);
     supervise_free(&sv);

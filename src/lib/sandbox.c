@@ -206,6 +206,11 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
                                 cfg.workspace_bytes > SBX_MAX_MEMORY_BYTES))
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                         "workspace_bytes must be between 1 MiB and 1 TiB");
+    if (cfg.max_sessions > SBX_MAX_SESSIONS_LIMIT)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "max_sessions must be at most %u",
+                        SBX_MAX_SESSIONS_LIMIT);
+    if (!cfg.max_sessions)
+        cfg.max_sessions = SBX_DEFAULT_MAX_SESSIONS;
     if (cfg.single_run)
         cfg.pool_size = 1;
     if (!cfg.pool_size)

@@ -25,6 +25,7 @@ struct sbx {
     char *template_path;
     struct packages packages;    /* resolved from cfg.packages at open */
     atomic_bool single_run_used; /* cfg.single_run: the one run was asked for */
+    atomic_uint sessions;        /* open (sbx_session_open), at most cfg.max_sessions */
     /* The template, through its control socket (control.c), all under
      * ctl_lock. */
     pthread_mutex_t ctl_lock;

@@ -1,10 +1,46 @@
-/* Sessions (see pysbx.h). */
+/*
+ * Sessions, on the supervisor's side (see pysbx.h and session.h). A session
+ * is a channel to the template, which keeps its processes, and the index of
+ * its files. Calls on one session are taken one at a time.
+ */
 #define _GNU_SOURCE
+#include "session.h"
+
 #include "sandbox.h"
 #include "sbxerr.h"
+#include "sysutil.h"
+#include "util.h"
+#include "wssync.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* How long a session's first process may take to get ready. */
+#define SESSION_OPEN_TIMEOUT_NS (30ULL * 1000000000ULL)
+/* How long sbx_session_close waits for the template to say it is gone. */
+#define SESSION_CLOSE_WAIT_NS (2ULL * 1000000000ULL)
+
+struct sbx_session {
+    struct sbx *sbx;
+    pthread_mutex_t lock;
+    int chan;           /* to the template; -1 once lost */
+    int template_pidfd; /* the template this session lives in */
+    enum sbx_rollback rollback;
+    uint64_t cells, max_cells;
+    uid_t uid;
+    gid_t gid;
+    struct ws_index index;      /* the workspace as of the last cell */
+    struct ws_changes changes;  /* what the cell running changed */
+    bool changes_known;
+    char lost[WIRE_TEXT_MAX];   /* why it is gone, once it is */
+};
 
 void sbx_session_limits_init(struct sbx_session_limits *l)
 {
@@ -14,16 +50,20 @@ void sbx_session_limits_init(struct sbx_session_limits *l)
     l->max_cells = SBX_DEFAULT_SESSION_MAX_CELLS;
 }
 
-static const char *const rollback_names[] = {"on_error", "on_stop", "never"};
+static const char *const rollback_names[] = {
+    [SBX_ROLLBACK_ON_ERROR] = "on_error",
+    [SBX_ROLLBACK_ON_STOP] = "on_stop",
+    [SBX_ROLLBACK_NEVER] = "never",
+};
 
 const char *sbx_rollback_name(enum sbx_rollback r)
 {
-    return (unsigned)r < 3 ? rollback_names[r] : NULL;
+    return (unsigned)r < ARRAY_SIZE(rollback_names) ? rollback_names[r] : NULL;
 }
 
 int sbx_rollback_from_name(const char *name, enum sbx_rollback *out)
 {
-    for (unsigned i = 0; name && i < 3; i++)
+    for (unsigned i = 0; name && i < ARRAY_SIZE(rollback_names); i++)
         if (strcmp(name, rollback_names[i]) == 0) {
             *out = (enum sbx_rollback)i;
             return 0;
@@ -31,26 +71,327 @@ int sbx_rollback_from_name(const char *name, enum sbx_rollback *out)
     return -EINVAL;
 }
 
-int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *limits,
+static bool seconds_ok(double s)
+{
+    return s > 0 && s <= SBX_MAX_SECONDS;
+}
+
+/* The session is gone for good: say why once, and let the template know. */
+static void lose(struct sbx_session *s, const char *why)
+{
+    if (s->lost[0])
+        return;
+    fmt(s->lost, sizeof(s->lost), "%s", why && *why ? why : "the session ended");
+    /* The template ends it when it sees our end (sbx_session_close waits
+     * for the rest). */
+    (void)shutdown(s->chan, SHUT_WR);
+}
+
+/* Waits for one message on the channel until |deadline|, also watching the
+ * template's end. Returns its length, 0 when the session or its template
+ * ended, -ETIMEDOUT, or -errno. */
+static ssize_t await(struct sbx_session *s, void *buf, size_t cap, int *fds, int maxfds,
+                     int *nfds, uint64_t deadline)
+{
+    for (;;) {
+        ssize_t n = wire_recv(s->chan, buf, cap, fds, maxfds, nfds);
+        if (n != -EAGAIN && n != -EINTR)
+            return n;
+        uint64_t now = now_ns();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd p[2] = {{.fd = s->chan, .events = POLLIN},
+                              {.fd = s->template_pidfd, .events = POLLIN}};
+        uint64_t ms = (deadline - now + 999999) / 1000000;
+        if (poll(p, 2, ms > 1000 ? 1000 : (int)ms) > 0 && p[1].revents && !p[0].revents)
+            return 0;
+    }
+}
+
+int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
                      struct sbx_session **out, struct sbx_error *err)
 {
-    (void)sbx;
-    (void)limits;
+    struct sbx_session_limits l;
+    struct sbx_session *s = NULL;
+    int sv[2] = {-1, -1};
+    char why[WIRE_TEXT_MAX];
+    int rc;
+
     *out = NULL;
-    return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOSYS, "sessions are not implemented yet");
+    if (!sbx)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "no sandbox");
+    if (given)
+        l = *given;
+    else
+        sbx_session_limits_init(&l);
+    if (!seconds_ok(l.idle_seconds) || !seconds_ok(l.lifetime_seconds) || l.max_cells < 1 ||
+        (l.memory_bytes &&
+         (l.memory_bytes < SBX_MIN_MEMORY_BYTES || l.memory_bytes > SBX_MAX_MEMORY_BYTES)))
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
+                        "session limits: idle and lifetime must be in (0, %g] s, max_cells at "
+                        "least 1, memory 0 or in [%llu, %llu] bytes",
+                        SBX_MAX_SECONDS, (unsigned long long)SBX_MIN_MEMORY_BYTES,
+                        (unsigned long long)SBX_MAX_MEMORY_BYTES);
+    /* A place among max_sessions, or busy. */
+    unsigned open = atomic_load(&sbx->sessions);
+    do {
+        if (open >= sbx->cfg.max_sessions)
+            return sbx_fail(err, SBX_ERR_BUSY, -EBUSY,
+                            "%u sessions are open, the most this sandbox keeps (max_sessions)",
+                            open);
+    } while (!atomic_compare_exchange_weak(&sbx->sessions, &open, open + 1));
+
+    s = calloc(1, sizeof(*s));
+    if (!s) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    s->sbx = sbx;
+    s->chan = s->template_pidfd = -1;
+    s->max_cells = l.max_cells;
+    pthread_mutex_init(&s->lock, NULL);
+    /* Ours non-blocking: between cells we only look whether the template
+     * ended the session. */
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
+        fcntl(sv[0], F_SETFL, O_NONBLOCK) < 0) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "socketpair: %s", strerror(errno));
+        goto fail;
+    }
+    struct wire_session_open m = {
+        .hdr = {WIRE_SESSION_OPEN, WIRE_VERSION},
+        .idle_ms = (uint64_t)(l.idle_seconds * 1000.0 + 0.5),
+        .lifetime_ms = (uint64_t)(l.lifetime_seconds * 1000.0 + 0.5),
+        .memory_bytes = l.memory_bytes ? l.memory_bytes : SBX_DEFAULT_MEMORY_BYTES,
+    };
+    rc = control_open_session(sbx, &m, sv[1], &s->template_pidfd, why, sizeof(why));
+    close_fd(&sv[1]);
+    s->chan = sv[0];
+    sv[0] = -1;
+    if (rc < 0) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
+        goto fail;
+    }
+    union {
+        struct wire_hdr hdr;
+        struct wire_session session;
+        struct wire_fail fail;
+    } r;
+    struct wire_session ready;
+    int nfds = 0;
+    ssize_t n = await(s, &r, sizeof(r), NULL, 0, &nfds, now_ns() + SESSION_OPEN_TIMEOUT_NS);
+    if (n <= 0) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, n < 0 ? (int)n : -EPIPE,
+                      n == -ETIMEDOUT ? "the session's process did not get ready in time"
+                                      : "the template ended before the session was ready");
+        goto fail;
+    }
+    if ((rc = wire_decode_session(&r, (size_t)n, &ready, why, sizeof(why))) < 0) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
+        goto fail;
+    }
+    s->uid = ready.uid;
+    s->gid = ready.gid;
+    clock_gettime(CLOCK_REALTIME, &s->index.taken); /* an empty workspace */
+    *out = s;
+    return 0;
+
+fail:
+    close_fds(sv, 2);
+    if (s) {
+        close_fd(&s->chan);
+        close_fd(&s->template_pidfd);
+        pthread_mutex_destroy(&s->lock);
+        free(s);
+    }
+    atomic_fetch_sub(&sbx->sessions, 1);
+    return rc;
+}
+
+/* A message the template sent between cells: only a FAIL that ends it. */
+static void look_for_end(struct sbx_session *s)
+{
+    struct wire_fail f;
+    int nfds = 0;
+
+    if (s->lost[0])
+        return;
+    ssize_t n = wire_recv(s->chan, &f, sizeof(f), NULL, 0, &nfds);
+    if (n == -EAGAIN || n == -EINTR)
+        return;
+    if (n > 0 && f.hdr.type == WIRE_FAIL && n == (ssize_t)sizeof(f))
+        f.text[sizeof(f.text) - 1] = '\0';
+    else
+        fmt(f.text, sizeof(f.text), "the sandbox's template ended, and its sessions with it");
+    lose(s, f.text);
+}
+
+int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_worker *w,
+                      int *saved, char *why, size_t whylen)
+{
+    union {
+        struct wire_hdr hdr;
+        struct wire_worker worker;
+        struct wire_fail fail;
+    } m;
+    struct wire_worker worker;
+    struct wire_cell cell = {.hdr = {WIRE_CELL, WIRE_VERSION}, .rollback = s->rollback};
+    int fds[WFD_SESSION_COUNT];
+    int nfds = 0;
+
+    for (int i = 0; i < WFD_COUNT; i++)
+        w->fds[i] = -1;
+    if (!s->lost[0] && wire_send(s->chan, &cell, sizeof(cell), NULL, 0) < 0)
+        look_for_end(s);
+    if (s->lost[0])
+        return errmsg(why, whylen, -ENOLINK, "%s", s->lost);
+    ssize_t n = await(s, &m, sizeof(m), fds, WFD_SESSION_COUNT, &nfds, deadline);
+    if (n == -ETIMEDOUT) {
+        /* The template answers in the end; the channel is out of step
+         * until it does, so the session cannot go on. */
+        lose(s, "the session's cell could not be made in time");
+        return errmsg(why, whylen, -ENOLINK, "%s", s->lost);
+    }
+    if (n <= 0) {
+        lose(s, "the sandbox's template ended, and its sessions with it");
+        return errmsg(why, whylen, -ENOLINK, "%s", s->lost);
+    }
+    int rc = wire_decode_worker_fds(&m, (size_t)n, nfds, WFD_SESSION_COUNT, &worker, why, whylen);
+    if (rc < 0) {
+        close_fds(fds, (size_t)nfds);
+        /* A FAIL that ended the session comes with the channel's end. */
+        look_for_end(s);
+        return s->lost[0] ? errmsg(why, whylen, -ENOLINK, "%s", s->lost) : rc;
+    }
+    memcpy(w->fds, fds, sizeof(w->fds));
+    *saved = fds[WFD_SAVED];
+    w->pid = worker.pid;
+    w->uid = worker.uid;
+    w->gid = worker.gid;
+    fmt(w->workspace, sizeof(w->workspace), "%s", worker.workspace);
+    return 0;
+}
+
+static bool changed_by_cell(const void *ctx, const char *path)
+{
+    return ws_changed(ctx, path);
+}
+
+void session_cell_ended(struct sbx_session *s, struct supervision *sv, int saved)
+{
+    bool switched;
+
+    s->changes_known = false;
+    if (fsid_enter(s->uid, s->gid, &switched) == 0 &&
+        ws_diff(sv->ws_fd, saved, &s->index, &s->changes) == 0)
+        s->changes_known = true;
+    fsid_leave(switched);
+    /* Unknown changes: no artifacts rather than the whole workspace. */
+    sv->only_artifacts = changed_by_cell;
+    sv->only_ctx = &s->changes;
+}
+
+/* Why a cell that completed was rolled back, for its result. */
+static const char *rollback_reason(const struct supervision *sv, const struct sbx_result *res,
+                                   char *buf, size_t cap)
+{
+    if (sv->outcome.flags & WIRE_STATUS_THREADS_LEFT)
+        return "rolled back: a thread was still running at the cell's end, and nothing may run "
+               "between cells";
+    if (sv->outcome.flags & WIRE_STATUS_ROLLED_BACK) {
+        fmt(buf, cap, "rolled back: the cell ended with exit status %d (rollback \"%s\")",
+            res->exit_code, sbx_rollback_name(SBX_ROLLBACK_ON_ERROR));
+        return buf;
+    }
+    return "rolled back: the cell's process ended (os._exit), so it cannot be the session's state";
+}
+
+int session_cell_settle(struct sbx_session *s, struct supervision *sv, int saved,
+                        struct sbx_result *res)
+{
+    bool kept = sv->have_outcome && (sv->outcome.flags & WIRE_STATUS_KEPT);
+    bool keep_files = kept || s->rollback == SBX_ROLLBACK_NEVER;
+    bool switched;
+    char buf[160];
+    int rc = -EIO;
+
+    res->cell = ++s->cells;
+    res->rolled_back = !kept;
+    if (!kept && res->status == SBX_COMPLETED && !res->reason) {
+        res->reason = strdup(rollback_reason(sv, res, buf, sizeof(buf)));
+        if (!res->reason)
+            return -ENOMEM;
+    }
+    if (s->changes_known && fsid_enter(s->uid, s->gid, &switched) == 0) {
+        /* The value was read: the next cell does not find it. */
+        (void)unlinkat(sv->ws_fd, WIRE_VALUE_FILE, 0);
+        rc = keep_files ? ws_commit(sv->ws_fd, saved, &s->changes)
+                        : ws_restore(sv->ws_fd, saved, &s->changes);
+        if (rc == 0)
+            rc = ws_index_build(sv->ws_fd, &s->index);
+        fsid_leave(switched);
+    }
+    ws_changes_free(&s->changes);
+    if (rc < 0) {
+        fmt(buf, sizeof(buf), "the session's files could not be %s: %s",
+            keep_files ? "saved" : "put back", strerror(-rc));
+        lose(s, buf);
+    } else if (s->cells >= s->max_cells) {
+        fmt(buf, sizeof(buf), "the session ran its %llu cells (max_cells)",
+            (unsigned long long)s->max_cells);
+        lose(s, buf);
+    }
+    return 0;
 }
 
 int sbx_session_run(struct sbx_session *s, const struct sbx_request *req,
                     enum sbx_rollback rollback, struct sbx_result **out, struct sbx_error *err)
 {
-    (void)s;
-    (void)req;
-    (void)rollback;
+    int rc;
+
     *out = NULL;
-    return sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "sessions are not implemented yet");
+    if (!s)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "no session");
+    if (!sbx_rollback_name(rollback))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "rollback must be on_error, on_stop or never");
+    rc = sbx_request_check(req, err);
+    if (rc == 0)
+        rc = embedded_check_fits(s->sbx, req, err);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&s->lock);
+    look_for_end(s);
+    if (s->lost[0])
+        rc = sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "%s", s->lost);
+    else {
+        s->rollback = rollback;
+        rc = embedded_run(s->sbx, s, req, out, err);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
 }
 
 void sbx_session_close(struct sbx_session *s)
 {
-    (void)s;
+    if (!s)
+        return;
+    /* A cell in flight finishes first (it holds the lock). */
+    pthread_mutex_lock(&s->lock);
+    /* The template ends the session (processes, files, uid) and closes
+     * its end once nothing of it is left: wait for that, a while. */
+    if (s->chan >= 0 && (shutdown(s->chan, SHUT_WR) == 0 || errno == ENOTCONN)) {
+        char byte;
+        int nfds = 0;
+        uint64_t until = now_ns() + SESSION_CLOSE_WAIT_NS;
+        while (await(s, &byte, 1, NULL, 0, &nfds, until) > 0)
+            ; /* a FAIL sent before it saw our end */
+    }
+    close_fd(&s->chan);
+    close_fd(&s->template_pidfd);
+    ws_index_free(&s->index);
+    ws_changes_free(&s->changes);
+    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_destroy(&s->lock);
+    atomic_fetch_sub(&s->sbx->sessions, 1);
+    free(s);
 }

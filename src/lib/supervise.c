@@ -218,6 +218,8 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
         .max_count = s->req->limits.max_artifacts,
         .inputs = s->req->files,
         .n_inputs = s->req->n_files,
+        .only = s->only_artifacts,
+        .only_ctx = s->only_ctx,
     };
     bool switched;
     rc = fsid_enter(s->owner_uid, s->owner_gid, &switched);

@@ -27,6 +27,7 @@ struct run_outcome {
     int64_t utime_us;
     int64_t stime_us;
     int64_t maxrss_kb;
+    uint32_t flags; /* WIRE_STATUS_* as the template sent them */
 };
 
 struct supervision {
@@ -51,6 +52,9 @@ struct supervision {
     bool lost; /* no outcome will come */
     const char *lost_reason;
     struct run_outcome outcome;
+    /* A session's cell: which of its files count as artifacts. */
+    bool (*only_artifacts)(const void *ctx, const char *path);
+    const void *only_ctx;
     struct outbuf out, err;
     size_t delivered[2]; /* bytes of out/err text handed to on_output */
 };

@@ -154,7 +154,7 @@ static void *build_policy(void *arg)
 {
     struct tmpl *t = arg;
 
-    t->seccomp = policy_build(&t->policy, t->policy_debug, !t->root, t->seccomp_why,
+    t->seccomp = policy_build(&t->policy, t->policy_debug, !t->root, false, t->seccomp_why,
                               sizeof(t->seccomp_why)) == 0;
     return NULL;
 }

@@ -26,26 +26,6 @@
 #include <time.h>
 #include <unistd.h>
 
-struct worker_rec {
-    struct worker_rec *next;
-    pid_t pid;
-    unsigned slot; /* its ids (uids.h) */
-    uid_t uid;
-    gid_t gid;
-    int ready_fd;           /* read end of the worker's ready pipe */
-    int status_fd;          /* write end of the supervisor's status pipe */
-    int sup_fds[WFD_COUNT]; /* the supervisor's ends, held until announced */
-    bool announced;         /* a WORKER or FAIL message was sent for it */
-    bool started;
-    bool dead;       /* reaped: nothing more to arm */
-    bool has_timer;  /* its CPU timer exists */
-    bool cpu_killed; /* the timer fired and we killed it */
-    bool limit_lost; /* the CPU limit could not be armed; killed */
-    bool has_wall_timer;
-    bool wall_killed; /* its wall timer fired and we killed it */
-    timer_t timer, wall_timer;
-    char name[WIRE_NAME_MAX];
-};
 
 void template_send_fail(struct tmpl *t, const char *text)
 {
@@ -63,7 +43,8 @@ static void close_sup_fds(struct worker_rec *w)
 /* PYSBX_PROFILE builds: the last worker's making, for the next one. */
 static struct prof_spawn last_spawn;
 
-static void spawn_worker(struct tmpl *t)
+struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char *why,
+                                 size_t whylen)
 {
     double spawn_start = prof_now();
     struct worker_rec *w = calloc(1, sizeof(*w));
@@ -71,40 +52,44 @@ static void spawn_worker(struct tmpl *t)
     int status[2] = {-1, -1}, ready[2] = {-1, -1};
     int ws = -1, ws_mount = -1, ruleset = -1;
     char path[4096];
-    char why[256];
     pid_t pid;
 
-    t->outstanding++;
     if (!w) {
-        template_send_fail(t, "template: out of memory");
-        return;
+        errmsg(why, whylen, -ENOMEM, "template: out of memory");
+        return NULL;
     }
     for (int i = 0; i < WFD_COUNT; i++)
         w->sup_fds[i] = -1;
     w->ready_fd = w->status_fd = -1;
     if (uids_take(&t->uids, t->base_fd, &w->slot, &w->uid, &w->gid, w->name, sizeof(w->name)) < 0) {
         free(w);
-        template_send_fail(t, "template: no free worker id: every one is held by a worker or "
-                              "its workspace is not yet removed (raise worker_ids)");
-        return;
+        errmsg(why, whylen, -EAGAIN,
+               "template: no free worker id: every one is held by a worker or "
+               "its workspace is not yet removed (raise worker_ids)");
+        return NULL;
     }
     fmt(path, sizeof(path), "%s/%s", t->base_path, w->name);
 
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 || pipe2(out, O_CLOEXEC) < 0 ||
-        pipe2(err, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0) {
-        fmt(why, sizeof(why), "template: making a worker's pipes: %s", strerror(errno));
+    /* A session's process talks over a socket (descriptors go both ways,
+     * and the kernel says which process sent what); it has no pipes of its
+     * own: each cell brings its own. */
+    if (sess ? socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ready) < 0 ||
+                   setsockopt(ready[0], SOL_SOCKET, SO_PASSCRED, &(int){1}, sizeof(int)) < 0
+             : socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 ||
+                   pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
+                   pipe2(status, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0) {
+        fmt(why, whylen, "template: making a worker's pipes: %s", strerror(errno));
         goto fail;
     }
     if (t->root) {
         /* A tmpfs mounted nowhere: no directory to make on the disk, none
          * to sweep, no mount in our namespace for each worker to copy. */
-        ws_mount = workspace_mount_detached(&t->jail, w->uid, w->gid, why, sizeof(why));
+        ws_mount = workspace_mount_detached(&t->jail, w->uid, w->gid, why, whylen);
         if (ws_mount < 0)
             goto fail;
         ws = openat(ws_mount, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     } else {
-        if (workspace_make(&t->jail, w->uid, w->gid, t->base_fd, w->name, path, why, sizeof(why)) <
-            0)
+        if (workspace_make(&t->jail, w->uid, w->gid, t->base_fd, w->name, path, why, whylen) < 0)
             goto fail;
         /* By path, in our own mount namespace: through the supervisor's
          * descriptor, the lookup would stay in the host's and find the
@@ -112,35 +97,37 @@ static void spawn_worker(struct tmpl *t)
         ws = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     }
     if (ws < 0) {
-        fmt(why, sizeof(why), "template: opening workspace %s: %s",
+        fmt(why, whylen, "template: opening workspace %s: %s",
             t->root ? "(a detached tmpfs)" : path, strerror(errno));
         goto fail;
     }
     if (t->landlock > 0) {
-        ruleset = landlock_ruleset_for(&t->ll_base, ws, why, sizeof(why));
+        ruleset = landlock_ruleset_for(&t->ll_base, ws, why, whylen);
         if (ruleset < 0)
             goto fail;
     }
     double fork_start = prof_now();
     prof_set_spawn(&last_spawn); /* inherited by the child */
-    pid = interp_fork(&t->prefault);
+    pid = interp_fork(sess ? NULL : &t->prefault);
     last_spawn.fork_us = prof_now() - fork_start;
     if (pid < 0) {
-        fmt(why, sizeof(why), "template: fork: %s", strerror(errno));
+        fmt(why, whylen, "template: fork: %s", strerror(errno));
         goto fail;
     }
     if (pid == 0) {
         struct worker_args a = {
             .template_pid = t->pid,
-            .req_fd = req[1],
-            .out_fd = out[1],
-            .err_fd = err[1],
+            .req_fd = sess ? t->devnull : req[1],
+            .out_fd = sess ? t->devnull : out[1],
+            .err_fd = sess ? t->devnull : err[1],
             .ready_fd = ready[1],
             .ws_fd = ws,
             .devnull_fd = t->devnull,
             .ws_path = t->root ? WORKSPACE_MOUNT : path,
             .ws_mount_fd = ws_mount,
-            .rehearse = !t->single_run,
+            .rehearse = !t->single_run && !sess,
+            .session = sess != NULL,
+            .session_memory = sess ? session_memory(sess) : 0,
             .plan =
                 {
                     .switch_user = t->jail.switch_user,
@@ -149,7 +136,7 @@ static void spawn_worker(struct tmpl *t)
                     .gid = w->gid,
                     .landlock_abi = t->landlock,
                     .ruleset_fd = ruleset,
-                    .policy = t->seccomp ? &t->policy : NULL,
+                    .policy = sess ? &t->session_policy : t->seccomp ? &t->policy : NULL,
                     .policy_debug = t->policy_debug,
                 },
         };
@@ -158,31 +145,38 @@ static void spawn_worker(struct tmpl *t)
     close_fd(&ruleset);
     close_fd(&ws_mount); /* the worker's copy keeps it until it is mounted */
     w->pid = pid;
+    w->session = sess;
+    close_fd(&ready[1]);
+    w->ready_fd = ready[0];
+    if (sess) {
+        /* The session keeps its workspace; the worker's slot is its. */
+        session_adopt(sess, w, ws);
+        goto linked;
+    }
     close(req[1]);
     close(out[1]);
     close(err[1]);
-    close(ready[1]);
     w->sup_fds[WFD_REQUEST] = req[0];
     w->sup_fds[WFD_STDOUT] = out[0];
     w->sup_fds[WFD_STDERR] = err[0];
     w->sup_fds[WFD_STATUS] = status[0];
     w->sup_fds[WFD_WORKSPACE] = ws;
     w->status_fd = status[1];
-    w->ready_fd = ready[0];
     w->sup_fds[WFD_PIDFD] = pidfd_open(pid, 0);
     if (w->sup_fds[WFD_PIDFD] < 0) {
         /* The supervisor could not kill it safely: do not hand it out. */
-        fmt(why, sizeof(why), "template: pidfd_open: %s", strerror(errno));
+        fmt(why, whylen, "template: pidfd_open: %s", strerror(errno));
         kill(pid, SIGKILL);
         template_send_fail(t, why);
         w->announced = true;
         close_sup_fds(w);
     }
+linked:
     w->next = t->workers;
     t->workers = w;
     t->n_workers++;
     last_spawn.spawn_us = prof_now() - spawn_start;
-    return;
+    return w;
 
 fail:
     close_fds(req, 2);
@@ -201,7 +195,16 @@ fail:
     close_fd(&ruleset);
     uids_release(&t->uids, w->slot);
     free(w);
-    template_send_fail(t, why);
+    return NULL;
+}
+
+static void spawn_worker(struct tmpl *t)
+{
+    char why[256];
+
+    t->outstanding++;
+    if (!spawn_process(t, NULL, why, sizeof(why)))
+        template_send_fail(t, why);
 }
 
 /* Brings the workers not yet taken (ready or getting ready) up to |to|. */
@@ -244,7 +247,7 @@ static void report_setup_failure(struct tmpl *t, struct worker_rec *w, const cha
 /* The worker's user code starts now: arm its CPU limit, a timer on its
  * CPU clock (all its threads) that only we hold. It fires at the CPU time
  * the worker had used when it said so, plus its limit. */
-static void arm_cpu_limit(struct worker_rec *w, const struct wire_started *st)
+void arm_cpu_limit(struct worker_rec *w, const struct wire_started *st)
 {
     struct sigevent sev = {
         .sigev_notify = SIGEV_SIGNAL,
@@ -339,7 +342,7 @@ static void on_timer(struct tmpl *t, pid_t pid, bool wall)
         }
 }
 
-static void forget_worker(struct tmpl *t, struct worker_rec *w)
+void forget_worker(struct tmpl *t, struct worker_rec *w)
 {
     if (w->has_timer)
         timer_delete(w->timer);
@@ -348,9 +351,25 @@ static void forget_worker(struct tmpl *t, struct worker_rec *w)
     close_fd(&w->ready_fd);
     close_fd(&w->status_fd);
     close_sup_fds(w);
-    uids_release(&t->uids, w->slot);
+    if (!w->session)
+        uids_release(&t->uids, w->slot);
     t->n_workers--;
     free(w);
+}
+
+struct wire_status status_of(const struct worker_rec *w, int wait_status, const struct rusage *ru)
+{
+    return (struct wire_status){
+        .magic = WIRE_STATUS_MAGIC,
+        .wait_status = wait_status,
+        .started = w->started,
+        .flags = (w->cpu_killed ? WIRE_STATUS_CPU_KILLED : 0) |
+                 (w->limit_lost ? WIRE_STATUS_LIMIT_LOST : 0) |
+                 (w->wall_killed ? WIRE_STATUS_WALL_KILLED : 0),
+        .utime_us = timeval_us(ru->ru_utime),
+        .stime_us = timeval_us(ru->ru_stime),
+        .maxrss_kb = ru->ru_maxrss,
+    };
 }
 
 static void reap(struct tmpl *t)
@@ -374,6 +393,11 @@ static void reap(struct tmpl *t)
         if (!w)
             continue;
         w->dead = true;
+        if (w->session) {
+            *pp = w->next;
+            session_reaped(t, w, st, &ru);
+            continue;
+        }
         /* What it wrote before it ended is still in the pipe. */
         if (w->ready_fd >= 0) {
             fcntl(w->ready_fd, F_SETFL, O_NONBLOCK);
@@ -382,17 +406,7 @@ static void reap(struct tmpl *t)
         }
         if (!w->announced)
             report_setup_failure(t, w, NULL);
-        struct wire_status s = {
-            .magic = WIRE_STATUS_MAGIC,
-            .wait_status = st,
-            .started = w->started,
-            .flags = (w->cpu_killed ? WIRE_STATUS_CPU_KILLED : 0) |
-                     (w->limit_lost ? WIRE_STATUS_LIMIT_LOST : 0) |
-                     (w->wall_killed ? WIRE_STATUS_WALL_KILLED : 0),
-            .utime_us = timeval_us(ru.ru_utime),
-            .stime_us = timeval_us(ru.ru_stime),
-            .maxrss_kb = ru.ru_maxrss,
-        };
+        struct wire_status s = status_of(w, st, &ru);
         (void)write_full(w->status_fd, &s, sizeof(s));
         close_fd(&w->status_fd);
         close_sup_fds(w);
@@ -409,11 +423,18 @@ static void reap(struct tmpl *t)
 
 static void on_control(struct tmpl *t, bool *stop)
 {
-    struct wire_hdr h;
+    union {
+        struct wire_hdr h;
+        struct wire_session_open open;
+    } m;
     int fds[1];
     int nfds = 0;
-    ssize_t n = wire_recv(t->ctl, &h, sizeof(h), fds, 1, &nfds);
+    ssize_t n = wire_recv(t->ctl, &m, sizeof(m), fds, 1, &nfds);
 
+    if (n == (ssize_t)sizeof(m.open) && m.h.type == WIRE_SESSION_OPEN && nfds == 1) {
+        session_open(t, &m.open, fds[0]); /* the channel is its now */
+        return;
+    }
     for (int i = 0; i < nfds; i++)
         close(fds[i]);
     if (n == -EINTR || n == -EAGAIN)
@@ -422,7 +443,7 @@ static void on_control(struct tmpl *t, bool *stop)
         *stop = true; /* the supervisor is gone or closed us */
         return;
     }
-    if (n == (ssize_t)sizeof(h) && h.type == WIRE_TAKE && t->outstanding > 0)
+    if (n == (ssize_t)sizeof(m.h) && m.h.type == WIRE_TAKE && t->outstanding > 0)
         t->outstanding--;
     /* Forking a replacement costs a worker's whole setup in CPU; done now,
      * it competes with the run that just took a worker. While at least half
@@ -433,14 +454,19 @@ static void on_control(struct tmpl *t, bool *stop)
 
 static void shutdown_workers(struct tmpl *t)
 {
+    /* pid 0: a session's cell asked for and not yet made (kill(0) would
+     * be our own group). */
     for (struct worker_rec *w = t->workers; w; w = w->next)
-        kill(w->pid, SIGKILL);
+        if (w->pid > 0)
+            kill(w->pid, SIGKILL);
     while (t->workers) {
         struct worker_rec *w = t->workers;
-        waitpid(w->pid, NULL, 0);
+        if (w->pid > 0)
+            waitpid(w->pid, NULL, 0);
         t->workers = w->next;
         forget_worker(t, w);
     }
+    sessions_shutdown(t);
 }
 
 void pool_run(struct tmpl *t)
@@ -454,9 +480,11 @@ void pool_run(struct tmpl *t)
     while (!stop) {
         nfds_t n = 0;
 
-        /* Every worker's ready pipe, however large the pool. */
-        if (cap < t->n_workers + 2) {
-            size_t c = t->n_workers + 2 + 16;
+        /* Every worker's ready pipe, however large the pool, and what the
+         * sessions wait on. */
+        size_t need = t->n_workers + 2 + sessions_fd_count(t);
+        if (cap < need) {
+            size_t c = need + 16;
             struct pollfd *p = realloc(pfd, c * sizeof(*pfd));
             struct worker_rec **q = p ? realloc(who, c * sizeof(*who)) : NULL;
             if (p)
@@ -474,7 +502,9 @@ void pool_run(struct tmpl *t)
             who[n] = w;
             pfd[n++] = (struct pollfd){.fd = w->ready_fd, .events = POLLIN};
         }
-        if (poll(pfd, n, -1) < 0) {
+        nfds_t first_session = n;
+        n = (nfds_t)sessions_poll_fds(t, pfd, n, cap);
+        if (poll(pfd, n, sessions_timeout_ms(t)) < 0) {
             if (errno == EINTR)
                 continue;
             break;
@@ -482,14 +512,16 @@ void pool_run(struct tmpl *t)
         /* Reaping first: it is what a waiting supervisor is blocked on. */
         if (pfd[1].revents)
             reap(t);
-        for (nfds_t i = 2; i < n; i++) {
+        for (nfds_t i = 2; i < first_session; i++) {
             if (!pfd[i].revents)
                 continue;
             /* reap() may have freed it; look it up again. */
             for (struct worker_rec *w = t->workers; w; w = w->next)
                 if (w == who[i] && w->ready_fd == pfd[i].fd)
-                    on_ready(t, w);
+                    w->session ? session_said(t, w) : on_ready(t, w);
         }
+        sessions_handle(t, pfd, first_session, n);
+        sessions_tick(t);
         if (pfd[0].revents)
             on_control(t, &stop);
     }

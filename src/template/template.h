@@ -13,7 +13,9 @@
 #include "uids.h"
 #include "wire.h"
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -26,7 +28,38 @@
  * this one holds even when the supervisor is held up). */
 #define TEMPLATE_WALL_SIGNAL (SIGRTMIN + 2)
 
-struct worker_rec;
+struct session_rec;
+
+/* A process the template made and will reap: a worker, or a session's
+ * process (sessions.c). */
+struct worker_rec {
+    struct worker_rec *next;
+    pid_t pid;
+    unsigned slot; /* its ids (uids.h) */
+    uid_t uid;
+    gid_t gid;
+    int ready_fd;           /* read end of the worker's ready pipe */
+    int status_fd;          /* write end of the supervisor's status pipe */
+    int sup_fds[WFD_COUNT]; /* the supervisor's ends, held until announced */
+    bool announced;         /* a WORKER or FAIL message was sent for it */
+    bool started;
+    bool dead;       /* reaped: nothing more to arm */
+    bool has_timer;  /* its CPU timer exists */
+    bool cpu_killed; /* the timer fired and we killed it */
+    bool limit_lost; /* the CPU limit could not be armed; killed */
+    bool has_wall_timer;
+    bool wall_killed; /* its wall timer fired and we killed it */
+    timer_t timer, wall_timer;
+    char name[WIRE_NAME_MAX];
+    /* A session's process (sessions.c): the slot is the session's, and what
+     * it says comes over a socket that sessions.c reads. */
+    struct session_rec *session;
+    bool quiet;          /* no status is sent when it is reaped */
+    bool done;           /* a cell that said CELL_DONE */
+    bool rolled_back;    /* ... and was killed for it: its status says so */
+    bool threads_left;   /* ... because it left a thread running */
+    int32_t exit_status; /* what it said with CELL_DONE */
+};
 
 struct tmpl {
     int ctl;
@@ -66,6 +99,10 @@ struct tmpl {
     char landlock_why[WIRE_LAYER_DETAIL_MAX];
     struct landlock_base ll_base;
     struct prefault prefault; /* learnt from the first worker to get ready */
+    /* Sessions (sessions.c); their program is built at the first. */
+    struct session_rec *sessions;
+    struct policy session_policy;
+    bool session_policy_built;
 };
 
 /* Tells the supervisor that a worker could not be made (or the template
@@ -75,6 +112,43 @@ void template_send_fail(struct tmpl *t, const char *text);
 /* Fills the pool, then serves the control socket and the workers until the
  * supervisor goes away; kills and reaps every worker before it returns. */
 void pool_run(struct tmpl *t);
+
+/* Forks a process for the pool (|session| NULL: announced on the control
+ * socket once ready) or a session's first state process. Returns it, linked
+ * into t->workers, or NULL after saying why (to the supervisor for the
+ * pool, into |why| for a session). */
+struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *session, char *why,
+                                 size_t whylen);
+
+/* Arms the CPU and wall limits of |w|, whose code starts now. */
+void arm_cpu_limit(struct worker_rec *w, const struct wire_started *st);
+
+/* The status of a process reaped, for its supervisor. */
+struct wire_status status_of(const struct worker_rec *w, int wait_status, const struct rusage *ru);
+
+/* Sessions (sessions.c). */
+void session_open(struct tmpl *t, const struct wire_session_open *m, int chan);
+/* Adds the descriptors the sessions wait on to |pfd| (at most |cap|),
+ * returning the new count; and handles what they have. */
+size_t sessions_poll_fds(struct tmpl *t, struct pollfd *pfd, size_t n, size_t cap);
+void sessions_handle(struct tmpl *t, const struct pollfd *pfd, size_t from, size_t n);
+/* How long poll may sleep before a session's timer (ms; -1: none). */
+int sessions_timeout_ms(struct tmpl *t);
+/* Ends sessions whose time is up; rechecks cells waiting on a thread. */
+void sessions_tick(struct tmpl *t);
+/* |w|, a session's process, was reaped with |wait_status|. */
+void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const struct rusage *ru);
+/* The number of sessions' descriptors poll may need. */
+size_t sessions_fd_count(const struct tmpl *t);
+void sessions_shutdown(struct tmpl *t);
+/* |w|, a session's process, has something on its socket. */
+void session_said(struct tmpl *t, struct worker_rec *w);
+/* For spawn_process: the session's memory ceiling; and taking its first
+ * state process |w| and workspace |ws_fd| (which becomes the session's). */
+uint64_t session_memory(const struct session_rec *s);
+void session_adopt(struct session_rec *s, struct worker_rec *w, int ws_fd);
+/* Closes what |w| holds and frees it (unlinked already). */
+void forget_worker(struct tmpl *t, struct worker_rec *w);
 
 /* The report the supervisor gets at start: versions, and each layer as
  * active or not with the reason. */

@@ -424,11 +424,17 @@ _Noreturn static void die_of_memory_error(void)
     sigemptyset(&set);
     sigaddset(&set, sig);
     sigprocmask(SIG_UNBLOCK, &set, NULL);
-    raise(sig);
+    /* To our process group, which is this process alone (a worker and a
+     * session's cell each lead their own): raise() names our pid, which a
+     * session's policy cannot know and refuses. */
+    kill(0, sig);
     _exit(1);
 }
 
-_Noreturn void pyrun_main(char *code, size_t len)
+/* Compiles and runs |code| (freed here) as __main__; returns the exit
+ * status python3 would end with, or ends the process at once for an
+ * uncaught MemoryError (die_of_memory_error). */
+static int run_code(char *code, size_t len)
 {
     PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
     PyObject *globals = main_mod ? PyModule_GetDict(main_mod) : NULL;
@@ -474,8 +480,17 @@ _Noreturn void pyrun_main(char *code, size_t len)
         status = 1;
     }
     free(code);
-    if (!nomem)
-        figures_flush();
+    if (nomem) {
+        flush_stream("stderr");
+        die_of_memory_error();
+    }
+    figures_flush();
+    return status;
+}
+
+_Noreturn void pyrun_main(char *code, size_t len)
+{
+    int status = run_code(code, len);
 
     /* What Py_FinalizeEx does that the code can observe, without the rest:
      * the process is about to vanish. */
@@ -484,9 +499,20 @@ _Noreturn void pyrun_main(char *code, size_t len)
     if (flush_stream("stdout") < 0 && status == 0)
         status = 120;
     flush_stream("stderr");
-    if (nomem)
-        die_of_memory_error();
     prof_mark(PROF_RAN);
     prof_report(2);
     _exit(status & 0xff);
+}
+
+int pyrun_cell(char *code, size_t len)
+{
+    int status = run_code(code, len);
+
+    /* The process lives on as the session's state: no thread is waited
+     * for (one still running makes the cell roll back) and no exit hook
+     * runs. What the cell printed goes out now, before its pipes close. */
+    if (flush_stream("stdout") < 0 && status == 0)
+        status = 120;
+    flush_stream("stderr");
+    return status & 0xff;
 }

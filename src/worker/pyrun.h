@@ -24,6 +24,11 @@ int pyrun_prepare(const char *workspace, bool rehearse, int devnull, char *err, 
  * open are saved (figures.h). Takes ownership of |code| (malloc'd). */
 _Noreturn void pyrun_main(char *code, size_t len);
 
+/* A session's cell: as pyrun_main, but returns the exit status instead of
+ * ending the process (an uncaught MemoryError still ends it), without
+ * waiting for threads or running exit hooks. */
+int pyrun_cell(char *code, size_t len);
+
 /* The pending Python exception as "|what|: Type: message" in |err|; clears
  * it. Returns -EIO, for `return pyrun_error_text(...)`. */
 int pyrun_error_text(const char *what, char *err, size_t errlen);

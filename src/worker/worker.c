@@ -5,6 +5,7 @@
 #include "profile.h"
 #include "pyrun.h"
 #include "request.h"
+#include "session.h"
 #include "sysutil.h"
 #include "util.h"
 #include "wire.h"
@@ -23,19 +24,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-/* The worker's descriptors once it has set itself up; nothing else is open. */
-enum {
-    FD_STDIN = 0,
-    FD_STDOUT = 1,
-    FD_STDERR = 2,
-    FD_REQUEST = 3,
-    FD_READY = 4,
-    FD_WORKSPACE = 5,
-    FD_RULESET = 6,  /* Landlock ruleset, or /dev/null when there is none */
-    FD_WS_MOUNT = 7, /* the workspace's detached mount, or /dev/null */
-    FD_FIRST_FREE = 8,
-};
 
 /* Without close_range(2), descriptors below this are closed one by one. */
 #define CLOSE_LOOP_MAX 65536
@@ -94,7 +82,7 @@ static int place_fds(const int *src, int n)
     return 0;
 }
 
-static int set_limit(int resource, rlim_t soft, rlim_t hard)
+int worker_set_limit(int resource, rlim_t soft, rlim_t hard)
 {
     struct rlimit rl = {.rlim_cur = soft, .rlim_max = hard};
 
@@ -106,7 +94,7 @@ static int set_limit(int resource, rlim_t soft, rlim_t hard)
  * here, and kills us with SIGKILL when it fires; nothing the code can delete
  * or ignore. RLIMIT_CPU, a second later and as SIGKILL too, is the backstop
  * should the template be slow. Returns 0 or -errno. */
-static int start_limits(uint64_t cpu_ms, uint64_t wall_ms)
+int worker_start_limits(uint64_t cpu_ms, uint64_t wall_ms, bool backstop)
 {
     struct timespec now;
     char msg[1 + sizeof(struct wire_started)];
@@ -118,8 +106,8 @@ static int start_limits(uint64_t cpu_ms, uint64_t wall_ms)
     st.cpu_limit_ns = cpu_ms * 1000000ULL;
     st.wall_limit_ns = wall_ms * 1000000ULL;
     /* Whole seconds for the rlimit, at least a second past the timer. */
-    rlim_t backstop = (rlim_t)((st.cpu_used_ns + st.cpu_limit_ns) / 1000000000ULL) + 2;
-    int rc = set_limit(RLIMIT_CPU, backstop, backstop);
+    rlim_t at = (rlim_t)((st.cpu_used_ns + st.cpu_limit_ns) / 1000000000ULL) + 2;
+    int rc = backstop ? worker_set_limit(RLIMIT_CPU, at, at) : 0;
     if (rc < 0)
         return rc;
     msg[0] = WORKER_STARTED;
@@ -141,6 +129,7 @@ _Noreturn void worker_main(const struct worker_args *a)
         a->ws_mount_fd >= 0 ? a->ws_mount_fd : a->devnull_fd,
     };
     struct confine_plan plan = a->plan;
+    int listener = -1;
     char err[WIRE_TEXT_MAX];
     sigset_t none;
     struct wire_req req;
@@ -186,13 +175,15 @@ _Noreturn void worker_main(const struct worker_args *a)
     prof_mark(PROF_PREPARE);
 
     /* 5. Ceilings that do not depend on the request. */
-    if (set_limit(RLIMIT_CORE, 0, 0) < 0 ||
-        set_limit(RLIMIT_NOFILE, WORKER_NOFILE_LIMIT, WORKER_NOFILE_LIMIT) < 0 ||
-        (plan.switch_user && set_limit(RLIMIT_NPROC, WORKER_NPROC_LIMIT, WORKER_NPROC_LIMIT) < 0))
+    if (worker_set_limit(RLIMIT_CORE, 0, 0) < 0 ||
+        worker_set_limit(RLIMIT_NOFILE, WORKER_NOFILE_LIMIT, WORKER_NOFILE_LIMIT) < 0 ||
+        (plan.switch_user && worker_set_limit(RLIMIT_NPROC, WORKER_NPROC_LIMIT, WORKER_NPROC_LIMIT) < 0))
         fail_idle("setrlimit: %s", strerror(errno));
 
     /* 6. Confinement: privileges, then the kernel policies, seccomp last. */
     plan.ruleset_fd = plan.landlock_abi > 0 ? FD_RULESET : -1;
+    if (a->session)
+        plan.session_listener = &listener;
     if (confine_self(&plan, err, sizeof(err)) < 0)
         fail_idle("%s", err);
     if (plan.landlock_abi <= 0)
@@ -201,6 +192,8 @@ _Noreturn void worker_main(const struct worker_args *a)
     prof_mark(PROF_CONFINE);
 
     /* 7. Ready: the template may hand us out. */
+    if (a->session)
+        session_main(a, listener);
     char ready = WORKER_READY;
     if (write_full(FD_READY, &ready, 1) < 0)
         _exit(127);
@@ -215,12 +208,12 @@ _Noreturn void worker_main(const struct worker_args *a)
     close(FD_REQUEST);
     close(FD_WORKSPACE);
 
-    if (set_limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT) < 0 ||
-        set_limit(RLIMIT_AS, req.memory_bytes, req.memory_bytes) < 0)
+    if (worker_set_limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT) < 0 ||
+        worker_set_limit(RLIMIT_AS, req.memory_bytes, req.memory_bytes) < 0)
         fail_request("pysbx: setrlimit: %s\n", strerror(errno));
     /* From here on, user code may run: the template arms the CPU limit from
      * what this says, and records that the code started. */
-    rc = start_limits(req.cpu_ms, req.wall_ms);
+    rc = worker_start_limits(req.cpu_ms, req.wall_ms, true);
     if (rc < 0)
         fail_request("pysbx: CPU limit: %s\n", strerror(-rc));
     close(FD_READY);

@@ -7,6 +7,8 @@
 
 #include "confine.h"
 
+#include <stdint.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 /* Bytes a worker writes on its ready pipe to the template. */
@@ -18,6 +20,32 @@
 /* Written to the ready pipe, after which the worker exits, when it could not
  * get ready; the rest of the line says why. */
 #define WORKER_FAILED 'F'
+
+/* A session's processes (session.h): what the state process tells the
+ * template on its channel. */
+#define SESSION_READY 'R'     /* confined; the listener is attached */
+#define SESSION_FORK_FAILED 'F'
+/* ... and what a cell's process says on its own channel. */
+#define CELL_HELLO 'H'   /* forked: here I am (the kernel attaches who) */
+#define CELL_STARTED 'S' /* as WORKER_STARTED */
+#define CELL_DONE 'D'    /* the code ended by itself; an int32_t exit status follows */
+/* What the template tells the state process: fork the next cell; the
+ * cell's channel, request socket, stdout and stderr are attached. */
+#define SESSION_FORK 'K'
+#define SESSION_FORK_FDS 4
+
+/* The worker's descriptors once it has set itself up; nothing else is open. */
+enum {
+    FD_STDIN = 0,
+    FD_STDOUT = 1,
+    FD_STDERR = 2,
+    FD_REQUEST = 3,
+    FD_READY = 4,
+    FD_WORKSPACE = 5,
+    FD_RULESET = 6,  /* Landlock ruleset, or /dev/null when there is none */
+    FD_WS_MOUNT = 7, /* the workspace's detached mount, or /dev/null */
+    FD_FIRST_FREE = 8,
+};
 
 struct worker_args {
     pid_t template_pid;  /* the worker dies with it */
@@ -34,10 +62,21 @@ struct worker_args {
      * absent). -1: the workspace is the directory ws_fd, where it is. */
     int ws_mount_fd;
     bool rehearse;            /* warm up while idle (pyrun_prepare) */
+    /* A session's first state process: the ready pipe is a SOCK_SEQPACKET
+     * socket, the policy the session's (plan.policy), and instead of one
+     * request it serves the session (session.h). */
+    bool session;
+    uint64_t session_memory; /* the session's address-space ceiling */
     struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };
 
 /* Runs in the child right after the fork; never returns. */
 _Noreturn void worker_main(const struct worker_args *a);
+
+/* For session.c: setrlimit; and the CPU and wall limits' start, told to the
+ * template (with |backstop|, RLIMIT_CPU a second past the timer). Both
+ * return 0 or -errno. */
+int worker_set_limit(int resource, rlim_t soft, rlim_t hard);
+int worker_start_limits(uint64_t cpu_ms, uint64_t wall_ms, bool backstop);
 
 #endif

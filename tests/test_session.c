@@ -1,0 +1,659 @@
+/*
+ * Sessions through the public API: state kept across cells; every way a
+ * cell can fail rolls its variables and its files back; what a cell may
+ * not do to the session (fork, leave a thread, forge its own end); the
+ * session's bounds (idle time, max_sessions, max_cells) and its end
+ * (session_lost when its process dies); hundreds of cells without leaks.
+ *
+ * Runs as pid 1 of its own pid namespace (tests/in_pidns.sh): /proc shows
+ * this program, the template and its processes only, which the leak checks
+ * count, and a fork that got through could not reach the machine.
+ */
+#define _GNU_SOURCE
+#include "helpers.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SBX(state) (((struct fixture *)*(state))->sbx)
+
+static struct sbx_session *open_session(struct sbx *sbx, const struct sbx_session_limits *l)
+{
+    struct sbx_session *s = NULL;
+    struct sbx_error err = {0};
+
+    if (sbx_session_open(sbx, l, &s, &err) < 0)
+        fail_msg("sbx_session_open: %s: %s", sbx_error_code_name(err.code), err.message);
+    return s;
+}
+
+/* One cell; *rc gets what sbx_session_run returned (NULL result if < 0). */
+static struct sbx_result *cell_full(struct sbx_session *s, const char *code,
+                                    enum sbx_rollback rb, double wall, const struct sbx_file *files,
+                                    size_t n_files, int *rc, struct sbx_error *err)
+{
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    req.files = files;
+    req.n_files = n_files;
+    if (wall > 0)
+        req.limits.wall_seconds = wall;
+    *rc = sbx_session_run(s, &req, rb, &res, err);
+    return res;
+}
+
+static struct sbx_result *cell_rb(struct sbx_session *s, const char *code, enum sbx_rollback rb)
+{
+    struct sbx_error err = {0};
+    int rc;
+    struct sbx_result *r = cell_full(s, code, rb, 0, NULL, 0, &rc, &err);
+
+    if (rc < 0)
+        fail_msg("sbx_session_run: %s: %s", sbx_error_code_name(err.code), err.message);
+    return r;
+}
+
+static struct sbx_result *cell(struct sbx_session *s, const char *code)
+{
+    return cell_rb(s, code, SBX_ROLLBACK_ON_ERROR);
+}
+
+/* A cell that must complete, be kept, and print |want|. */
+static void expect_cell(struct sbx_session *s, const char *code, const char *want)
+{
+    struct sbx_result *r = cell(s, code);
+
+    expect_completed(r, 0);
+    if (r->rolled_back || strcmp(r->stdout_text, want) != 0)
+        fail_msg("cell %s\nrolled_back %d, stdout:\n%s\nexpected:\n%s\nstderr:\n%s", code,
+                 r->rolled_back, r->stdout_text, want, r->stderr_text);
+    sbx_result_free(r);
+}
+
+/* The check every rollback test ends with: variables and files as the
+ * first cell left them. */
+#define SETUP_CELL                                                                                 \
+    "import os\n"                                                                                  \
+    "x = 1\n"                                                                                      \
+    "os.makedirs('d/e', exist_ok=True)\n"                                                          \
+    "open('keep.txt', 'w').write('kept')\n"                                                        \
+    "open('d/e/deep.txt', 'w').write('deep')\n"
+#define CHANGE_EVERYTHING                                                                          \
+    "import os, shutil\n"                                                                          \
+    "x = 2\n"                                                                                      \
+    "y = 3\n"                                                                                      \
+    "open('keep.txt', 'w').write('changed')\n"                                                     \
+    "open('new.txt', 'w').write('new')\n"                                                          \
+    "os.rename('d', 'moved')\n"                                                                    \
+    "os.symlink('keep.txt', 'link')\n"                                                             \
+    "os.chmod('keep.txt', 0o600)\n"
+#define CHECK_CELL                                                                                 \
+    "import os\n"                                                                                  \
+    "files = sorted(os.path.join(r, f)[2:] for r, ds, fs in os.walk('.') for f in fs + ds)\n"      \
+    "print(x, 'y' in dir(), files, open('keep.txt').read(), open('d/e/deep.txt').read(),\n"        \
+    "      oct(os.stat('keep.txt').st_mode & 0o777))\n"
+#define CHECK_WANT "1 False ['d', 'd/e', 'd/e/deep.txt', 'keep.txt'] kept deep 0o644\n"
+
+static void rolled_back_by(void **state, const char *failing, enum sbx_rollback rb, double wall,
+                           enum sbx_status status, const char *reason_part)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    struct sbx_error err = {0};
+    int rc;
+
+    expect_cell(s, SETUP_CELL, "");
+    char code[4096];
+    snprintf(code, sizeof(code), "%s%s", CHANGE_EVERYTHING, failing);
+    struct sbx_result *r = cell_full(s, code, rb, wall, NULL, 0, &rc, &err);
+    assert_int_equal(rc, 0);
+    if (r->status != status || !r->rolled_back || r->cell != 2)
+        fail_msg("%s: got %s (rolled_back %d, cell %llu): %s\n%s", failing,
+                 sbx_status_name(r->status), r->rolled_back, (unsigned long long)r->cell,
+                 r->reason ? r->reason : "", r->stderr_text);
+    if (reason_part && (!r->reason || !strstr(r->reason, reason_part)))
+        fail_msg("reason '%s' lacks '%s'", r->reason ? r->reason : "", reason_part);
+    sbx_result_free(r);
+    expect_cell(s, CHECK_CELL, CHECK_WANT);
+    sbx_session_close(s);
+}
+
+static void state_kept_across_cells(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    static const char csv[] = "a,b\n1,2\n3,4\n";
+    struct sbx_file in = {"data.csv", csv, sizeof(csv) - 1};
+    struct sbx_error err = {0};
+    int rc;
+
+    struct sbx_result *r =
+        cell_full(s, "rows = open('data.csv').read().splitlines()\nlen(rows)", SBX_ROLLBACK_ON_ERROR,
+                  0, &in, 1, &rc, &err);
+    assert_int_equal(rc, 0);
+    expect_completed(r, 0);
+    assert_int_equal(r->cell, 1);
+    assert_false(r->rolled_back);
+    assert_string_equal(r->value, "3");
+    assert_int_equal(r->n_artifacts, 0); /* the input, unchanged, is no artifact */
+    sbx_result_free(r);
+
+    expect_cell(s, "rows.append('5,6')\nprint(len(rows))", "4\n");
+    /* Only what a cell created or changed comes back as its artifacts. */
+    r = cell(s, "open('out.txt', 'w').write('x')\nprint(open('data.csv').read().count('\\n'))");
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "3\n");
+    assert_int_equal(r->n_artifacts, 1);
+    assert_string_equal(r->artifacts[0].name, "out.txt");
+    sbx_result_free(r);
+    r = cell(s, "import json\nprint(rows[-1])");
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "5,6\n");
+    assert_int_equal(r->n_artifacts, 0);
+    assert_int_equal(r->cell, 4);
+    sbx_result_free(r);
+    sbx_session_close(s);
+}
+
+static void exception_rolls_back(void **state)
+{
+    rolled_back_by(state, "raise ValueError('no')\n", SBX_ROLLBACK_ON_ERROR, 0, SBX_COMPLETED,
+                   "exit status 1");
+}
+
+static void nonzero_exit_rolls_back(void **state)
+{
+    rolled_back_by(state, "import sys\nsys.exit(3)\n", SBX_ROLLBACK_ON_ERROR, 0, SBX_COMPLETED,
+                   "exit status 3");
+}
+
+static void wall_timeout_rolls_back(void **state)
+{
+    rolled_back_by(state, "import time\ntime.sleep(60)\n", SBX_ROLLBACK_ON_STOP, 1.0, SBX_TIMEOUT,
+                   NULL);
+}
+
+static void cpu_timeout_rolls_back(void **state)
+{
+    rolled_back_by(state, "while True: pass\n", SBX_ROLLBACK_ON_STOP, 0, SBX_TIMEOUT, NULL);
+}
+
+static void memory_limit_rolls_back(void **state)
+{
+    rolled_back_by(state, "b = bytearray(1 << 31)\n", SBX_ROLLBACK_ON_STOP, 0, SBX_MEMORY_LIMIT,
+                   NULL);
+}
+
+static void crash_rolls_back(void **state)
+{
+    rolled_back_by(state, "import ctypes\nctypes.string_at(0)\n", SBX_ROLLBACK_ON_STOP, 0,
+                   SBX_CRASHED, NULL);
+}
+
+static void os_exit_rolls_back(void **state)
+{
+    /* The process is gone: whatever the rule, it cannot be the state. */
+    rolled_back_by(state, "os._exit(0)\n", SBX_ROLLBACK_ON_STOP, 0, SBX_COMPLETED, "os._exit");
+}
+
+static void thread_left_running_rolls_back(void **state)
+{
+    rolled_back_by(state,
+                   "import threading, time\n"
+                   "def scribble():\n"
+                   "    while True:\n"
+                   "        open('scribble.txt', 'a').write('.')\n"
+                   "        time.sleep(0.001)\n"
+                   "threading.Thread(target=scribble, daemon=True).start()\n"
+                   "time.sleep(0.05)\n",
+                   SBX_ROLLBACK_ON_STOP, 0, SBX_COMPLETED, "thread");
+}
+
+static void sys_exit_zero_ends_the_cell_only(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+
+    struct sbx_result *r = cell(s, "import sys\nz = 7\nprint('before')\nsys.exit()\nprint('no')");
+    expect_completed(r, 0);
+    assert_false(r->rolled_back);
+    assert_string_equal(r->stdout_text, "before\n");
+    sbx_result_free(r);
+    expect_cell(s, "print(z)", "7\n");
+    sbx_session_close(s);
+}
+
+static void on_stop_keeps_an_exception(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+
+    expect_cell(s, "x = 1", "");
+    struct sbx_result *r = cell_rb(s, "x = 2\nopen('f', 'w').write('f')\n1 / 0", SBX_ROLLBACK_ON_STOP);
+    expect_completed(r, 1);
+    assert_false(r->rolled_back);
+    assert_null(r->reason);
+    sbx_result_free(r);
+    expect_cell(s, "print(x, open('f').read())", "2 f\n");
+    sbx_session_close(s);
+}
+
+static void never_keeps_the_files_of_a_stopped_cell(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    struct sbx_error err = {0};
+    int rc;
+
+    expect_cell(s, "x = 1", "");
+    struct sbx_result *r =
+        cell_full(s, "x = 2\nopen('partial.txt', 'w').write('p')\nimport time\ntime.sleep(60)",
+                  SBX_ROLLBACK_NEVER, 1.0, NULL, 0, &rc, &err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    assert_true(r->rolled_back); /* its variables: the process is gone */
+    sbx_result_free(r);
+    expect_cell(s, "print(x, open('partial.txt').read())", "1 p\n");
+    sbx_session_close(s);
+}
+
+/* A cell gets what a worker gets when it forks, by any means: refused, and
+ * the next state is the one before it. */
+static void a_cell_cannot_fork(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+
+    expect_cell(s, "n = 1", "");
+    expect_cell(s,
+                "import os\n"
+                "try:\n"
+                "    os.fork()\n"
+                "except PermissionError as e:\n"
+                "    print('fork', e.errno)\n",
+                "fork 1\n");
+    /* The very flags the session's own fork uses, straight to the kernel:
+     * the sandbox only lets the state fork, only when it asked it to. */
+    expect_cell(s,
+                "import ctypes, os\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                "libc.syscall.restype = ctypes.c_long\n"
+                "r = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)\n"
+                "if r == 0:\n"
+                "    os._exit(0)\n"
+                "print('clone', r, ctypes.get_errno())\n"
+                "n += 1\n",
+                "clone -1 1\n");
+    expect_cell(s, "print(n)", "2\n");
+    sbx_session_close(s);
+}
+
+/* A cell that claims its own end on the channel, and goes on running. The
+ * state is stopped between cells, so it runs no further; the next cell
+ * cannot be made from it, and the session ends instead of being steered. */
+static void a_forged_end_does_not_run_between_cells(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    struct sbx_error err = {0};
+    int rc;
+
+    expect_cell(s, "x = 1", "");
+    struct sbx_result *r = cell_full(s,
+                                     "import os, time\n"
+                                     "os.write(4, b'D\\0\\0\\0\\0')\n"
+                                     "while True:\n"
+                                     "    open('after.txt', 'a').write('.')\n"
+                                     "    time.sleep(0.001)\n",
+                                     SBX_ROLLBACK_ON_ERROR, 2.0, NULL, 0, &rc, &err);
+    assert_int_equal(rc, 0);
+    sbx_result_free(r);
+    struct timespec pause = {0, 200 * 1000000};
+    nanosleep(&pause, NULL);
+    r = cell_full(s, "print(open('after.txt').read())", SBX_ROLLBACK_ON_ERROR, 1.0, NULL, 0, &rc,
+                  &err);
+    if (rc == 0) {
+        /* If the session went on, it went on from a stopped state: the
+         * file did not grow between the cells. */
+        fail_msg("a cell ran after a forged end: %s / %s", r->stdout_text, r->stderr_text);
+    }
+    assert_int_equal(rc, -ENOLINK);
+    assert_int_equal(err.code, SBX_ERR_SESSION_LOST);
+    sbx_session_close(s);
+}
+
+static int stopped_processes(pid_t *out, int cap);
+
+/* Processes of |uid| (a session's own, when the sandbox gives each its
+ * own uid); -1 when uids are shared and this cannot tell. */
+static int processes_of(const char *uid_text)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+    unsigned long uid = strtoul(uid_text, NULL, 10);
+
+    if (getuid() != 0)
+        return -1;
+    assert_non_null(d);
+    while ((e = readdir(d))) {
+        char path[300], line[256];
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/status", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        while (fgets(line, sizeof(line), f))
+            if (strncmp(line, "Uid:", 4) == 0) {
+                n += strtoul(line + 4, NULL, 10) == uid;
+                break;
+            }
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Waits (a second at most) until |uid| has |n| processes; returns the
+ * count then. */
+static int wait_processes_of(const char *uid, int n)
+{
+    int got = 0;
+
+    for (int i = 0; i < 100 && (got = processes_of(uid)) != n; i++) {
+        struct timespec pause = {0, 10 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    return got;
+}
+
+/* The session's uid, as its code sees it. */
+static char *session_uid(struct sbx_session *s)
+{
+    struct sbx_result *r = cell(s, "import os\nprint(os.getuid())");
+    expect_completed(r, 0);
+    char *uid = strdup(r->stdout_text);
+    sbx_result_free(r);
+    assert_non_null(uid);
+    return uid;
+}
+
+/* Waits (a second at most) until |n| processes are stopped. */
+static int wait_stopped(pid_t *out, int cap, int n)
+{
+    int got = 0;
+
+    for (int i = 0; i < 100 && (got = stopped_processes(out, cap)) != n; i++) {
+        struct timespec pause = {0, 10 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    return got;
+}
+
+/* The pids of processes in state T (stopped): a session's state. */
+static int stopped_processes(pid_t *out, int cap)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+
+    assert_non_null(d);
+    while ((e = readdir(d)) && n < cap) {
+        char path[300], buf[512];
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        if (fgets(buf, sizeof(buf), f)) {
+            char *p = strrchr(buf, ')');
+            if (p && p[1] == ' ' && p[2] == 'T')
+                out[n++] = atoi(e->d_name);
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+static void expect_lost(struct sbx_session *s, const char *why_part)
+{
+    struct sbx_error err = {0};
+    int rc;
+    struct sbx_result *r = cell_full(s, "print(1)", SBX_ROLLBACK_ON_ERROR, 0, NULL, 0, &rc, &err);
+
+    if (rc == 0)
+        fail_msg("the session still runs cells: %s", r->stdout_text);
+    assert_int_equal(rc, -ENOLINK);
+    assert_int_equal(err.code, SBX_ERR_SESSION_LOST);
+    if (!strstr(err.message, why_part))
+        fail_msg("'%s' lacks '%s'", err.message, why_part);
+    /* And it stays lost. */
+    r = cell_full(s, "print(1)", SBX_ROLLBACK_ON_ERROR, 0, NULL, 0, &rc, &err);
+    assert_int_equal(rc, -ENOLINK);
+}
+
+static void the_state_is_stopped_between_cells(void **state)
+{
+    struct timespec settle = {0, 50 * 1000000}; /* earlier tests' sessions go */
+    nanosleep(&settle, NULL);
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    pid_t stopped[8];
+
+    assert_int_equal(wait_stopped(stopped, 8, 1), 1); /* ready, waiting */
+    expect_cell(s, "x = 1", "");
+    assert_int_equal(wait_stopped(stopped, 8, 1), 1);
+    char *uid = session_uid(s);
+    /* The state, and (a moment, while the state before it is reaped) one
+     * more at most; then the state alone. */
+    int n = processes_of(uid);
+    assert_true(n == -1 || n == 1 || n == 2);
+    if (n >= 0)
+        assert_int_equal(wait_processes_of(uid, 1), 1);
+    free(uid);
+    sbx_session_close(s);
+}
+
+static void killed_session_process_is_lost(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    pid_t stopped[8];
+
+    expect_cell(s, "x = 1", "");
+    assert_int_equal(wait_stopped(stopped, 8, 1), 1);
+    assert_int_equal(kill(stopped[0], SIGKILL), 0);
+    struct timespec pause = {0, 100 * 1000000};
+    nanosleep(&pause, NULL);
+    expect_lost(s, "died");
+    sbx_session_close(s);
+}
+
+static void idle_sessions_expire(void **state)
+{
+    struct sbx_session_limits l;
+
+    sbx_session_limits_init(&l);
+    l.idle_seconds = 0.3;
+    struct sbx_session *s = open_session(SBX(state), &l);
+    char *uid = session_uid(s);
+    int n = processes_of(uid);
+    assert_true(n == -1 || n == 1 || n == 2);
+    struct timespec pause = {0, 600 * 1000000};
+    nanosleep(&pause, NULL);
+    /* Its process is gone before anyone asks. */
+    if (n >= 0)
+        assert_int_equal(processes_of(uid), 0);
+    free(uid);
+    expect_lost(s, "no cell for");
+    sbx_session_close(s);
+}
+
+static void max_cells_ends_the_session(void **state)
+{
+    struct sbx_session_limits l;
+
+    sbx_session_limits_init(&l);
+    l.max_cells = 2;
+    struct sbx_session *s = open_session(SBX(state), &l);
+    expect_cell(s, "x = 1", "");
+    expect_cell(s, "print(x)", "1\n");
+    expect_lost(s, "2 cells");
+    sbx_session_close(s);
+}
+
+static void bad_limits_are_refused(void **state)
+{
+    struct sbx_session_limits l;
+    struct sbx_session *s = NULL;
+    struct sbx_error err = {0};
+
+    sbx_session_limits_init(&l);
+    l.idle_seconds = 0;
+    assert_int_equal(sbx_session_open(SBX(state), &l, &s, &err), -EINVAL);
+    assert_int_equal(err.code, SBX_ERR_INVALID_LIMIT);
+    assert_null(s);
+    sbx_session_limits_init(&l);
+    l.memory_bytes = 1024;
+    assert_int_equal(sbx_session_open(SBX(state), &l, &s, &err), -EINVAL);
+    s = open_session(SBX(state), NULL);
+    struct sbx_request req;
+    struct sbx_result *r = NULL;
+    sbx_request_init(&req);
+    req.code = "print(1)";
+    req.code_len = 8;
+    assert_int_equal(sbx_session_run(s, &req, (enum sbx_rollback)7, &r, &err), -EINVAL);
+    req.limits.wall_seconds = -1;
+    assert_int_equal(sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &r, &err), -EINVAL);
+    assert_int_equal(err.code, SBX_ERR_INVALID_LIMIT);
+    assert_null(r);
+    sbx_session_close(s);
+}
+
+static void max_sessions_is_kept(void **state)
+{
+    (void)state;
+    struct sbx_config cfg;
+    struct sbx *sbx;
+    struct sbx_error err = {0};
+    char root[256];
+
+    make_temp_dir(root, sizeof(root));
+    chmod(root, 0711);
+    test_config_init(&cfg, root);
+    cfg.max_sessions = 2;
+    cfg.pool_size = 1;
+    assert_int_equal(sbx_open(&cfg, &sbx, &err), 0);
+    struct sbx_session *a = open_session(sbx, NULL), *b = open_session(sbx, NULL), *c = NULL;
+    assert_int_equal(sbx_session_open(sbx, NULL, &c, &err), -EBUSY);
+    assert_int_equal(err.code, SBX_ERR_BUSY);
+    assert_null(c);
+    /* Two sessions do not share a thing. */
+    expect_cell(a, "import os\nv = 'a'\nopen('f', 'w').write('a')\nprint(os.getuid() > 0)", "True\n");
+    expect_cell(b, "print('v' in dir(), __import__('os').path.exists('f'))", "False False\n");
+    struct sbx_result *ra = cell(a, "import os\nprint(os.getuid())");
+    struct sbx_result *rb = cell(b, "import os\nprint(os.getuid())");
+    if (getuid() == 0)
+        assert_string_not_equal(ra->stdout_text, rb->stdout_text);
+    sbx_result_free(ra);
+    sbx_result_free(rb);
+    sbx_session_close(b);
+    c = open_session(sbx, NULL);
+    expect_cell(c, "print(1)", "1\n");
+    sbx_session_close(a);
+    sbx_session_close(c);
+    sbx_close(sbx);
+    assert_int_equal(count_entries(root), 0);
+    rmdir(root);
+}
+
+/* The template's descriptors, from /proc. */
+static int template_fds(void)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = -1;
+
+    assert_non_null(d);
+    while ((e = readdir(d)) && n < 0) {
+        char path[300], name[64] = "";
+        snprintf(path, sizeof(path), "/proc/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        if (fgets(name, sizeof(name), f) && strcmp(name, "pysbx-template\n") == 0) {
+            snprintf(path, sizeof(path), "/proc/%s/fd", e->d_name);
+            n = count_entries(path);
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+static void hundreds_of_cells_leak_nothing(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    char *uid = session_uid(s);
+
+    expect_cell(s, "rows = []", "");
+    int fds = count_fds(), tfds = template_fds();
+    for (int i = 0; i < 300; i++) {
+        struct sbx_result *r = cell(s, i % 10 == 9 ? "rows.append(1)\nraise KeyError"
+                                                   : "rows.append(1)\nopen('f', 'a').write('.')");
+        assert_int_equal(r->status, SBX_COMPLETED);
+        assert_int_equal(r->rolled_back, i % 10 == 9);
+        sbx_result_free(r);
+    }
+    expect_cell(s, "print(len(rows), len(open('f').read()))", "270 270\n");
+    assert_int_equal(count_fds(), fds);
+    /* The pool's own workers come and go (a few descriptors each); one
+     * descriptor kept per cell would be hundreds. */
+    int now = template_fds();
+    if (now > tfds + 8)
+        fail_msg("the template holds %d descriptors after 300 cells, %d before", now, tfds);
+    int n = processes_of(uid);
+    assert_true(n == -1 || n == 1 || n == 2);
+    if (n >= 0)
+        assert_int_equal(wait_processes_of(uid, 1), 1);
+    sbx_session_close(s);
+    /* Closed: nothing of it is left when the call returns. */
+    if (n >= 0)
+        assert_int_equal(processes_of(uid), 0);
+    free(uid);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(state_kept_across_cells),
+        cmocka_unit_test(exception_rolls_back),
+        cmocka_unit_test(nonzero_exit_rolls_back),
+        cmocka_unit_test(wall_timeout_rolls_back),
+        cmocka_unit_test(cpu_timeout_rolls_back),
+        cmocka_unit_test(memory_limit_rolls_back),
+        cmocka_unit_test(crash_rolls_back),
+        cmocka_unit_test(os_exit_rolls_back),
+        cmocka_unit_test(thread_left_running_rolls_back),
+        cmocka_unit_test(sys_exit_zero_ends_the_cell_only),
+        cmocka_unit_test(on_stop_keeps_an_exception),
+        cmocka_unit_test(never_keeps_the_files_of_a_stopped_cell),
+        cmocka_unit_test(a_cell_cannot_fork),
+        cmocka_unit_test(a_forged_end_does_not_run_between_cells),
+        cmocka_unit_test(the_state_is_stopped_between_cells),
+        cmocka_unit_test(killed_session_process_is_lost),
+        cmocka_unit_test(idle_sessions_expire),
+        cmocka_unit_test(max_cells_ends_the_session),
+        cmocka_unit_test(bad_limits_are_refused),
+        cmocka_unit_test(max_sessions_is_kept),
+        cmocka_unit_test(hundreds_of_cells_leak_nothing),
+    };
+    if (getenv("TEST_FILTER"))
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
+    return cmocka_run_group_tests(tests, fixture_open, fixture_close);
+}
