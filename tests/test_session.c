@@ -35,9 +35,9 @@ static struct sbx_session *open_session(struct sbx *sbx, const struct sbx_sessio
 }
 
 /* One cell; *rc gets what sbx_session_run returned (NULL result if < 0). */
-static struct sbx_result *cell_full(struct sbx_session *s, const char *code,
-                                    enum sbx_rollback rb, double wall, const struct sbx_file *files,
-                                    size_t n_files, int *rc, struct sbx_error *err)
+static struct sbx_result *cell_full(struct sbx_session *s, const char *code, enum sbx_rollback rb,
+                                    double wall, const struct sbx_file *files, size_t n_files,
+                                    int *rc, struct sbx_error *err)
 {
     struct sbx_request req;
     struct sbx_result *res = NULL;
@@ -136,9 +136,8 @@ static void state_kept_across_cells(void **state)
     struct sbx_error err = {0};
     int rc;
 
-    struct sbx_result *r =
-        cell_full(s, "rows = open('data.csv').read().splitlines()\nlen(rows)", SBX_ROLLBACK_ON_ERROR,
-                  0, &in, 1, &rc, &err);
+    struct sbx_result *r = cell_full(s, "rows = open('data.csv').read().splitlines()\nlen(rows)",
+                                     SBX_ROLLBACK_ON_ERROR, 0, &in, 1, &rc, &err);
     assert_int_equal(rc, 0);
     expect_completed(r, 0);
     assert_int_equal(r->cell, 1);
@@ -236,7 +235,8 @@ static void on_stop_keeps_an_exception(void **state)
     struct sbx_session *s = open_session(SBX(state), NULL);
 
     expect_cell(s, "x = 1", "");
-    struct sbx_result *r = cell_rb(s, "x = 2\nopen('f', 'w').write('f')\n1 / 0", SBX_ROLLBACK_ON_STOP);
+    struct sbx_result *r =
+        cell_rb(s, "x = 2\nopen('f', 'w').write('f')\n1 / 0", SBX_ROLLBACK_ON_STOP);
     expect_completed(r, 1);
     assert_false(r->rolled_back);
     assert_null(r->reason);
@@ -554,7 +554,8 @@ static void max_sessions_is_kept(void **state)
     assert_int_equal(err.code, SBX_ERR_BUSY);
     assert_null(c);
     /* Two sessions do not share a thing. */
-    expect_cell(a, "import os\nv = 'a'\nopen('f', 'w').write('a')\nprint(os.getuid() > 0)", "True\n");
+    expect_cell(a, "import os\nv = 'a'\nopen('f', 'w').write('a')\nprint(os.getuid() > 0)",
+                "True\n");
     expect_cell(b, "print('v' in dir(), __import__('os').path.exists('f'))", "False False\n");
     struct sbx_result *ra = cell(a, "import os\nprint(os.getuid())");
     struct sbx_result *rb = cell(b, "import os\nprint(os.getuid())");

@@ -155,8 +155,7 @@ int wire_decode_worker_fds(const void *buf, size_t n, int nfds, int want, struct
     return errmsg(why, cap, -EPROTO, "malformed message from the template");
 }
 
-int wire_decode_session(const void *buf, size_t n, struct wire_session *out, char *why,
-                        size_t cap)
+int wire_decode_session(const void *buf, size_t n, struct wire_session *out, char *why, size_t cap)
 {
     union {
         struct wire_hdr hdr;

@@ -50,7 +50,7 @@ enum wire_worker_fd {
 
 /* A cell's WIRE_WORKER carries one more: the session's saved workspace,
  * the files as of the last kept cell. */
-#define WFD_SAVED          WFD_COUNT
+#define WFD_SAVED         WFD_COUNT
 #define WFD_SESSION_COUNT (WFD_COUNT + 1)
 
 #define WIRE_TEXT_MAX 1024
@@ -226,8 +226,7 @@ int wire_decode_worker_fds(const void *buf, size_t n, int nfds, int want, struct
                            char *why, size_t cap);
 /* The answer to WIRE_SESSION_OPEN: 0 and *out; FAIL: -EIO and its text in
  * |why|; anything else: -EPROTO. */
-int wire_decode_session(const void *buf, size_t n, struct wire_session *out, char *why,
-                        size_t cap);
+int wire_decode_session(const void *buf, size_t n, struct wire_session *out, char *why, size_t cap);
 /* A status message: 0 and *out, or -EPROTO when it is cut or not one. */
 int wire_decode_status(const void *buf, size_t n, struct wire_status *out);
 

@@ -537,8 +537,8 @@ int policy_load_session(const struct policy *p, int *listener)
 
     if (!p->insns || p->len == 0)
         return -EINVAL;
-    int fd = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER,
-                          &prog);
+    int fd =
+        (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
     if (fd < 0)
         return -errno;
     *listener = fd;

@@ -36,10 +36,10 @@ struct sbx_session {
     uint64_t cells, max_cells;
     uid_t uid;
     gid_t gid;
-    struct ws_index index;      /* the workspace as of the last cell */
-    struct ws_changes changes;  /* what the cell running changed */
+    struct ws_index index;     /* the workspace as of the last cell */
+    struct ws_changes changes; /* what the cell running changed */
     bool changes_known;
-    char lost[WIRE_TEXT_MAX];   /* why it is gone, once it is */
+    char lost[WIRE_TEXT_MAX]; /* why it is gone, once it is */
 };
 
 void sbx_session_limits_init(struct sbx_session_limits *l)
@@ -90,8 +90,8 @@ static void lose(struct sbx_session *s, const char *why)
 /* Waits for one message on the channel until |deadline|, also watching the
  * template's end. Returns its length, 0 when the session or its template
  * ended, -ETIMEDOUT, or -errno. */
-static ssize_t await(struct sbx_session *s, void *buf, size_t cap, int *fds, int maxfds,
-                     int *nfds, uint64_t deadline)
+static ssize_t await(struct sbx_session *s, void *buf, size_t cap, int *fds, int maxfds, int *nfds,
+                     uint64_t deadline)
 {
     for (;;) {
         ssize_t n = wire_recv(s->chan, buf, cap, fds, maxfds, nfds);
@@ -225,8 +225,8 @@ static void look_for_end(struct sbx_session *s)
     lose(s, f.text);
 }
 
-int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_worker *w,
-                      int *saved, char *why, size_t whylen)
+int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_worker *w, int *saved,
+                      char *why, size_t whylen)
 {
     union {
         struct wire_hdr hdr;

@@ -15,8 +15,8 @@
  * saved workspace in *saved. Returns 0; -ENOLINK when the session is gone;
  * -ETIMEDOUT or another -errno when this cell could not be made, with
  * |why|. */
-int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_worker *w,
-                      int *saved, char *why, size_t whylen);
+int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_worker *w, int *saved,
+                      char *why, size_t whylen);
 /* The cell's process has ended or been kept: what it changed in the
  * workspace decides its artifacts. */
 void session_cell_ended(struct sbx_session *s, struct supervision *sv, int saved);

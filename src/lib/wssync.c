@@ -44,8 +44,8 @@ static int list_add(struct list *l, const char *path, const struct stat *st)
     char *p = strdup(path);
     if (!p)
         return -ENOMEM;
-    l->v[l->n++] = (struct ws_node){.path = p, .mode = st->st_mode, .ino = st->st_ino,
-                                    .ctime = st->st_ctim};
+    l->v[l->n++] =
+        (struct ws_node){.path = p, .mode = st->st_mode, .ino = st->st_ino, .ctime = st->st_ctim};
     return 0;
 }
 
@@ -226,8 +226,7 @@ static int diff_visit(void *ctx, int dirfd, const char *leaf, const char *path,
         /* A directory's times move with its entries, which are looked at
          * one by one: only its mode matters. */
         if (S_ISDIR(st->st_mode) ? old->mode == st->st_mode
-                                 : old->ino == st->st_ino &&
-                                       ns(old->ctime) == ns(st->st_ctim) &&
+                                 : old->ino == st->st_ino && ns(old->ctime) == ns(st->st_ctim) &&
                                        (ns(old->ctime) + SAME_TICK_NS < ns(d->ix->taken) ||
                                         same_content(dirfd, leaf, d->saved_fd, path, st)))
             return 0;
@@ -364,8 +363,7 @@ static int copy_node(int src, int dst, const char *path)
         goto out;
     }
     bool had = fstatat(ddir, dleaf, &old, AT_SYMLINK_NOFOLLOW) == 0;
-    if (had && !(S_ISDIR(old.st_mode) && S_ISDIR(st.st_mode)) &&
-        (rc = remove_node(dst, path)) < 0)
+    if (had && !(S_ISDIR(old.st_mode) && S_ISDIR(st.st_mode)) && (rc = remove_node(dst, path)) < 0)
         goto out;
     if (S_ISDIR(st.st_mode)) {
         if (mkdirat(ddir, dleaf, 0700) < 0 && errno != EEXIST)
@@ -387,9 +385,9 @@ static int copy_node(int src, int dst, const char *path)
             rc = -errno;
     } else if (S_ISREG(st.st_mode)) {
         in = openat(sdir, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        out = in < 0 ? -1
-                     : openat(ddir, dleaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                              0600);
+        out = in < 0
+                  ? -1
+                  : openat(ddir, dleaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         struct timespec times[2] = {st.st_atim, st.st_mtim};
         if (in < 0 || out < 0 || (rc = copy_bytes(in, out)) < 0 ||
             fchmod(out, st.st_mode & 07777) < 0 || futimens(out, times) < 0)
@@ -440,8 +438,8 @@ int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c)
      * and what it removed, merged in path order. */
     size_t i = 0, j = 0;
     while (rc == 0 && (i < c->n_changed || j < c->n_gone)) {
-        bool take_changed = j >= c->n_gone ||
-                            (i < c->n_changed && strcmp(c->changed[i].path, c->gone[j].path) < 0);
+        bool take_changed =
+            j >= c->n_gone || (i < c->n_changed && strcmp(c->changed[i].path, c->gone[j].path) < 0);
         const char *path = take_changed ? c->changed[i++].path : c->gone[j++].path;
         rc = copy_node(saved_fd, ws_fd, path);
     }

@@ -26,7 +26,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 void template_send_fail(struct tmpl *t, const char *text)
 {
     struct wire_fail m = {.hdr = {WIRE_FAIL, WIRE_VERSION}};
@@ -43,8 +42,7 @@ static void close_sup_fds(struct worker_rec *w)
 /* PYSBX_PROFILE builds: the last worker's making, for the next one. */
 static struct prof_spawn last_spawn;
 
-struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char *why,
-                                 size_t whylen)
+struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char *why, size_t whylen)
 {
     double spawn_start = prof_now();
     struct worker_rec *w = calloc(1, sizeof(*w));
@@ -136,7 +134,9 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
                     .gid = w->gid,
                     .landlock_abi = t->landlock,
                     .ruleset_fd = ruleset,
-                    .policy = sess ? &t->session_policy : t->seccomp ? &t->policy : NULL,
+                    .policy = sess         ? &t->session_policy
+                              : t->seccomp ? &t->policy
+                                           : NULL,
                     .policy_debug = t->policy_debug,
                 },
         };

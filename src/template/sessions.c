@@ -56,7 +56,7 @@ struct session_rec {
     uint64_t memory;
     uint64_t idle_ns, lifetime_ns;
     uint64_t opened_ns, idle_since_ns;
-    uint64_t recheck_ns; /* a done cell with a thread: look again then */
+    uint64_t recheck_ns;      /* a done cell with a thread: look again then */
     struct worker_rec *state; /* NULL once it died */
     struct worker_rec *cell;  /* the cell asked for or running */
     unsigned procs;           /* its processes not yet reaped */
@@ -203,8 +203,8 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         return;
     }
     if (!t->session_policy_built) {
-        if (policy_build(&t->session_policy, t->policy_debug, !t->root, true, why,
-                         sizeof(why)) < 0) {
+        if (policy_build(&t->session_policy, t->policy_debug, !t->root, true, why, sizeof(why)) <
+            0) {
             send_fail(s, why);
             close(chan);
             free(s);
@@ -369,8 +369,8 @@ static void on_notification(struct tmpl *t, struct session_rec *s)
     else if (policy_self_arg(notif->data.nr) >= 0) {
         /* Its own process, by its pid or the calling thread's id. */
         long pid = (long)(int)notif->data.args[policy_self_arg(notif->data.nr)];
-        allow = pid > 0 && (pid == (long)notif->pid ||
-                            pid == proc_status(t, (pid_t)notif->pid, "Tgid:"));
+        allow = pid > 0 &&
+                (pid == (long)notif->pid || pid == proc_status(t, (pid_t)notif->pid, "Tgid:"));
     }
     allow = allow && seccomp_notify_id_valid(s->listener, notif->id) == 0;
     memset(notif_resp, 0, sizeof(*notif_resp));
@@ -590,8 +590,7 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
         if (w->rolled_back) {
             /* It ended by itself; we killed it to roll it back. */
             st.wait_status = W_EXITCODE(w->exit_status & 0xff, 0);
-            st.flags |= WIRE_STATUS_ROLLED_BACK |
-                        (w->threads_left ? WIRE_STATUS_THREADS_LEFT : 0);
+            st.flags |= WIRE_STATUS_ROLLED_BACK | (w->threads_left ? WIRE_STATUS_THREADS_LEFT : 0);
         }
         if (!w->quiet)
             (void)write_full(w->status_fd, &st, sizeof(st));

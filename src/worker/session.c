@@ -33,10 +33,8 @@ static int send_fd(int sock, char byte, int fd)
         struct cmsghdr align;
     } c;
     struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    struct msghdr m = {.msg_iov = &iov,
-                       .msg_iovlen = 1,
-                       .msg_control = c.buf,
-                       .msg_controllen = sizeof(c.buf)};
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf, .msg_controllen = sizeof(c.buf)};
     struct cmsghdr *h = CMSG_FIRSTHDR(&m);
 
     h->cmsg_level = SOL_SOCKET;
@@ -158,8 +156,8 @@ _Noreturn static void state_loop(const struct worker_args *a)
         /* The raw system call: glibc's fork() would run the process's
          * at-fork handlers, and the template allows these flags only. No
          * Python code runs here, and this is the only thread. */
-        pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)POLICY_SESSION_FORK, 0UL, 0UL, 0UL,
-                                   0UL);
+        pid_t pid =
+            (pid_t)syscall(SYS_clone, (unsigned long)POLICY_SESSION_FORK, 0UL, 0UL, 0UL, 0UL);
         if (pid == 0)
             cell_main(a, fds);
         int e = errno;

@@ -177,7 +177,8 @@ _Noreturn void worker_main(const struct worker_args *a)
     /* 5. Ceilings that do not depend on the request. */
     if (worker_set_limit(RLIMIT_CORE, 0, 0) < 0 ||
         worker_set_limit(RLIMIT_NOFILE, WORKER_NOFILE_LIMIT, WORKER_NOFILE_LIMIT) < 0 ||
-        (plan.switch_user && worker_set_limit(RLIMIT_NPROC, WORKER_NPROC_LIMIT, WORKER_NPROC_LIMIT) < 0))
+        (plan.switch_user &&
+         worker_set_limit(RLIMIT_NPROC, WORKER_NPROC_LIMIT, WORKER_NPROC_LIMIT) < 0))
         fail_idle("setrlimit: %s", strerror(errno));
 
     /* 6. Confinement: privileges, then the kernel policies, seccomp last. */

@@ -23,15 +23,15 @@
 
 /* A session's processes (session.h): what the state process tells the
  * template on its channel. */
-#define SESSION_READY 'R'     /* confined; the listener is attached */
+#define SESSION_READY       'R' /* confined; the listener is attached */
 #define SESSION_FORK_FAILED 'F'
 /* ... and what a cell's process says on its own channel. */
-#define CELL_HELLO 'H'   /* forked: here I am (the kernel attaches who) */
+#define CELL_HELLO   'H' /* forked: here I am (the kernel attaches who) */
 #define CELL_STARTED 'S' /* as WORKER_STARTED */
-#define CELL_DONE 'D'    /* the code ended by itself; an int32_t exit status follows */
+#define CELL_DONE    'D' /* the code ended by itself; an int32_t exit status follows */
 /* What the template tells the state process: fork the next cell; the
  * cell's channel, request socket, stdout and stderr are attached. */
-#define SESSION_FORK 'K'
+#define SESSION_FORK     'K'
 #define SESSION_FORK_FDS 4
 
 /* The worker's descriptors once it has set itself up; nothing else is open. */
@@ -61,12 +61,12 @@ struct worker_args {
      * template's has no workspace: siblings are not merely unreachable but
      * absent). -1: the workspace is the directory ws_fd, where it is. */
     int ws_mount_fd;
-    bool rehearse;            /* warm up while idle (pyrun_prepare) */
+    bool rehearse; /* warm up while idle (pyrun_prepare) */
     /* A session's first state process: the ready pipe is a SOCK_SEQPACKET
      * socket, the policy the session's (plan.policy), and instead of one
      * request it serves the session (session.h). */
     bool session;
-    uint64_t session_memory; /* the session's address-space ceiling */
+    uint64_t session_memory;  /* the session's address-space ceiling */
     struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };
 
