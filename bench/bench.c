@@ -795,11 +795,237 @@ static int bench_packages(int iterations, const char *tmpl, const char *out_dir)
     return failures[DS_PYSBX] + failures[DS_FRESH] + failures[DS_FLOOR] ? 1 : 0;
 }
 
+/* --- sessions (--sessions) ---------------------------------------------------- */
+
+/* One cell, timed as its caller sees it; *ok when it completed and was
+ * kept. */
+static double session_cell(struct sbx_session *s, const char *code, bool *ok)
+{
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+    struct sbx_error err;
+
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    req.limits.memory_bytes = 1ULL << 30;
+    uint64_t t0 = now_ns();
+    int rc = sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &res, &err);
+    double ms = ms_since(t0);
+    *ok = rc == 0 && res->status == SBX_COMPLETED && res->exit_code == 0 && !res->rolled_back;
+    sbx_result_free(res);
+    return ms;
+}
+
+static double plain_run(struct sbx *sbx, const char *code, bool *ok)
+{
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+    struct sbx_error err;
+
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    uint64_t t0 = now_ns();
+    int rc = sbx_run(sbx, &req, &res, &err);
+    double ms = ms_since(t0);
+    *ok = rc == 0 && res->status == SBX_COMPLETED && res->exit_code == 0;
+    sbx_result_free(res);
+    return ms;
+}
+
+static struct sbx_session *bench_session(struct sbx *sbx)
+{
+    struct sbx_session_limits l;
+    struct sbx_session *s = NULL;
+    struct sbx_error err;
+
+    sbx_session_limits_init(&l);
+    l.memory_bytes = 1ULL << 30;
+    if (sbx_session_open(sbx, &l, &s, &err) < 0)
+        fprintf(stderr, "pysbx-bench: sbx_session_open: %s\n", err.message);
+    return s;
+}
+
+#define SESSION_CELLS 100
+/* Between cells of a conversation there is the model's turn; in the bench
+ * a pause stands for it (where said). */
+#define THINK_US 50000
+
+/* The minor page faults of a cell (copies of the state's pages, among
+ * others), from inside: its getrusage before and after |code|. */
+static const char faults_wrap[] = "import resource as _r\n"
+                                  "_f = _r.getrusage(_r.RUSAGE_SELF).ru_minflt\n"
+                                  "%s\n"
+                                  "print(_r.getrusage(_r.RUSAGE_SELF).ru_minflt - _f)\n";
+
+static double session_cell_faults(struct sbx_session *s, const char *code, bool *ok, long *faults)
+{
+    char wrapped[512];
+    struct sbx_request req;
+    struct sbx_result *res = NULL;
+    struct sbx_error err;
+
+    snprintf(wrapped, sizeof(wrapped), faults_wrap, code);
+    sbx_request_init(&req);
+    req.code = wrapped;
+    req.code_len = strlen(wrapped);
+    req.limits.memory_bytes = 1ULL << 30;
+    uint64_t t0 = now_ns();
+    int rc = sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &res, &err);
+    double ms = ms_since(t0);
+    *ok = rc == 0 && res->status == SBX_COMPLETED && res->exit_code == 0 && !res->rolled_back;
+    *faults = *ok ? atol(res->stdout_text) : 0;
+    sbx_result_free(res);
+    return ms;
+}
+
+/* Sessions: cells of a growing list against plain runs of the same code,
+ * interleaved; then, with a pause before each cell, cells of a small and a
+ * 200 MB state; the 200 MB state's cells back to back; and cells that
+ * write about 20 MB of it. */
+static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
+{
+    enum { SMALL, PLAIN, SMALL_PAUSED, BIG_PAUSED, BIG_BACK, BIG_WRITE, N_S };
+    static const char *const names[N_S] = {
+        "cell, small state",    "plain run (sbx_run)",        "cell, small state, paused",
+        "cell, 200 MB, paused", "cell, 200 MB, back to back", "cell writing ~20 MB of it"};
+    struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
+    long failures[N_S] = {0};
+    struct sbx_config cfg;
+    struct sbx_error err;
+    struct sbx *sbx = NULL;
+    char beside[4096];
+    bool ok;
+    long f;
+
+    sbx_config_init(&cfg);
+    cfg.template_path = tmpl ? tmpl : beside_self("pysbx-template", beside, sizeof(beside));
+    if (sbx_open(&cfg, &sbx, &err) < 0) {
+        fprintf(stderr, "pysbx-bench: sbx_open: %s\n", err.message);
+        return 1;
+    }
+    usleep(500000); /* let the pool fill */
+    int sessions = iterations / SESSION_CELLS > 0 ? iterations / SESSION_CELLS : 1;
+    for (int k = 0; k < sessions; k++) {
+        struct sbx_session *s = bench_session(sbx);
+        if (!s)
+            return 1;
+        failures[SMALL] += (session_cell(s, "rows = []", &ok), !ok);
+        for (int i = 0; i < SESSION_CELLS; i++) {
+            /* Alternating, which goes first turning each time. */
+            for (int j = 0; j < 2; j++) {
+                bool cell = (i + j) % 2 == 0;
+                double ms = cell ? session_cell(s, "rows.append(len(rows))", &ok)
+                                 : plain_run(sbx, "rows = []\nrows.append(len(rows))", &ok);
+                add_sample(&lat[cell ? SMALL : PLAIN], ms);
+                failures[cell ? SMALL : PLAIN] += !ok;
+            }
+        }
+        sbx_session_close(s);
+    }
+    /* A small state and a 200 MB one (a list of 5.6 million distinct ints,
+     * 36 bytes each), cells alternating between them, a pause before
+     * each. */
+    struct sbx_session *small = bench_session(sbx), *big = bench_session(sbx);
+    if (!small || !big)
+        return 1;
+    uint64_t t0 = now_ns();
+    failures[BIG_PAUSED] += (session_cell(big,
+                                          "big = list(range(1000, 5601000))\n"
+                                          "zeros = [0] * len(big[::10])\nsmall = []",
+                                          &ok),
+                             !ok);
+    double build_ms = ms_since(t0);
+    failures[SMALL_PAUSED] += (session_cell(small, "small = []", &ok), !ok);
+    for (int i = 0; i < SESSION_CELLS; i++)
+        for (int j = 0; j < 2; j++) {
+            int which = (i + j) % 2 == 0 ? SMALL_PAUSED : BIG_PAUSED;
+            usleep(THINK_US);
+            add_sample(&lat[which], session_cell_faults(which == BIG_PAUSED ? big : small,
+                                                        "small.append(len(small))", &ok, &f));
+            add_sample(&faults[which], (double)f);
+            failures[which] += !ok;
+        }
+    for (int i = 0; i < SESSION_CELLS; i++) {
+        add_sample(&lat[BIG_BACK], session_cell_faults(big, "small.append(len(small))", &ok, &f));
+        add_sample(&faults[BIG_BACK], (double)f);
+        failures[BIG_BACK] += !ok;
+    }
+    /* A tenth of the list's items replaced (one slice assignment, in C):
+     * its pointers rewritten and the old ints freed, which writes their
+     * pages. */
+    for (int i = 0; i < SESSION_CELLS / 5; i++) {
+        usleep(THINK_US);
+        add_sample(&lat[BIG_WRITE], session_cell_faults(big, "big[::10] = zeros", &ok, &f));
+        add_sample(&faults[BIG_WRITE], (double)f);
+        failures[BIG_WRITE] += !ok;
+    }
+    long state_kb = 0;
+    {
+        struct sbx_request req;
+        struct sbx_result *res = NULL;
+        sbx_request_init(&req);
+        req.code = "import resource\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)";
+        req.code_len = strlen(req.code);
+        req.limits.memory_bytes = 1ULL << 30;
+        if (sbx_session_run(big, &req, SBX_ROLLBACK_ON_ERROR, &res, &err) == 0)
+            state_kb = atol(res->stdout_text);
+        sbx_result_free(res);
+    }
+    sbx_session_close(big);
+    sbx_session_close(small);
+    sbx_close(sbx);
+
+    char path[700];
+    snprintf(path, sizeof(path), "%s/sessions.txt", out_dir);
+    FILE *sum = fopen(path, "w");
+    FILE *outs[2] = {stdout, sum};
+    double plain = quantile(&lat[PLAIN], 0.5);
+    long failed = 0;
+    for (int k = 0; k < N_S; k++)
+        failed += failures[k];
+    for (int o = 0; o < 2; o++) {
+        FILE *out = outs[o];
+        if (!out)
+            continue;
+        machine(out);
+        fprintf(out,
+                "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
+                "of the same code;\nthen a small and a 200 MB state, %d cells each, alternating, "
+                "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
+                "replacing a tenth of its items\n\n",
+                sessions, SESSION_CELLS, SESSION_CELLS, THINK_US / 1000, SESSION_CELLS / 5);
+        fprintf(out, "%-28s %8s %8s %8s %8s %11s %12s\n", "", "min ms", "p50 ms", "p99 ms", "n",
+                "p50/plain", "faults p50");
+        for (int k = 0; k < N_S; k++) {
+            fprintf(out, "%-28s %8.3f %8.3f %8.3f %8zu %10.2fx", names[k], quantile(&lat[k], 0),
+                    quantile(&lat[k], 0.5), quantile(&lat[k], 0.99), lat[k].n,
+                    quantile(&lat[k], 0.5) / plain);
+            if (faults[k].n)
+                fprintf(out, " %12.0f", quantile(&faults[k], 0.5));
+            fputc('\n', out);
+        }
+        fprintf(out, "faults: minor page faults inside the cell (4 KiB each), copies of the "
+                     "state's pages among them\n");
+        fprintf(out, "the 200 MB state: built in %.0f ms, its process's peak RSS %ld MiB\n",
+                build_ms, state_kb / 1024);
+        fprintf(out, "failed cells or runs: %ld\n", failed);
+    }
+    if (sum)
+        fclose(sum);
+    for (int k = 0; k < N_S; k++) {
+        free(lat[k].v);
+        free(faults[k].v);
+    }
+    return failed ? 1 : 0;
+}
+
 static void usage(void)
 {
     fputs("usage: pysbx-bench [--iterations N] [--throughput-seconds S] [--throughput-rounds R]\n"
           "                   [--out DIR] [--template PATH] [--no-peers] [--without LAYER,...]\n"
-          "                   [--packages]\n"
+          "                   [--packages] [--sessions]\n"
           "Latency of each snippet through pysbx, the floor (pysbx-floor: the template's\n"
           "interpreter forked per run, nothing else) and the peers (a fresh python3 -I -S\n"
           "per run, and bwrap around it when installed), interleaved; throughput and CPU\n"
@@ -812,7 +1038,10 @@ static void usage(void)
           "--packages runs the data-science case instead: a numpy, pandas and matplotlib\n"
           "chart program through pysbx with the packages warm, a fresh /usr/bin/python3 -I\n"
           "and the in-process floor (one warm python3 running it again, no fork),\n"
-          "interleaved; writes DIR/packages.txt.\n",
+          "interleaved; writes DIR/packages.txt.\n"
+          "--sessions runs the session case instead: cells of 100-cell sessions that\n"
+          "append to a list, against plain runs, interleaved (N/100 sessions); then\n"
+          "cells in a 200 MB state; writes DIR/sessions.txt.\n",
           stdout);
 }
 
@@ -827,6 +1056,7 @@ int main(int argc, char **argv)
         {"no-peers", no_argument, NULL, 'P'},
         {"without", required_argument, NULL, 'W'},
         {"packages", no_argument, NULL, 'K'},
+        {"sessions", no_argument, NULL, 'S'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -835,7 +1065,7 @@ int main(int argc, char **argv)
     int tp_rounds = 3;
     const char *out_dir = "bench/results";
     const char *tmpl = NULL;
-    bool peers = true, packages = false;
+    bool peers = true, packages = false, sessions = false;
     unsigned without = 0;
     int c;
 
@@ -861,6 +1091,9 @@ int main(int argc, char **argv)
             break;
         case 'K':
             packages = true;
+            break;
+        case 'S':
+            sessions = true;
             break;
         case 'W':
             for (char *save = NULL, *tok = strtok_r(optarg, ",", &save); tok;
@@ -896,6 +1129,8 @@ int main(int argc, char **argv)
     }
     if (packages)
         return bench_packages(iterations, tmpl, out_dir);
+    if (sessions)
+        return bench_sessions(iterations, tmpl, out_dir);
     for (int i = 0; i < 32; i++) {
         char row[32];
         snprintf(row, sizeof(row), "%d,item-%d,%d\n", i, i, i * 7);

@@ -422,6 +422,30 @@ static int stopped_processes(pid_t *out, int cap)
     return n;
 }
 
+/* Of two processes, the one started first. */
+static pid_t older(pid_t a, pid_t b)
+{
+    unsigned long long start[2] = {0, 0};
+    pid_t p[2] = {a, b};
+
+    for (int i = 0; i < 2; i++) {
+        char path[64], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)p[i]);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        assert_non_null(fgets(buf, sizeof(buf), f));
+        fclose(f);
+        char *q = strrchr(buf, ')');
+        assert_non_null(q);
+        /* starttime is the 22nd field; the text after ')' begins at the 3rd. */
+        for (int field = 3; q && field < 22; field++)
+            q = strchr(q + 1, ' ');
+        assert_non_null(q);
+        start[i] = strtoull(q + 1, NULL, 10);
+    }
+    return start[0] <= start[1] ? a : b;
+}
+
 static void expect_lost(struct sbx_session *s, const char *why_part)
 {
     struct sbx_error err = {0};
@@ -446,16 +470,17 @@ static void the_state_is_stopped_between_cells(void **state)
     struct sbx_session *s = open_session(SBX(state), NULL);
     pid_t stopped[8];
 
-    assert_int_equal(wait_stopped(stopped, 8, 1), 1); /* ready, waiting */
+    /* The state, and the next cell, made ahead: both stopped. */
+    assert_int_equal(wait_stopped(stopped, 8, 2), 2);
     expect_cell(s, "x = 1", "");
-    assert_int_equal(wait_stopped(stopped, 8, 1), 1);
+    assert_int_equal(wait_stopped(stopped, 8, 2), 2);
     char *uid = session_uid(s);
-    /* The state, and (a moment, while the state before it is reaped) one
-     * more at most; then the state alone. */
+    /* Those two, and (a moment, while the state before is reaped and the
+     * next cell made) one more at most. */
     int n = processes_of(uid);
-    assert_true(n == -1 || n == 1 || n == 2);
+    assert_true(n == -1 || (n >= 1 && n <= 3));
     if (n >= 0)
-        assert_int_equal(wait_processes_of(uid, 1), 1);
+        assert_int_equal(wait_processes_of(uid, 2), 2);
     free(uid);
     sbx_session_close(s);
 }
@@ -466,8 +491,9 @@ static void killed_session_process_is_lost(void **state)
     pid_t stopped[8];
 
     expect_cell(s, "x = 1", "");
-    assert_int_equal(wait_stopped(stopped, 8, 1), 1);
-    assert_int_equal(kill(stopped[0], SIGKILL), 0);
+    assert_int_equal(wait_stopped(stopped, 8, 2), 2);
+    /* The state is the older of the two. */
+    assert_int_equal(kill(older(stopped[0], stopped[1]), SIGKILL), 0);
     struct timespec pause = {0, 100 * 1000000};
     nanosleep(&pause, NULL);
     expect_lost(s, "died");
@@ -483,7 +509,7 @@ static void idle_sessions_expire(void **state)
     struct sbx_session *s = open_session(SBX(state), &l);
     char *uid = session_uid(s);
     int n = processes_of(uid);
-    assert_true(n == -1 || n == 1 || n == 2);
+    assert_true(n == -1 || (n >= 1 && n <= 3));
     struct timespec pause = {0, 600 * 1000000};
     nanosleep(&pause, NULL);
     /* Its process is gone before anyone asks. */
@@ -619,9 +645,9 @@ static void hundreds_of_cells_leak_nothing(void **state)
     if (now > tfds + 8)
         fail_msg("the template holds %d descriptors after 300 cells, %d before", now, tfds);
     int n = processes_of(uid);
-    assert_true(n == -1 || n == 1 || n == 2);
+    assert_true(n == -1 || (n >= 1 && n <= 3));
     if (n >= 0)
-        assert_int_equal(wait_processes_of(uid, 1), 1);
+        assert_int_equal(wait_processes_of(uid, 2), 2);
     sbx_session_close(s);
     /* Closed: nothing of it is left when the call returns. */
     if (n >= 0)

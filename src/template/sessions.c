@@ -61,10 +61,12 @@ struct session_rec {
     struct worker_rec *cell;  /* the cell asked for or running */
     unsigned procs;           /* its processes not yet reaped */
     uint32_t rollback;
-    bool ready;   /* WIRE_SESSION sent */
-    bool pending; /* a cell asked for, waiting for an old state's reaping */
-    bool permit;  /* the state may fork, once */
-    bool ending;  /* freed once its processes are reaped */
+    bool ready;       /* WIRE_SESSION sent */
+    bool pending;     /* a cell asked for and not yet handed over */
+    bool fork_failed; /* the last fork made ahead failed: wait for a cell */
+    char fork_why[WIRE_TEXT_MAX];
+    bool permit; /* the state may fork, once */
+    bool ending; /* freed once its processes are reaped */
 };
 
 static struct seccomp_notif *notif;
@@ -174,7 +176,11 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
     s->ending = true;
     drop_unborn_cell(t, s);
     kill_quietly(s->state);
-    kill_quietly(s->cell);
+    /* A cell running is stopped as by its deadline: its status says so. */
+    if (s->cell && s->cell->announced)
+        kill(s->cell->pid, SIGKILL);
+    else
+        kill_quietly(s->cell);
     if (s->procs == 0)
         free_session(t, s);
 }
@@ -252,7 +258,22 @@ static int channel_pair(int sv[2])
     return 0;
 }
 
-/* Makes the cell's pipes, wakes the state and tells it to fork. */
+/* A cell could not be made: the supervisor hears it if it asked for one;
+ * otherwise (made ahead) the next one it asks for tries again. */
+static void cell_failed(struct session_rec *s, const char *why)
+{
+    if (s->pending) {
+        s->pending = false;
+        send_fail(s, why);
+    } else {
+        s->fork_failed = true;
+        fmt(s->fork_why, sizeof(s->fork_why), "%s", why);
+    }
+}
+
+/* Makes the cell's pipes, wakes the state and tells it to fork. The cell
+ * is made ahead, as soon as the state is alone: it waits, stopped, until
+ * a cell is asked for, so the fork is not on the cell's way. */
 static void start_cell(struct tmpl *t, struct session_rec *s)
 {
     int chan[2] = {-1, -1}, req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
@@ -260,9 +281,8 @@ static void start_cell(struct tmpl *t, struct session_rec *s)
     struct worker_rec *w = calloc(1, sizeof(*w));
     char why[WIRE_TEXT_MAX];
 
-    s->pending = false;
     if (!w) {
-        send_fail(s, "template: out of memory");
+        cell_failed(s, "template: out of memory");
         return;
     }
     for (int i = 0; i < WFD_COUNT; i++)
@@ -310,14 +330,37 @@ fail:
     close_fds(status, 2);
     close_fd(&w->sup_fds[WFD_WORKSPACE]);
     free(w);
-    send_fail(s, why);
+    cell_failed(s, why);
 }
 
-/* A cell can start when the state is alone: no cell, no old state dying. */
+/* A cell can be made when the state is alone: no cell, no old state
+ * dying. */
 static void maybe_start_cell(struct tmpl *t, struct session_rec *s)
 {
-    if (s->pending && !s->ending && s->ready && s->state && !s->cell && s->procs == 1)
+    if ((s->pending || !s->fork_failed) && !s->ending && s->ready && s->state && !s->cell &&
+        s->procs == 1)
         start_cell(t, s);
+}
+
+/* Hands the cell, made and stopped, to the supervisor, and lets it run. */
+static void announce_cell(struct tmpl *t, struct session_rec *s, struct worker_rec *w)
+{
+    struct wire_worker m = {.hdr = {WIRE_WORKER, WIRE_VERSION}, .pid = w->pid};
+    int fds[WFD_SESSION_COUNT];
+
+    if (t->jail.switch_user) {
+        m.uid = w->uid;
+        m.gid = w->gid;
+    }
+    fmt(m.workspace, sizeof(m.workspace), "%s", w->name);
+    memcpy(fds, w->sup_fds, sizeof(w->sup_fds));
+    fds[WFD_SAVED] = s->saved_fd;
+    s->pending = false;
+    if (wire_send(s->chan, &m, sizeof(m), fds, WFD_SESSION_COUNT) < 0)
+        kill(w->pid, SIGKILL);
+    close_fds(w->sup_fds, WFD_COUNT);
+    w->announced = true;
+    kill(w->pid, SIGCONT);
 }
 
 static void on_channel(struct tmpl *t, struct session_rec *s)
@@ -337,14 +380,18 @@ static void on_channel(struct tmpl *t, struct session_rec *s)
         end_session(t, s, NULL); /* the supervisor closed it */
         return;
     }
-    if (n != (ssize_t)sizeof(m.cell) || m.h.type != WIRE_CELL || s->cell || s->pending ||
-        m.cell.rollback > SBX_ROLLBACK_NEVER) {
+    if (n != (ssize_t)sizeof(m.cell) || m.h.type != WIRE_CELL || s->pending ||
+        (s->cell && s->cell->announced) || m.cell.rollback > SBX_ROLLBACK_NEVER) {
         end_session(t, s, "template: a cell asked for out of turn");
         return;
     }
     s->rollback = m.cell.rollback;
     s->pending = true;
-    maybe_start_cell(t, s);
+    s->fork_failed = false;
+    if (s->cell && s->cell->pid)
+        announce_cell(t, s, s->cell); /* made ahead, waiting */
+    else
+        maybe_start_cell(t, s); /* or made as soon as the state is alone */
 }
 
 /* The listener. A fork by one of the session's processes: allowed only to
@@ -450,9 +497,6 @@ static void cell_done(struct tmpl *t, struct session_rec *s, struct worker_rec *
  * happen (our child, of this session's uid, not one we know)? */
 static void cell_hello(struct tmpl *t, struct session_rec *s, struct worker_rec *w, pid_t pid)
 {
-    struct wire_worker m = {.hdr = {WIRE_WORKER, WIRE_VERSION}, .pid = pid};
-    int fds[WFD_SESSION_COUNT];
-
     for (struct worker_rec *o = t->workers; o; o = o->next)
         if (o->pid == pid)
             return;
@@ -466,17 +510,10 @@ static void cell_hello(struct tmpl *t, struct session_rec *s, struct worker_rec 
         kill(pid, SIGKILL);
         return; /* its status will say it was killed before it started */
     }
-    if (t->jail.switch_user) {
-        m.uid = w->uid;
-        m.gid = w->gid;
-    }
-    fmt(m.workspace, sizeof(m.workspace), "%s", w->name);
-    memcpy(fds, w->sup_fds, sizeof(w->sup_fds));
-    fds[WFD_SAVED] = s->saved_fd;
-    if (wire_send(s->chan, &m, sizeof(m), fds, WFD_SESSION_COUNT) < 0)
-        kill(pid, SIGKILL);
-    close_fds(w->sup_fds, WFD_COUNT);
-    w->announced = true;
+    if (s->pending)
+        announce_cell(t, s, w);
+    else
+        kill(pid, SIGSTOP); /* until a cell is asked for */
 }
 
 void session_said(struct tmpl *t, struct worker_rec *w)
@@ -523,7 +560,7 @@ void session_said(struct tmpl *t, struct worker_rec *w)
              * come: no process of it is ours to reap. */
             if (w == s->cell && !w->pid) {
                 drop_unborn_cell(t, s);
-                send_fail(s, "the session's process did not make the cell");
+                cell_failed(s, "the session's process did not make the cell");
             }
         }
         return;
@@ -539,6 +576,8 @@ void session_said(struct tmpl *t, struct worker_rec *w)
                                  .gid = t->jail.switch_user ? s->gid : 0};
         if (wire_send(s->chan, &m, sizeof(m), NULL, 0) < 0)
             end_session(t, s, NULL);
+        else
+            maybe_start_cell(t, s); /* the first cell, made ahead */
         return;
     }
     close_fd(&fd);
@@ -549,7 +588,7 @@ void session_said(struct tmpl *t, struct worker_rec *w)
         }
         drop_unborn_cell(t, s);
         kill(w->pid, SIGSTOP);
-        send_fail(s, buf + 1);
+        cell_failed(s, buf + 1);
         return;
     }
     if (w != s->cell)
@@ -601,7 +640,7 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
             end = "the session's process died while a cell ran, which did not last";
     } else if (w == s->state) {
         s->state = NULL;
-        if (!s->ending && !s->cell) {
+        if (!s->ending) {
             fmt(why, sizeof(why), "the session's process died (%s %d)",
                 WIFSIGNALED(wait_status) ? "signal" : "exit status",
                 WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : WEXITSTATUS(wait_status));
@@ -661,8 +700,8 @@ static uint64_t next_deadline(const struct session_rec *s)
         return 0;
     if (s->recheck_ns)
         return s->recheck_ns;
-    if (s->cell)
-        return 0;
+    if (s->cell && s->cell->announced)
+        return 0; /* a cell runs (one made ahead does not count) */
     uint64_t idle = s->idle_since_ns + s->idle_ns;
     uint64_t life = s->opened_ns + s->lifetime_ns;
     return idle < life ? idle : life;
@@ -698,7 +737,7 @@ void sessions_tick(struct tmpl *t)
             cell_done(t, s, s->cell);
             continue;
         }
-        if (s->cell)
+        if (s->cell && s->cell->announced)
             continue;
         char why[160];
         if (now >= s->opened_ns + s->lifetime_ns)
