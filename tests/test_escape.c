@@ -475,7 +475,13 @@ int main(void)
     fputs("host secret\n", f);
     fclose(f);
     chmod(secret_file, 0644);
-    inherited_fd = open(secret_file, O_RDONLY); /* deliberately inheritable */
+    /* Deliberately inheritable, and above the numbers a worker or a
+     * session's cell uses for its own (0 to 7), which it would find open
+     * for a reason unrelated to the host's. */
+    int fd = open(secret_file, O_RDONLY);
+    inherited_fd = fd >= 0 ? fcntl(fd, F_DUPFD, 100) : -1;
+    if (fd >= 0)
+        close(fd);
 
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(raw_inet_socket_via_ctypes_is_refused),
