@@ -603,28 +603,58 @@ static void max_sessions_is_kept(void **state)
     rmdir(root);
 }
 
-/* The template's descriptors, from /proc. */
-static int template_fds(void)
+/* The template's pid, from /proc. */
+static int template_pid(void)
 {
     DIR *d = opendir("/proc");
     struct dirent *e;
-    int n = -1;
+    int pid = -1;
 
     assert_non_null(d);
-    while ((e = readdir(d)) && n < 0) {
+    while ((e = readdir(d)) && pid < 0) {
         char path[300], name[64] = "";
         snprintf(path, sizeof(path), "/proc/%s/comm", e->d_name);
         FILE *f = fopen(path, "r");
         if (!f)
             continue;
-        if (fgets(name, sizeof(name), f) && strcmp(name, "pysbx-template\n") == 0) {
-            snprintf(path, sizeof(path), "/proc/%s/fd", e->d_name);
-            n = count_entries(path);
-        }
+        if (fgets(name, sizeof(name), f) && strcmp(name, "pysbx-template\n") == 0)
+            pid = atoi(e->d_name);
         fclose(f);
     }
     closedir(d);
-    return n;
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* What the template holds: descriptors, mounts in its namespace, and its
+ * resident memory in KiB. */
+struct held {
+    int fds, mounts;
+    long rss_kb;
+};
+
+static struct held template_holds(void)
+{
+    struct held h = {0};
+    char path[64], line[512];
+    int pid = template_pid();
+
+    snprintf(path, sizeof(path), "/proc/%d/fd", pid);
+    h.fds = count_entries(path);
+    snprintf(path, sizeof(path), "/proc/%d/mountinfo", pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f))
+        h.mounts++;
+    fclose(f);
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            h.rss_kb = atol(line + 6);
+    fclose(f);
+    return h;
 }
 
 static void hundreds_of_cells_leak_nothing(void **state)
@@ -633,7 +663,8 @@ static void hundreds_of_cells_leak_nothing(void **state)
     char *uid = session_uid(s);
 
     expect_cell(s, "rows = []", "");
-    int fds = count_fds(), tfds = template_fds();
+    int fds = count_fds();
+    struct held before = template_holds();
     for (int i = 0; i < 300; i++) {
         struct sbx_result *r = cell(s, i % 10 == 9 ? "rows.append(1)\nraise KeyError"
                                                    : "rows.append(1)\nopen('f', 'a').write('.')");
@@ -643,11 +674,14 @@ static void hundreds_of_cells_leak_nothing(void **state)
     }
     expect_cell(s, "print(len(rows), len(open('f').read()))", "270 270\n");
     assert_int_equal(count_fds(), fds);
-    /* The pool's own workers come and go (a few descriptors each); one
-     * descriptor kept per cell would be hundreds. */
-    int now = template_fds();
-    if (now > tfds + 8)
-        fail_msg("the template holds %d descriptors after 300 cells, %d before", now, tfds);
+    /* The pool's own workers come and go (a few descriptors each, and some
+     * memory); one descriptor or one page kept per cell would be hundreds. */
+    struct held after = template_holds();
+    if (after.fds > before.fds + 8 || after.mounts != before.mounts ||
+        after.rss_kb > before.rss_kb + 512)
+        fail_msg("after 300 cells the template holds %d descriptors (%d before), %d mounts (%d), "
+                 "%ld KiB (%ld)",
+                 after.fds, before.fds, after.mounts, before.mounts, after.rss_kb, before.rss_kb);
     int n = processes_of(uid);
     assert_true(n == -1 || (n >= 1 && n <= 3));
     if (n >= 0)
