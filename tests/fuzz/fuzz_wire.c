@@ -1,5 +1,6 @@
 /* What the supervisor decodes of the template's messages: the answer to
- * CONFIG (HELLO or FAIL), each WORKER or FAIL, and a worker's status. The
+ * CONFIG (HELLO or FAIL), each WORKER or FAIL (a session's cell's too), the
+ * answer to a session's opening, and a worker's status. The
  * decoders read only the bytes they are given, accept only a message of the
  * exact size and type (with all its descriptors), hand back strings that
  * end inside their arrays, and say why in a message that fits and is valid
@@ -24,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    int nfds = data[0] % (WFD_COUNT + 2);
+    int nfds = data[0] % (WFD_SESSION_COUNT + 2);
     size_t cap = 1 + (size_t)data[0] * 4; /* 1..1021: some cut the message */
     size_t n = size - 1;
     char *buf = fuzz_copy(data + 1, n);
@@ -70,6 +71,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(memcmp(&w.uid, buf + offsetof(struct wire_worker, uid), sizeof(w.uid)) == 0);
         CHECK(memcmp(&w.gid, buf + offsetof(struct wire_worker, gid), sizeof(w.gid)) == 0);
     } else {
+        CHECK(rc == -EIO || rc == -EPROTO);
+        CHECK(strnlen(why, cap) < cap);
+        CHECK(valid_utf8(why));
+        CHECK((rc == -EIO) == (hdr.type == WIRE_FAIL && n == sizeof(struct wire_fail)));
+    }
+
+    /* A session's cell: the same message with one descriptor more. */
+    rc = wire_decode_worker_fds(buf, n, nfds, WFD_SESSION_COUNT, &w, why, cap);
+    if (rc == 0)
+        CHECK(n == sizeof(w) && hdr.type == WIRE_WORKER && nfds == WFD_SESSION_COUNT &&
+              strnlen(w.workspace, sizeof(w.workspace)) < sizeof(w.workspace));
+    else
+        CHECK((rc == -EIO || rc == -EPROTO) && strnlen(why, cap) < cap && valid_utf8(why));
+
+    struct wire_session sess;
+    rc = wire_decode_session(buf, n, &sess, why, cap);
+    if (rc == 0)
+        CHECK(n == sizeof(sess) && hdr.type == WIRE_SESSION && memcmp(&sess, buf, n) == 0);
+    else {
         CHECK(rc == -EIO || rc == -EPROTO);
         CHECK(strnlen(why, cap) < cap);
         CHECK(valid_utf8(why));
