@@ -693,6 +693,23 @@ static void hundreds_of_cells_leak_nothing(void **state)
     free(uid);
 }
 
+/* The template dies (killed from outside): its sessions are lost, say so,
+ * and the sandbox makes a new template for the next session. */
+static void a_new_template_loses_the_old_sessions(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+
+    expect_cell(s, "x = 1", "");
+    assert_int_equal(kill(template_pid(), SIGKILL), 0);
+    struct timespec pause = {0, 200 * 1000000};
+    nanosleep(&pause, NULL);
+    expect_lost(s, "template");
+    sbx_session_close(s);
+    s = open_session(SBX(state), NULL);
+    expect_cell(s, "print('x' in dir())", "False\n");
+    sbx_session_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -717,6 +734,7 @@ int main(void)
         cmocka_unit_test(bad_limits_are_refused),
         cmocka_unit_test(max_sessions_is_kept),
         cmocka_unit_test(hundreds_of_cells_leak_nothing),
+        cmocka_unit_test(a_new_template_loses_the_old_sessions),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));

@@ -60,6 +60,7 @@ struct session_rec {
     struct worker_rec *state; /* NULL once it died */
     struct worker_rec *cell;  /* the cell asked for or running */
     unsigned procs;           /* its processes not yet reaped */
+    unsigned dying;           /* ... of which states killed once a cell was kept */
     uint32_t rollback;
     bool ready;       /* WIRE_SESSION sent */
     bool pending;     /* a cell asked for and not yet handed over */
@@ -333,12 +334,12 @@ fail:
     cell_failed(s, why);
 }
 
-/* A cell can be made when the state is alone: no cell, no old state
- * dying. */
+/* A cell can be made when the state is alone (a state before it may still
+ * be dying: its teardown and the fork go on side by side). */
 static void maybe_start_cell(struct tmpl *t, struct session_rec *s)
 {
     if ((s->pending || !s->fork_failed) && !s->ending && s->ready && s->state && !s->cell &&
-        s->procs == 1)
+        s->procs - s->dying == 1)
         start_cell(t, s);
 }
 
@@ -466,6 +467,8 @@ static void keep_cell(const struct tmpl *t, struct session_rec *s, struct worker
     kill(w->pid, SIGSTOP); /* first: nothing runs between cells */
     (void)write_full(w->status_fd, &st, sizeof(st));
     close_fd(&w->status_fd);
+    if (s->state && !s->state->dead)
+        s->dying++;
     kill_quietly(s->state);
     s->state = w;
     s->cell = NULL;
@@ -486,6 +489,7 @@ static void cell_done(struct tmpl *t, struct session_rec *s, struct worker_rec *
     }
     if (wanted && threads == 1) {
         keep_cell(t, s, w);
+        maybe_start_cell(t, s); /* the next cell, from the new state */
         return;
     }
     w->rolled_back = true;
@@ -638,7 +642,9 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
         s->idle_since_ns = now_ns();
         if (!s->state && !s->ending)
             end = "the session's process died while a cell ran, which did not last";
-    } else if (w == s->state) {
+    } else if (w != s->state) {
+        s->dying--; /* a state killed once a cell was kept */
+    } else {
         s->state = NULL;
         if (!s->ending) {
             fmt(why, sizeof(why), "the session's process died (%s %d)",
