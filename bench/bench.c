@@ -797,26 +797,6 @@ static int bench_packages(int iterations, const char *tmpl, const char *out_dir)
 
 /* --- sessions (--sessions) ---------------------------------------------------- */
 
-/* One cell, timed as its caller sees it; *ok when it completed and was
- * kept. */
-static double session_cell(struct sbx_session *s, const char *code, bool *ok)
-{
-    struct sbx_request req;
-    struct sbx_result *res = NULL;
-    struct sbx_error err;
-
-    sbx_request_init(&req);
-    req.code = code;
-    req.code_len = strlen(code);
-    req.limits.memory_bytes = 1ULL << 30;
-    uint64_t t0 = now_ns();
-    int rc = sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &res, &err);
-    double ms = ms_since(t0);
-    *ok = rc == 0 && res->status == SBX_COMPLETED && res->exit_code == 0 && !res->rolled_back;
-    sbx_result_free(res);
-    return ms;
-}
-
 static double plain_run(struct sbx *sbx, const char *code, bool *ok)
 {
     struct sbx_request req;
@@ -859,6 +839,8 @@ static const char faults_wrap[] = "import resource as _r\n"
                                   "%s\n"
                                   "print(_r.getrusage(_r.RUSAGE_SELF).ru_minflt - _f)\n";
 
+/* One cell, timed as its caller sees it; *ok when it completed and was
+ * kept. With |faults|, the code is wrapped to count its page faults. */
 static double session_cell_faults(struct sbx_session *s, const char *code, bool *ok, long *faults)
 {
     char wrapped[512];
@@ -866,18 +848,25 @@ static double session_cell_faults(struct sbx_session *s, const char *code, bool 
     struct sbx_result *res = NULL;
     struct sbx_error err;
 
-    snprintf(wrapped, sizeof(wrapped), faults_wrap, code);
+    if (faults)
+        snprintf(wrapped, sizeof(wrapped), faults_wrap, code);
     sbx_request_init(&req);
-    req.code = wrapped;
-    req.code_len = strlen(wrapped);
+    req.code = faults ? wrapped : code;
+    req.code_len = strlen(req.code);
     req.limits.memory_bytes = 1ULL << 30;
     uint64_t t0 = now_ns();
     int rc = sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &res, &err);
     double ms = ms_since(t0);
     *ok = rc == 0 && res->status == SBX_COMPLETED && res->exit_code == 0 && !res->rolled_back;
-    *faults = *ok ? atol(res->stdout_text) : 0;
+    if (faults)
+        *faults = *ok ? atol(res->stdout_text) : 0;
     sbx_result_free(res);
     return ms;
+}
+
+static double session_cell(struct sbx_session *s, const char *code, bool *ok)
+{
+    return session_cell_faults(s, code, ok, NULL);
 }
 
 /* Sessions: cells of a growing list against plain runs of the same code,

@@ -400,11 +400,16 @@ int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64
         close_fds(w->fds, WFD_COUNT);
         return rc;
     }
-    w->pid = worker.pid;
-    w->uid = worker.uid;
-    w->gid = worker.gid;
-    fmt(w->workspace, sizeof(w->workspace), "%s", worker.workspace);
+    control_taken(w, &worker);
     return 0;
+}
+
+void control_taken(struct taken_worker *w, const struct wire_worker *m)
+{
+    w->pid = m->pid;
+    w->uid = m->uid;
+    w->gid = m->gid;
+    fmt(w->workspace, sizeof(w->workspace), "%s", m->workspace);
 }
 
 int control_open_session(struct sbx *sbx, const struct wire_session_open *m, int chan,

@@ -35,6 +35,9 @@ struct taken_worker {
 int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64_t deadline,
                         struct taken_worker *w, char *why, size_t whylen);
 
+/* Fills |w|'s pid, ids and workspace name from the template's message. */
+void control_taken(struct taken_worker *w, const struct wire_worker *m);
+
 /* Hands the template a session's channel |chan| with |m| (starting a
  * template if there is none). Returns 0 with a descriptor of the
  * template's pidfd in *template_pidfd (its end ends the session), or a

@@ -264,10 +264,7 @@ int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_wor
     }
     memcpy(w->fds, fds, sizeof(w->fds));
     *saved = fds[WFD_SAVED];
-    w->pid = worker.pid;
-    w->uid = worker.uid;
-    w->gid = worker.gid;
-    fmt(w->workspace, sizeof(w->workspace), "%s", worker.workspace);
+    control_taken(w, &worker);
     return 0;
 }
 

@@ -201,36 +201,24 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
     s->lifetime_ns = m->lifetime_ms * 1000000ULL;
     s->opened_ns = s->idle_since_ns = now_ns();
     if (!t->root || !t->seccomp) {
-        send_fail(s, !t->root ? "sessions need the private root (the mount namespace): "
-                                "each keeps a second workspace mounted nowhere"
-                              : "sessions need the seccomp layer: it is what lets only the "
-                                "sandbox fork a session's state");
-        close(chan);
-        free(s);
-        return;
+        fmt(why, sizeof(why), "%s",
+            !t->root ? "sessions need the private root (the mount namespace): each keeps a "
+                       "second workspace mounted nowhere"
+                     : "sessions need the seccomp layer: it is what lets only the sandbox fork "
+                       "a session's state");
+        goto refuse;
     }
     if (!t->session_policy_built) {
-        if (policy_build(&t->session_policy, t->policy_debug, !t->root, true, why, sizeof(why)) <
-            0) {
-            send_fail(s, why);
-            close(chan);
-            free(s);
-            return;
-        }
+        if (policy_build(&t->session_policy, t->policy_debug, !t->root, true, why, sizeof(why)) < 0)
+            goto refuse;
         t->session_policy_built = true;
     }
     if (!notif && seccomp_notify_alloc(&notif, &notif_resp) < 0) {
-        send_fail(s, "template: out of memory");
-        close(chan);
-        free(s);
-        return;
+        fmt(why, sizeof(why), "template: out of memory");
+        goto refuse;
     }
-    if (!spawn_process(t, s, why, sizeof(why))) {
-        send_fail(s, why);
-        close(chan);
-        free(s);
-        return;
-    }
+    if (!spawn_process(t, s, why, sizeof(why)))
+        goto refuse;
     s->next = t->sessions;
     t->sessions = s;
     /* The saved files: a tmpfs of the session's own, mounted nowhere. */
@@ -244,6 +232,12 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
     }
     if (s->saved_fd < 0)
         end_session(t, s, why);
+    return;
+
+refuse:
+    send_fail(s, why);
+    close(chan);
+    free(s);
 }
 
 /* Both ends of a SOCK_SEQPACKET pair whose first end hears who sent what. */
