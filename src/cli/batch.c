@@ -203,6 +203,8 @@ static void *worker(void *p)
                           -EINVAL, pr->is_request ? "request line too long" : "cannot read it");
         } else if (pr->is_request) {
             rc = json_request_parse(pr->text, pr->len, NULL, &r, &err);
+            if (rc == 0)
+                rc = json_request_no_session(&r, &err);
             if (rc == 0 && r.cancel_text)
                 rc = sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                               "a cancel message means nothing to a batch");

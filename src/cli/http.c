@@ -424,7 +424,8 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     char *text;
     int rc;
 
-    if (json_request_parse(x->body ? x->body : "", x->len, &h->o->ceilings, &r, &err) < 0) {
+    if (json_request_parse(x->body ? x->body : "", x->len, &h->o->ceilings, &r, &err) < 0 ||
+        json_request_no_session(&r, &err) < 0) {
         text = json_answer_error(r.id_text, &err);
         count_refused(h, err.code);
         json_request_free(&r);

@@ -1,8 +1,11 @@
 /*
  * pysbx mcp: a Model Context Protocol server over stdio (newline-delimited
- * JSON-RPC 2.0) offering one tool, run_python. Calls run concurrently; a
- * client's notifications/cancelled cancels the call it names, which is then
- * never answered (as the protocol asks).
+ * JSON-RPC 2.0) offering two tools: run_python, and reset_session for the
+ * sessions run_python keeps when given a session_id (sessions.h: one table
+ * for the process, the cells of a session run in the order they were
+ * called). Calls run concurrently; a client's notifications/cancelled
+ * cancels the call it names, which is then never answered (as the protocol
+ * asks).
  */
 #define _GNU_SOURCE
 #include "commands.h"
@@ -10,6 +13,7 @@
 #include "lines.h"
 #include "reqjson.h"
 #include "sbxerr.h"
+#include "sessions.h"
 #include "stopper.h"
 #include "sysutil.h"
 #include "util.h"
@@ -39,6 +43,7 @@ struct server {
     pthread_cond_t idle;
     unsigned inflight;
     struct call *calls;
+    struct session_table *sessions;
 };
 
 static char *message_text(json_t *msg)
@@ -89,6 +94,16 @@ static void reply_error(struct server *s, json_t *id, int code, const char *mess
 /* A file is text, or {"content": ..., "encoding": "utf-8" | "base64"}. */
 static const char input_schema[] =
     "{\"type\": \"object\", \"required\": [\"code\"], \"properties\": {"
+    "\"session_id\": {\"type\": \"string\", \"minLength\": 1, \"maxLength\": 128, "
+    "\"description\": \"Run the code as the next cell of this session (made on the first call "
+    "with this id): variables, imports and files of the cells before it are there. Without it, "
+    "the code runs in a fresh interpreter\"},"
+    "\"rollback\": {\"type\": \"string\", \"enum\": [\"on_error\", \"on_stop\", \"never\"], "
+    "\"default\": \"on_error\", \"description\": \"With session_id: what a cell that fails does "
+    "to the session. on_error: an exception or a non-zero exit puts the session back as it was "
+    "before the cell; on_stop: only a cell the sandbox stopped (a limit, a crash) is undone, an "
+    "exception keeps what ran before it; never: as on_stop, and a stopped cell keeps the files "
+    "it wrote\"},"
     "\"code\": {\"type\": \"string\", \"description\": \"Python 3 source code to run\"},"
     "\"files\": {\"type\": \"object\", \"description\": \"Input files, written to the working "
     "directory before the code runs; names may contain '/'. Each is its text, or {\\\"content\\\": "
@@ -100,7 +115,7 @@ static const char input_schema[] =
 
 static json_t *tool_description(const struct sbx_limits *l, const char *const *packages)
 {
-    char desc[1536], has[512] = "the standard library only";
+    char desc[2048], has[512] = "the standard library only";
     size_t n = 0;
 
     /* "numpy, pandas (already imported) and the standard library; ..." */
@@ -116,12 +131,30 @@ static json_t *tool_description(const struct sbx_limits *l, const char *const *p
         "files it wrote. The sandbox has %s, no network, and an empty "
         "working directory (the input files, if any, are written there first). Limits: %g s "
         "of wall time, %g s of CPU, %llu MiB of memory, %llu characters of output per "
-        "stream (a NUL byte in it shows as \\x00). Each call is a fresh interpreter: nothing "
-        "carries over between calls. Print what you want to see.",
+        "stream (a NUL byte in it shows as \\x00). Each call is a fresh interpreter, unless it "
+        "gives a session_id: then it runs as the next cell of that session, with the variables, "
+        "imports and files of the cells before it, and a cell that raises leaves the session as "
+        "it was (the result says the cell's number and whether it was rolled back or kept); "
+        "reset_session starts it afresh. Print what you want to see.",
         has, l->wall_seconds, l->cpu_seconds, (unsigned long long)(l->memory_bytes >> 20),
         (unsigned long long)l->max_output_chars);
     return json_pack("{s:s, s:s, s:s, s:o}", "name", "run_python", "title", "Run Python",
                      "description", desc, "inputSchema", json_loads(input_schema, 0, NULL));
+}
+
+static const char reset_schema[] =
+    "{\"type\": \"object\", \"required\": [\"session_id\"], \"properties\": {"
+    "\"session_id\": {\"type\": \"string\", \"minLength\": 1, \"maxLength\": 128, "
+    "\"description\": \"The session_id given to run_python\"}}}";
+
+static json_t *reset_description(void)
+{
+    return json_pack("{s:s, s:s, s:s, s:o}", "name", "reset_session", "title",
+                     "Reset a Python session", "description",
+                     "Close the session that run_python calls with this session_id share: its "
+                     "variables, imports and files are gone, and the next run_python with the id "
+                     "starts a fresh one. An id with no open session is an error.",
+                     "inputSchema", json_loads(reset_schema, 0, NULL));
 }
 
 /* An image is known by its first bytes, whatever its name says. */
@@ -221,8 +254,28 @@ static void add_stream(json_t *content, const char *heading, const char *text, s
     free(t);
 }
 
-/* What the model sees: a status line, stdout, stderr, then the files. */
-static json_t *tool_result(const struct sbx_result *r)
+/* A result of one text. */
+static json_t *tool_text(const char *text, bool error)
+{
+    return json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", text, "isError",
+                     error);
+}
+
+/* "session: NAME, cell N, rolled back (why)" or "..., kept". */
+static void add_session(json_t *content, const struct sbx_result *r, const char *session)
+{
+    char line[1024];
+    bool why = r->rolled_back && r->status == SBX_COMPLETED && r->reason;
+
+    fmt(line, sizeof(line), "session: %s, cell %llu, %s%s%s%s", session,
+        (unsigned long long)r->cell, r->rolled_back ? "rolled back" : "kept", why ? " (" : "",
+        why ? r->reason : "", why ? ")" : "");
+    add_text(content, line, strlen(line));
+}
+
+/* What the model sees: a status line, for a session cell what became of
+ * it, stdout, stderr, then the files. */
+static json_t *tool_result(const struct sbx_result *r, const char *session)
 {
     json_t *content = json_array();
     char head[512];
@@ -239,6 +292,8 @@ static json_t *tool_result(const struct sbx_result *r)
     else
         fmt(head, sizeof(head), "%s: %s", sbx_status_name(r->status), r->reason ? r->reason : "");
     add_text(content, head, strlen(head));
+    if (session)
+        add_session(content, r, session);
     if (r->stdout_len)
         add_stream(content, "stdout:\n", r->stdout_text, r->stdout_len);
     if (r->stderr_len)
@@ -268,7 +323,19 @@ struct call_job {
     json_t *id;
     json_t *args;
     struct call call;
+    const char *session; /* in args, or NULL */
+    enum sbx_rollback rollback;
+    struct session_cell *cell; /* its place in the session's line, until it runs */
 };
+
+static void call_job_free(struct call_job *j)
+{
+    session_leave(j->cell);
+    sbx_cancel_free(j->call.cancel);
+    json_decref(j->id);
+    json_decref(j->args);
+    free(j);
+}
 
 static void forget_call(struct server *s, struct call *c)
 {
@@ -304,21 +371,30 @@ static void *run_call(void *p)
     struct sbx_result *res = NULL;
     struct sbx_error err = {0};
     json_t *req = request_for(j->args), *result;
+    int rc = -EINVAL;
 
     memset(&r, 0, sizeof(r));
     /* The tool's own limits, whatever the model asks. */
     if (req && json_request_from(req, NULL, &r, &err) == 0) {
         r.req.limits = s->o->limits;
         r.req.cancel = j->call.cancel;
-        if (sbx_request_check(&r.req, &err) == 0 &&
-            s->o->backend->run(s->o->backend->self, &r.req, &res, &err) == 0)
-            result = tool_result(res);
-        else
-            result = json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
-                               err.message, "isError", true);
+        rc = sbx_request_check(&r.req, &err);
+    }
+    if (rc == 0 && j->cell) {
+        rc = session_run(j->cell, &r.req, j->rollback, &res, &err);
+        j->cell = NULL; /* its place is given up */
+    } else if (rc == 0)
+        rc = s->o->backend->run(s->o->backend->self, &r.req, &res, &err);
+    if (rc == 0)
+        result = tool_result(res, j->session);
+    else if (err.code == SBX_ERR_SESSION_LOST) {
+        char text[512];
+        fmt(text, sizeof(text),
+            "session_lost: %s; the next run_python with this session_id starts a new session",
+            err.message);
+        result = tool_text(text, true);
     } else
-        result = json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
-                           err.message[0] ? err.message : "bad arguments", "isError", true);
+        result = tool_text(err.message[0] ? err.message : "bad arguments", true);
     char *text = message_text(response(j->id, result));
     if (req)
         json_request_free(&r);
@@ -334,18 +410,40 @@ static void *run_call(void *p)
     s->inflight--;
     pthread_cond_broadcast(&s->idle);
     pthread_mutex_unlock(&s->lock);
-    sbx_cancel_free(j->call.cancel);
-    json_decref(j->id);
-    json_decref(j->args);
-    free(j);
+    call_job_free(j);
     return NULL;
+}
+
+/* reset_session: at once, in the order calls came. */
+static void reset_session(struct server *s, json_t *id, json_t *args)
+{
+    struct sbx_error err = {0};
+    const char *name;
+    char text[512];
+
+    if (json_session_name(args, "session_id", &name, &err) < 0) {
+        reply_error(s, id, -32602, err.message);
+        return;
+    }
+    if (session_close(s->sessions, name, &err) < 0) {
+        reply(s, id, tool_text(err.message, true));
+        return;
+    }
+    fmt(text, sizeof(text),
+        "session %s closed: the next run_python with this session_id starts a new one", name);
+    reply(s, id, tool_text(text, false));
 }
 
 static void call_tool(struct server *s, json_t *id, json_t *params)
 {
     const char *name = json_string_value(json_object_get(params, "name"));
     json_t *args = json_object_get(params, "arguments");
+    struct sbx_error err = {0};
 
+    if (name && strcmp(name, "reset_session") == 0) {
+        reset_session(s, id, args);
+        return;
+    }
     if (!name || strcmp(name, "run_python") != 0) {
         reply_error(s, id, -32602, "unknown tool");
         return;
@@ -374,6 +472,12 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
                     "\"base64\"}");
         return;
     }
+    const char *session;
+    enum sbx_rollback rollback;
+    if (json_session_fields(args, "session_id", &session, &rollback, &err) < 0) {
+        reply_error(s, id, -32602, err.message);
+        return;
+    }
     struct call_job *j = calloc(1, sizeof(*j));
     if (!j || !(j->call.cancel = sbx_cancel_new())) {
         free(j);
@@ -384,6 +488,14 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
     j->id = json_incref(id);
     j->args = json_incref(args);
     j->call.id = j->id;
+    j->session = session;
+    j->rollback = rollback;
+    /* In the session's line now: its cells run in the order called. */
+    if (session && session_enter(s->sessions, session, &j->cell, &err) < 0) {
+        reply(s, id, tool_text(err.message, true));
+        call_job_free(j);
+        return;
+    }
     pthread_mutex_lock(&s->lock);
     j->call.next = s->calls;
     s->calls = &j->call;
@@ -395,10 +507,7 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
         s->inflight--;
         pthread_mutex_unlock(&s->lock);
         reply_error(s, id, -32603, "cannot start a thread");
-        sbx_cancel_free(j->call.cancel);
-        json_decref(j->id);
-        json_decref(j->args);
-        free(j);
+        call_job_free(j);
     }
 }
 
@@ -412,6 +521,7 @@ static void cancel_call(struct server *s, json_t *params)
             sbx_cancel_fire(c->cancel);
         }
     pthread_mutex_unlock(&s->lock);
+    session_table_wake(s->sessions);
 }
 
 static void initialize(struct server *s, json_t *id, json_t *params)
@@ -425,7 +535,8 @@ static void initialize(struct server *s, json_t *id, json_t *params)
           json_pack("{s:s, s:{s:{s:b}}, s:{s:s, s:s}, s:s}", "protocolVersion", version,
                     "capabilities", "tools", "listChanged", false, "serverInfo", "name", "pysbx",
                     "version", PYSBX_VERSION, "instructions",
-                    "run_python runs Python code in a fresh sandbox per call."));
+                    "run_python runs Python code in a fresh sandbox per call, or, given a "
+                    "session_id, as the next cell of that session; reset_session closes one."));
 }
 
 static void dispatch(struct server *s, json_t *msg)
@@ -451,7 +562,8 @@ static void dispatch(struct server *s, json_t *msg)
         reply(s, id, json_object());
     else if (strcmp(method, "tools/list") == 0)
         reply(s, id,
-              json_pack("{s:[o]}", "tools", tool_description(&s->o->limits, s->o->packages)));
+              json_pack("{s:[o, o]}", "tools", tool_description(&s->o->limits, s->o->packages),
+                        reset_description()));
     else if (strcmp(method, "tools/call") == 0)
         call_tool(s, id, params);
     else
@@ -461,11 +573,19 @@ static void dispatch(struct server *s, json_t *msg)
 int mcp_main(const struct mcp_opts *o)
 {
     struct server s = {.o = o};
+    struct sbx_session_limits sl;
     struct line_reader lr;
     const char *line;
     size_t len;
     enum line_result lres;
 
+    /* A session's processes get the tool's memory, as every call does. */
+    sbx_session_limits_init(&sl);
+    sl.memory_bytes = o->limits.memory_bytes;
+    if (!(s.sessions = session_table_new(o->backend, &sl))) {
+        fputs("pysbx mcp: out of memory\n", stderr);
+        return EXIT_FAILURE;
+    }
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.idle, NULL);
     line_reader_init(&lr, 0, o->max_line_bytes);
@@ -496,9 +616,14 @@ int mcp_main(const struct mcp_opts *o)
     if (stopper_signal())
         for (struct call *c = s.calls; c; c = c->next)
             sbx_cancel_fire(c->cancel);
+    pthread_mutex_unlock(&s.lock);
+    session_table_wake(s.sessions);
+    pthread_mutex_lock(&s.lock);
     while (s.inflight > 0)
         pthread_cond_wait(&s.idle, &s.lock);
     pthread_mutex_unlock(&s.lock);
+    /* No call holds a session now; all closed before the backend is. */
+    session_table_free(s.sessions);
     pthread_mutex_destroy(&s.lock);
     pthread_cond_destroy(&s.idle);
     return stopper_signal() ? 128 + stopper_signal() : 0;

@@ -82,6 +82,11 @@ static const char run_usage_tail[] =
     "                          for finding what code needs, never for production\n"
     "  -h, --help              this text\n";
 
+/* serve and mcp. */
+static const char sessions_help[] =
+    "  --max-sessions N        sessions open at once, in all (default 64, at most 4096);\n"
+    "                          one more is refused with sandbox_busy\n";
+
 static const char serve_usage[] =
     "usage: pysbx serve [--listen PATH | --http ADDR:PORT] [options]\n"
     "\n"
@@ -100,6 +105,12 @@ static const char serve_usage[] =
     "same stream whose id is written ID (each then answers status \"cancelled\");\n"
     "if there is none it is answered {\"id\": null, \"cancel\": ID, \"error\": ...}.\n"
     "At the end of input, finishes and answers what is in flight, and exits 0.\n"
+    "A request with \"session\": \"NAME\" runs as the next cell of that session of\n"
+    "the stream (made on first use): variables, imports and files carry over, and\n"
+    "\"rollback\" (\"on_error\", the default; \"on_stop\"; \"never\") says what a cell\n"
+    "that fails does to it; the answer adds \"session\": {\"name\", \"cell\",\n"
+    "\"rolled_back\"}. {\"id\": ..., \"session_close\": \"NAME\"} closes one; the end of\n"
+    "the stream closes them all. Not over --http.\n"
     "With --listen, runs until SIGINT or SIGTERM; a client that hangs up has its\n"
     "runs cancelled. On SIGINT or SIGTERM: reads no more, lets what is in flight\n"
     "finish for --grace seconds, cancels and answers the rest, removes the socket\n"
@@ -146,6 +157,9 @@ static const char mcp_usage[] =
     "bytes, as images); when a limit stops the code it is an error result that says\n"
     "sandbox_limit_exceeded and which limit. A call cancelled by the client is not\n"
     "answered. The limits below are the tool's: the model cannot raise them.\n"
+    "With session_id, run_python runs the code as the next cell of that session\n"
+    "(made on first use; variables, imports and files carry over; rollback:\n"
+    "on_error, the default, on_stop or never); reset_session closes one.\n"
     "\n"
     "options:\n";
 
@@ -209,12 +223,12 @@ static void print_usage(enum cmd c)
         printf("%s%s%s%s", run_usage_head, limits_help, sandbox_help, run_usage_tail);
         break;
     case CMD_SERVE:
-        printf("%s%s%s  -h, --help              this text\n%s", serve_usage, backend_help,
-               sandbox_help, serve_ceilings_help);
+        printf("%s%s%s%s  -h, --help              this text\n%s", serve_usage, sessions_help,
+               backend_help, sandbox_help, serve_ceilings_help);
         break;
     case CMD_MCP:
-        printf("%s%s%s%s  -h, --help              this text\n", mcp_usage, limits_help,
-               backend_help, sandbox_help);
+        printf("%s%s%s%s%s  -h, --help              this text\n", mcp_usage, limits_help,
+               sessions_help, backend_help, sandbox_help);
         break;
     case CMD_BATCH:
         printf("%s%s%s%s  -h, --help              this text\n", batch_usage, limits_help,
@@ -411,6 +425,7 @@ enum {
     O_HTTP,
     O_TOKEN,
     O_PACKAGES,
+    O_SESSIONS,
 };
 
 #define LIMITS  (CMD_RUN | CMD_MCP | CMD_BATCH)
@@ -448,6 +463,7 @@ static const struct {
     {{"socket-mode", required_argument, NULL, O_MODE}, CMD_SERVE},
     {{"jobs", required_argument, NULL, O_JOBS}, CMD_SERVE | CMD_BATCH},
     {{"max-line-bytes", required_argument, NULL, O_LINE}, FRONTS},
+    {{"max-sessions", required_argument, NULL, O_SESSIONS}, CMD_SERVE | CMD_MCP},
     {{"out", required_argument, NULL, O_OUTFILE}, CMD_BATCH},
     {{"help", no_argument, NULL, 'h'}, SANDBOX},
 };
@@ -605,6 +621,12 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         case O_OUTFILE:
             o->out = optarg;
             break;
+        case O_SESSIONS:
+            if (parse_u64(optarg, &n) < 0 || n < 1 || n > SBX_MAX_SESSIONS_LIMIT)
+                return usage_error(cmd, "--max-sessions wants a number from 1 to %u, not '%s'",
+                                   SBX_MAX_SESSIONS_LIMIT, optarg);
+            o->max_sessions = (unsigned)n;
+            break;
         case ':':
             return usage_error(cmd, "%s needs a value", argv[optind - 1]);
         default:
@@ -661,6 +683,7 @@ void opts_config(const struct opts *o, struct sbx_config *cfg, char *tmpl, size_
     cfg->required_layers = o->required;
     cfg->policy_debug = o->policy_debug;
     cfg->packages = (const char *const *)o->packages;
+    cfg->max_sessions = o->max_sessions;
     if (o->cmd == CMD_DOCTOR)
         cfg->pool_size = 1;
     /* One program: no warm modules to import, one worker, nothing kept. */

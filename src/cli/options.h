@@ -55,6 +55,7 @@ struct opts {
     const char *http;           /* serve: ADDR:PORT */
     const char *token_file;     /* serve --http: the bearer token */
     char **packages;            /* --packages, NULL-terminated, or NULL */
+    unsigned max_sessions;      /* serve, mcp: sessions open at once (0: the library's) */
 };
 
 /* "run", "serve", ... */

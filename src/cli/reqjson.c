@@ -29,7 +29,8 @@ static const struct limit_field {
 };
 
 /* What a request may hold, besides the limits' own keys. */
-static const char *const request_fields[] = {"id", "code", "files", "files_base64", "limits"};
+static const char *const request_fields[] = {"id",     "code",    "files",   "files_base64",
+                                             "limits", "session", "rollback"};
 
 static double *seconds_of(struct sbx_limits *l, const struct limit_field *f)
 {
@@ -234,7 +235,10 @@ int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_requ
     /* A misspelt field would otherwise be ignored, and the request run
      * without what its caller thinks it asked for. */
     if ((rc = unknown_field(o, request_fields, ARRAY_SIZE(request_fields),
-                            "a request has id, code, files, files_base64, limits", err)) < 0)
+                            "a request has id, code, files, files_base64, limits, session, "
+                            "rollback",
+                            err)) < 0 ||
+        (rc = json_session_fields(o, "session", &r->session, &r->rollback, err)) < 0)
         return rc;
     code = json_object_get(o, "code");
     if (!json_is_string(code))
@@ -388,10 +392,55 @@ static json_t *parse_object(const char *text, size_t len, struct sbx_error *err)
     return o;
 }
 
+int json_session_name(json_t *o, const char *field, const char **name, struct sbx_error *err)
+{
+    json_t *v = json_object_get(o, field);
+    size_t n = json_string_length(v);
+
+    /* No NUL: names are compared as C strings, and "a\u0000b" is not "a". */
+    if (!json_is_string(v) || n == 0 || n > SESSION_NAME_MAX || strlen(json_string_value(v)) != n)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "%s must be a session's name: a string of 1 to %d bytes, without NUL",
+                        field, SESSION_NAME_MAX);
+    *name = json_string_value(v);
+    return 0;
+}
+
+int json_session_fields(json_t *o, const char *field, const char **name,
+                        enum sbx_rollback *rollback, struct sbx_error *err)
+{
+    json_t *rb = json_object_get(o, "rollback");
+    const char *rbname = json_string_value(rb);
+    int rc;
+
+    *name = NULL;
+    *rollback = SBX_ROLLBACK_ON_ERROR;
+    if (!json_object_get(o, field))
+        return rb ? sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                             "rollback is for a cell of a session: it goes with %s", field)
+                  : 0;
+    if ((rc = json_session_name(o, field, name, err)) < 0)
+        return rc;
+    if (rb && (!rbname || strlen(rbname) != json_string_length(rb) ||
+               sbx_rollback_from_name(rbname, rollback) < 0))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "rollback is \"on_error\", \"on_stop\" or \"never\"");
+    return 0;
+}
+
+int json_request_no_session(const struct json_request *r, struct sbx_error *err)
+{
+    if (r->session || r->session_close)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "sessions are served over JSON lines and MCP");
+    return 0;
+}
+
 int json_request_parse(const char *text, size_t len, const struct sbx_limits *ceil,
                        struct json_request *r, struct sbx_error *err)
 {
     static const char *const cancel_fields[] = {"cancel"};
+    static const char *const close_fields[] = {"id", "session_close"};
     json_t *o = parse_object(text, len, err);
 
     memset(r, 0, sizeof(*r));
@@ -406,6 +455,11 @@ int json_request_parse(const char *text, size_t len, const struct sbx_limits *ce
             return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
         return unknown_field(o, cancel_fields, ARRAY_SIZE(cancel_fields),
                              "a cancel message has only \"cancel\"", err);
+    }
+    if (json_object_get(o, "session_close")) {
+        int rc = unknown_field(o, close_fields, ARRAY_SIZE(close_fields),
+                               "a session_close message has only id and session_close", err);
+        return rc < 0 ? rc : json_session_name(o, "session_close", &r->session_close, err);
     }
     return json_request_from(o, ceil, r, err);
 }
@@ -464,6 +518,35 @@ char *json_answer_result(const char *id_text, const struct sbx_result *res)
         return json_answer_error(id_text, &err);
     }
     return with_id(id_text, result);
+}
+
+char *json_answer_session(const char *id_text, const struct sbx_result *res, const char *name)
+{
+    char *result = sbx_result_to_json(res), *head = NULL, *out;
+    json_t *session = json_pack("{s:s, s:I, s:b}", "name", name, "cell", (json_int_t)res->cell,
+                                "rolled_back", res->rolled_back);
+    char *stext = session ? json_dumps(session, JSON_COMPACT) : NULL;
+
+    json_decref(session);
+    if (!result || !stext ||
+        asprintf(&head, "\"id\":%s,\"session\":%s", id_text ? id_text : "null", stext) < 0) {
+        free(result);
+        free(stext);
+        return json_answer_result(id_text, res); /* its own fallback, or NULL */
+    }
+    out = splice(head, result);
+    free(head);
+    free(stext);
+    return out;
+}
+
+char *json_answer_session_closed(const char *id_text, const char *name)
+{
+    json_t *o = json_pack("{s:s}", "session_closed", name);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+    json_decref(o);
+    return with_id(id_text, text);
 }
 
 /* {"error":{"code":...,"message":...}}. A message is cut to 255 bytes,

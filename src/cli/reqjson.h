@@ -3,10 +3,13 @@
  * one JSON object per line.
  *
  *   {"id": any, "code": "...", "files": {"name": "text"},
- *    "files_base64": {"name": "b64"}, "limits": {"wall_seconds": 2, ...}}
+ *    "files_base64": {"name": "b64"}, "limits": {"wall_seconds": 2, ...},
+ *    "session": "NAME", "rollback": "on_error"}       (a session: serve only)
  *   {"cancel": <the id of a request in flight>}          (serve only)
+ *   {"id": any, "session_close": "NAME"}                 (serve only)
  *
- * An answer is the result object with the request's id, or
+ * An answer is the result object with the request's id (and, for a cell of
+ * a session, "session": {"name", "cell", "rolled_back"}), or
  *   {"id": <id or null>, "error": {"code": "...", "message": "..."}}.
  * The id is echoed as the request wrote it, byte for byte: a JSON parser
  * would turn 1.00000000001 or 2^64 into a different number.
@@ -18,6 +21,10 @@
 
 #include <jansson.h>
 
+/* A session's name, as a request ("session") or the MCP tool ("session_id")
+ * gives it: a non-empty string of at most this many bytes, without NUL. */
+#define SESSION_NAME_MAX 128
+
 struct json_request {
     char *id_text;     /* the id's JSON text as written; "null" when none */
     char *cancel_text; /* a cancel message: the id it names, as written */
@@ -25,19 +32,36 @@ struct json_request {
     struct sbx_request req;
     struct sbx_file *files;
     size_t n_files;
+    /* In |doc|: the session the request is a cell of (NULL: none), and
+     * what a cell that fails does to it. */
+    const char *session;
+    enum sbx_rollback rollback;
+    /* In |doc|: a session_close message's name (r->req unfilled). */
+    const char *session_close;
 };
 
-/* Parses one line: a request, or (r->cancel_text set, r->req unfilled) a
- * cancel message. A limit above |ceil| (may be NULL) is refused, and a
- * default above it lowered to it. Returns 0, or -EINVAL with |err| set
- * (r->id_text holds the id whenever the line was a JSON object with one).
- * Free with json_request_free either way. */
+/* Parses one line: a request, or (r->cancel_text or r->session_close set,
+ * r->req unfilled) a cancel or session_close message. A limit above |ceil| (may be NULL) is
+ * refused, and a default above it lowered to it. Returns 0, or -EINVAL with |err| set (r->id_text
+ * holds the id whenever the line was a JSON object with one). Free with json_request_free either
+ * way. */
 int json_request_parse(const char *text, size_t len, const struct sbx_limits *ceil,
                        struct json_request *r, struct sbx_error *err);
 /* Fills an already parsed object (for callers that hold one; no id). */
 int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_request *r,
                       struct sbx_error *err);
 void json_request_free(struct json_request *r);
+/* Refuses (-EINVAL, invalid_request) a request or message that names a
+ * session, for the front ends that serve none (HTTP, batch). */
+int json_request_no_session(const struct json_request *r, struct sbx_error *err);
+
+/* Member |field| of |o|, a session's name: 0 with *name pointing into |o|,
+ * or -EINVAL (invalid_request) saying what a name is. */
+int json_session_name(json_t *o, const char *field, const char **name, struct sbx_error *err);
+/* The session of a request or tool call: its name in |field| (none: *name
+ * NULL) and "rollback" ("on_error" when not given; given alone, refused). */
+int json_session_fields(json_t *o, const char *field, const char **name,
+                        enum sbx_rollback *rollback, struct sbx_error *err);
 
 /* The library's ranges: a ceiling that adds nothing. */
 void json_ceilings_init(struct sbx_limits *ceil);
@@ -52,6 +76,11 @@ int json_raw_member(const char *text, size_t len, const char *key, const char **
  * JSON text spliced in as it is (NULL: null). NULL only when out of memory. */
 char *json_answer_result(const char *id_text, const struct sbx_result *res);
 char *json_answer_error(const char *id_text, const struct sbx_error *err);
+/* A session cell's result: the result object with the id, then
+ * "session": {"name": |name|, "cell": N, "rolled_back": bool}. */
+char *json_answer_session(const char *id_text, const struct sbx_result *res, const char *name);
+/* {"id": ..., "session_closed": |name|}. */
+char *json_answer_session_closed(const char *id_text, const char *name);
 /* The refusal of a cancel message: {"id":null,"cancel":<its id>,"error":...}. */
 char *json_answer_cancel_error(const char *cancel_text, const struct sbx_error *err);
 

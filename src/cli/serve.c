@@ -13,6 +13,11 @@
  * a cancel message, a client hanging up and shutdown fire. Answers go
  * through the writer so that a client that does not read holds up nobody
  * but itself.
+ *
+ * Sessions: each stream has its own table of them (sessions.h), by the
+ * names its requests give; a request for a session enters its line as it
+ * is read, so that its cells run in the order they were sent, whichever
+ * run threads take them. When the stream ends, its sessions are closed.
  */
 #define _GNU_SOURCE
 #include "commands.h"
@@ -21,6 +26,7 @@
 #include "lines.h"
 #include "reqjson.h"
 #include "sbxerr.h"
+#include "sessions.h"
 #include "sysutil.h"
 #include "util.h"
 
@@ -66,6 +72,7 @@ struct job {
     size_t bytes; /* of its line */
     struct conn *c;
     struct sbx_cancel *cancel;
+    struct session_cell *cell; /* its place in its session's line, until it runs */
     struct json_request r;
 };
 
@@ -90,6 +97,8 @@ struct conn {
     size_t pending; /* bytes of answers queued or being written */
     bool done;      /* no more answers will be queued */
     bool dropped;   /* the client is gone or cut off: its answers go nowhere */
+    /* The stream's sessions, by the names it gave them. */
+    struct session_table *sessions;
 };
 
 static void free_answers(struct conn *c)
@@ -115,6 +124,7 @@ static void drop_locked(struct conn *c, const char *why)
     c->dropped = true;
     for (struct job *j = c->jobs; j; j = j->next, runs++)
         sbx_cancel_fire(j->cancel);
+    session_table_wake(c->sessions);
     free_answers(c);
     /* Ends the reader's read() and the writer's write() on the socket. */
     if (c->socket)
@@ -216,6 +226,7 @@ static void answer_error(struct conn *c, const char *id_text, const struct sbx_e
 
 static void job_free(struct job *j)
 {
+    session_leave(j->cell);
     json_request_free(&j->r);
     sbx_cancel_free(j->cancel);
     free(j);
@@ -232,15 +243,20 @@ static struct job *run_one(struct job *j, bool slot)
     char *line;
 
     j->r.req.cancel = j->cancel;
-    int rc = s->o->backend->run(s->o->backend->self, &j->r.req, &res, &err);
+    struct session_cell *cell = j->cell;
+    j->cell = NULL; /* session_run gives its place up */
+    int rc = cell ? session_run(cell, &j->r.req, j->r.rollback, &res, &err)
+                  : s->o->backend->run(s->o->backend->self, &j->r.req, &res, &err);
     pthread_mutex_lock(&c->lock);
     c->running--;
     pthread_mutex_unlock(&c->lock);
     efd_notify(s->wake_fd);
-    if (rc == 0)
-        line = json_answer_result(j->r.id_text, res);
-    else
+    if (rc < 0)
         line = json_answer_error(j->r.id_text, &err);
+    else if (cell)
+        line = json_answer_session(j->r.id_text, res, j->r.session);
+    else
+        line = json_answer_result(j->r.id_text, res);
     sbx_result_free(res);
     next = finish(c, j, or_fallback(line, j->r.id_text), slot);
     job_free(j);
@@ -335,7 +351,7 @@ static void cancel_requests(struct conn *c, const char *id_text)
         sbx_cancel_fire(j->cancel);
         n++;
         if (!j->waiting)
-            continue;
+            continue; /* running, or waiting for its session's turn (woken below) */
         /* Out of the queue, so that it is answered now rather than once a
          * place frees. */
         unqueue(c, j);
@@ -343,6 +359,8 @@ static void cancel_requests(struct conn *c, const char *id_text)
         now = j;
     }
     pthread_mutex_unlock(&c->lock);
+    if (n)
+        session_table_wake(c->sessions);
     while (now) {
         struct job *j = now;
         now = j->wnext;
@@ -356,6 +374,19 @@ static void cancel_requests(struct conn *c, const char *id_text)
     finish(c, NULL, json_answer_cancel_error(id_text, &err), false);
 }
 
+/* {"id": ..., "session_close": NAME}: answered at once. */
+static void close_session(struct conn *c, const struct json_request *r)
+{
+    struct sbx_error err = {0};
+
+    if (session_close(c->sessions, r->session_close, &err) < 0)
+        answer_error(c, r->id_text, &err);
+    else
+        finish(c, NULL,
+               or_fallback(json_answer_session_closed(r->id_text, r->session_close), r->id_text),
+               false);
+}
+
 static void start_job(struct conn *c, struct job *j)
 {
     struct server *s = c->s;
@@ -363,8 +394,11 @@ static void start_job(struct conn *c, struct job *j)
     bool now;
 
     j->c = c;
-    if (!(j->cancel = sbx_cancel_new())) {
+    if (!(j->cancel = sbx_cancel_new()))
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    /* In its session's line now, in the order requests are read. */
+    if (!j->cancel ||
+        (j->r.session && session_enter(c->sessions, j->r.session, &j->cell, &err) < 0)) {
         answer_error(c, j->r.id_text, &err);
         job_free(j);
         return;
@@ -444,6 +478,8 @@ static void read_requests(struct conn *c)
             answer_error(c, j->r.id_text, &err);
         else if (j->r.cancel_text)
             cancel_requests(c, j->r.cancel_text);
+        else if (j->r.session_close)
+            close_session(c, &j->r);
         else {
             j->bytes = len;
             start_job(c, j);
@@ -463,6 +499,7 @@ static void conn_free(struct conn *c)
 {
     if (c->socket)
         close(c->in_fd);
+    session_table_free(c->sessions);
     close_fd(&c->wake_fd);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->changed);
@@ -489,6 +526,14 @@ static void *conn_main(void *p)
 
     read_requests(c);
     wait_stream(c, true);
+    /* Every request is answered: no cell holds a session. Closed before
+     * the stream leaves, so that at shutdown they all are before the
+     * backend closes. */
+    pthread_mutex_lock(&c->lock);
+    struct session_table *sessions = c->sessions;
+    c->sessions = NULL; /* under the lock: a shutdown's cancel_all wakes it */
+    pthread_mutex_unlock(&c->lock);
+    session_table_free(sessions);
     pthread_mutex_lock(&c->lock);
     c->done = true;
     pthread_cond_broadcast(&c->changed);
@@ -512,9 +557,10 @@ static int add_conn(struct server *s, int in_fd, int out_fd, bool socket)
     c->tail = &c->head;
     c->wait_tail = &c->wait_head;
     c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    c->sessions = session_table_new(s->o->backend, NULL);
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
-    if (c->wake_fd < 0 || pthread_create(&c->writer, NULL, writer_main, c) != 0) {
+    if (c->wake_fd < 0 || !c->sessions || pthread_create(&c->writer, NULL, writer_main, c) != 0) {
         c->socket = false; /* the caller still owns the descriptor */
         conn_free(c);
         return -EAGAIN;
@@ -565,6 +611,7 @@ static void cancel_all(void *p)
         pthread_mutex_lock(&c->lock);
         for (struct job *j = c->jobs; j; j = j->next)
             sbx_cancel_fire(j->cancel);
+        session_table_wake(c->sessions);
         pthread_mutex_unlock(&c->lock);
     }
     pthread_mutex_unlock(&s->lock);

@@ -1,0 +1,234 @@
+#define _GNU_SOURCE
+#include "sessions.h"
+
+#include "sbxerr.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A session and the cells entered for it. */
+struct entry {
+    struct entry *next; /* in t->named, while it has its name */
+    struct session_table *t;
+    char *name;
+    bool named;
+    /* Opened when its first cell runs; NULL before that, or while an open
+     * failed (the next cell tries again). */
+    struct sbx_session *s;
+    /* Cells entered and not yet done, in order: it is the first one's
+     * turn. The entry lives while it has cells, or a name and a session. */
+    struct session_cell *line, **line_tail;
+};
+
+struct session_cell {
+    struct session_cell *next;
+    struct entry *e;
+};
+
+struct session_table {
+    const struct sbx_backend *b;
+    struct sbx_session_limits limits;
+    pthread_mutex_t lock;
+    pthread_cond_t changed; /* a turn passed, a session opened, a token fired */
+    struct entry *named;
+};
+
+struct session_table *session_table_new(const struct sbx_backend *b,
+                                        const struct sbx_session_limits *limits)
+{
+    struct session_table *t = calloc(1, sizeof(*t));
+
+    if (!t)
+        return NULL;
+    t->b = b;
+    if (limits)
+        t->limits = *limits;
+    else
+        sbx_session_limits_init(&t->limits);
+    pthread_mutex_init(&t->lock, NULL);
+    pthread_cond_init(&t->changed, NULL);
+    return t;
+}
+
+static void entry_free(struct entry *e, const struct sbx_backend *b)
+{
+    if (e->s)
+        b->session_close(e->s);
+    free(e->name);
+    free(e);
+}
+
+/* The name is free for a new session. Under t->lock. */
+static void unname(struct session_table *t, struct entry *e)
+{
+    for (struct entry **pp = &t->named; *pp; pp = &(*pp)->next)
+        if (*pp == e) {
+            *pp = e->next;
+            break;
+        }
+    e->named = false;
+}
+
+void session_table_free(struct session_table *t)
+{
+    if (!t)
+        return;
+    while (t->named) {
+        struct entry *e = t->named;
+        t->named = e->next;
+        entry_free(e, t->b);
+    }
+    pthread_mutex_destroy(&t->lock);
+    pthread_cond_destroy(&t->changed);
+    free(t);
+}
+
+int session_enter(struct session_table *t, const char *name, struct session_cell **out,
+                  struct sbx_error *err)
+{
+    struct session_cell *c = NULL;
+    struct entry *e;
+
+    *out = NULL;
+    if (!t->b->session_open)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EOPNOTSUPP, "the %s backend has no sessions",
+                        t->b->name);
+    if (!(c = calloc(1, sizeof(*c))))
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    pthread_mutex_lock(&t->lock);
+    for (e = t->named; e && strcmp(e->name, name) != 0; e = e->next)
+        ;
+    if (!e && (e = calloc(1, sizeof(*e))) && !(e->name = strdup(name))) {
+        free(e);
+        e = NULL;
+    }
+    if (!e) {
+        pthread_mutex_unlock(&t->lock);
+        free(c);
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    }
+    if (!e->named) {
+        e->t = t;
+        e->named = true;
+        e->line_tail = &e->line;
+        e->next = t->named;
+        t->named = e;
+    }
+    c->e = e;
+    *e->line_tail = c;
+    e->line_tail = &c->next;
+    pthread_mutex_unlock(&t->lock);
+    *out = c;
+    return 0;
+}
+
+/* Takes |c| out of its line and frees it. Under t->lock; returns its entry
+ * when that is now to be freed (after the unlock), else NULL. */
+static struct entry *take_out(struct session_cell *c)
+{
+    struct entry *e = c->e;
+
+    for (struct session_cell **pp = &e->line; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            if (e->line_tail == &c->next)
+                e->line_tail = pp;
+            break;
+        }
+    free(c);
+    pthread_cond_broadcast(&e->t->changed);
+    if (e->line || (e->named && e->s))
+        return NULL;
+    if (e->named)
+        unname(e->t, e); /* an open that failed: nothing to keep */
+    return e;
+}
+
+void session_leave(struct session_cell *c)
+{
+    if (!c)
+        return;
+    struct session_table *t = c->e->t;
+    pthread_mutex_lock(&t->lock);
+    struct entry *dead = take_out(c);
+    pthread_mutex_unlock(&t->lock);
+    if (dead)
+        entry_free(dead, t->b);
+}
+
+int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_rollback rollback,
+                struct sbx_result **out, struct sbx_error *err)
+{
+    struct entry *e = c->e;
+    struct session_table *t = e->t;
+    const struct sbx_backend *b = t->b;
+    struct sbx_session *s = NULL;
+    int rc = 0;
+
+    *out = NULL;
+    pthread_mutex_lock(&t->lock);
+    /* Its turn; or, once cancelled, as soon as there is a session to hand
+     * it to (the library ends a cancelled cell without running it). */
+    while (e->line != c && !(e->s && req->cancel && sbx_cancel_fired(req->cancel)))
+        pthread_cond_wait(&t->changed, &t->lock);
+    if (!e->s) {
+        /* Only the first in line gets here: the others wait for the
+         * session while it opens, outside the lock. */
+        pthread_mutex_unlock(&t->lock);
+        rc = b->session_open(b->self, &t->limits, &s, err);
+        pthread_mutex_lock(&t->lock);
+        if (rc == 0) {
+            e->s = s;
+            pthread_cond_broadcast(&t->changed);
+        }
+    }
+    s = e->s;
+    pthread_mutex_unlock(&t->lock);
+    if (rc == 0) {
+        rc = b->session_run(s, req, rollback, out, err);
+        if (rc < 0 && err && err->code == SBX_ERR_SESSION_LOST) {
+            pthread_mutex_lock(&t->lock);
+            if (e->named)
+                unname(t, e); /* the cells already in line learn it too */
+            pthread_mutex_unlock(&t->lock);
+        }
+    }
+    pthread_mutex_lock(&t->lock);
+    struct entry *dead = take_out(c);
+    pthread_mutex_unlock(&t->lock);
+    if (dead)
+        entry_free(dead, b);
+    return rc;
+}
+
+int session_close(struct session_table *t, const char *name, struct sbx_error *err)
+{
+    struct entry *e, *dead = NULL;
+
+    pthread_mutex_lock(&t->lock);
+    for (e = t->named; e && strcmp(e->name, name) != 0; e = e->next)
+        ;
+    if (e) {
+        unname(t, e);
+        if (!e->line)
+            dead = e; /* else its last cell frees it */
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (!e)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -ENOENT, "no open session is called \"%s\"",
+                        name);
+    if (dead)
+        entry_free(dead, t->b);
+    return 0;
+}
+
+void session_table_wake(struct session_table *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->lock);
+    pthread_cond_broadcast(&t->changed);
+    pthread_mutex_unlock(&t->lock);
+}

@@ -1,0 +1,60 @@
+/*
+ * The sessions of one client, by the names the client gives them: a
+ * connection of `pysbx serve --listen`, its standard input stream, or the
+ * `pysbx mcp` process. Two clients using the same name have two sessions.
+ *
+ * A session is opened on its first cell (through the backend's
+ * session_open) and kept until it is closed by name, is lost, or the table
+ * is freed. Cells of one session run one at a time in the order they were
+ * entered (session_enter, called as requests are read), whichever thread
+ * runs them: a client that sends `x = 1` and then `print(x)` without
+ * waiting gets them run in that order. A cell whose cancel token fires
+ * while it waits for its turn goes to the library at once (which ends it as
+ * cancelled) rather than waiting for the cells before it.
+ */
+#ifndef PYSBX_SESSIONS_H
+#define PYSBX_SESSIONS_H
+
+#include "pysbx.h"
+
+struct session_table;
+struct session_cell;
+
+/* A table over |b| (kept, not copied), whose sessions are opened with
+ * |limits| (NULL: the defaults). NULL when out of memory. */
+struct session_table *session_table_new(const struct sbx_backend *b,
+                                        const struct sbx_session_limits *limits);
+
+/* Closes every session of |t| and frees it; no cell may be entered. NULL is
+ * accepted. */
+void session_table_free(struct session_table *t);
+
+/* Takes the next place in the line of the session called |name| (made if
+ * there is none; opened when its first cell runs). Returns 0 with *out, to
+ * be given to session_run or session_leave, or a negative errno with |err|
+ * (invalid_request: the backend has no sessions). */
+int session_enter(struct session_table *t, const char *name, struct session_cell **out,
+                  struct sbx_error *err);
+
+/* Runs |req| as the cell |c| once its turn comes (a fired req->cancel
+ * skips the wait), then gives up the place and frees |c|. Returns as the
+ * backend's session_run (or its session_open, for the first cell); when the
+ * session is lost (session_lost), its name is forgotten: the next cell
+ * entered with it starts a new session. */
+int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_rollback rollback,
+                struct sbx_result **out, struct sbx_error *err);
+
+/* Gives up the place of a cell that will not be run; frees it. NULL is
+ * accepted. */
+void session_leave(struct session_cell *c);
+
+/* Closes the session called |name|: its name is free at once; the session
+ * itself ends once the cells entered before this have run. Returns 0, or
+ * -ENOENT with |err| (invalid_request) when there is no such session. */
+int session_close(struct session_table *t, const char *name, struct sbx_error *err);
+
+/* To be called after firing the cancel token of a cell that may be waiting
+ * for its turn: the wait looks again. NULL is accepted. */
+void session_table_wake(struct session_table *t);
+
+#endif
