@@ -1,6 +1,6 @@
 """pysbx mcp spoken to line by line, for what an SDK client hides: the bytes
-of images and of output, binary input files, and cancellation (a cancelled
-request gets no answer). Run by test_mcp.sh with Debian's python3.
+of images and of output, binary input files, cancellation (a cancelled
+request gets no answer), and the cells of a session sent without waiting. Run by test_mcp.sh with Debian's python3.
 usage: mcp_raw.py PATH/TO/pysbx"""
 import base64, hashlib, json, subprocess, sys
 
@@ -33,12 +33,17 @@ def session(messages):
     return answers, seen_twice
 
 
-def call(id, code, files=None):
-    args = {"code": code}
+def call(id, code, files=None, **more):
+    args = {"code": code, **more}
     if files is not None:
         args["files"] = files
     return {"jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": "run_python", "arguments": args}}
+
+
+def tool(id, name, args):
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": args}}
 
 
 def texts(answer):
@@ -68,6 +73,14 @@ answers, twice = session([
     call(7, "import time\nprint('up', flush=True)\ntime.sleep(15)"),
     {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}},
     {"jsonrpc": "2.0", "id": 8, "method": "ping"},
+    # Cells of one session sent at once run in the order they were called.
+    call(10, "n = 1", session_id="o"),
+    call(11, "import time\ntime.sleep(0.3)\nn += 1", session_id="o"),
+    call(12, "n *= 10\nprint(n)", session_id="o"),
+    call(13, "pass", session_id="x" * 129),
+    call(14, "pass", rollback="never"),
+    tool(15, "reset_session", {}),
+    tool(16, "reset_session", {"session_id": "o"}),
 ])
 check("every request answered once", not twice, twice)
 
@@ -105,6 +118,17 @@ check("bad base64 is an error result", r6.get("isError") is True and "base64" in
       answers[6])
 check("a cancelled call gets no answer", 7 not in answers, answers.get(7))
 check("the server goes on after a cancel", answers.get(8, {}).get("result") == {}, answers.get(8))
+check("cells of a session sent at once run in order",
+      "stdout:\n20\n" in texts(answers[12]) and "session: o, cell 3, kept" in texts(answers[12]),
+      answers.get(12))
+check("a session_id over 128 bytes is invalid params",
+      answers.get(13, {}).get("error", {}).get("code") == -32602, answers.get(13))
+check("rollback without session_id is invalid params",
+      answers.get(14, {}).get("error", {}).get("code") == -32602, answers.get(14))
+check("reset_session without session_id is invalid params",
+      answers.get(15, {}).get("error", {}).get("code") == -32602, answers.get(15))
+check("reset_session finds a session whose cells were just called",
+      answers.get(16, {}).get("result", {}).get("isError") is False, answers.get(16))
 
 print(f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

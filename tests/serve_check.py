@@ -519,6 +519,211 @@ def a_second_signal():
     c_sock.close()
 
 
+# --- sessions -------------------------------------------------------------------
+
+
+def cell_of(a):
+    """(cell, rolled_back) of a session answer, or the answer itself when it is not one."""
+    s = a.get("session") if isinstance(a, dict) else None
+    return (s["cell"], s["rolled_back"]) if isinstance(s, dict) else a
+
+
+def sessions_on_standard_input():
+    """Cells sent one after another without waiting run in that order, with
+    state kept; a failing cell is rolled back, unless on_stop; a closed name
+    starts afresh; the refusals are invalid_request."""
+    lines = [
+        {"id": "c1", "session": "s", "code": "x = 1\nopen('f.txt', 'w').write('one')"},
+        {"id": "c2", "session": "s", "code": "x += 1; print(x)"},
+        {"id": "c3", "session": "s",
+         "code": "x = 100\nopen('f.txt', 'w').write('changed')\nraise ValueError('no')"},
+        {"id": "c4", "session": "s", "code": "print(x, open('f.txt').read())"},
+        {"id": "c5", "session": "s", "rollback": "on_stop", "code": "x = 7\nraise KeyError('k')"},
+        {"id": "c6", "session": "s", "code": "print(x)", "rollback": "never"},
+        {"id": "other", "session": "t", "code": "print('x' in globals())"},
+        {"id": "close", "session_close": "s"},
+        {"id": "fresh", "session": "s", "code": "print(x)"},
+        {"id": "unknown", "session_close": "never-opened"},
+        {"id": "badrb", "session": "s", "rollback": "sometimes", "code": "pass"},
+        {"id": "rbalone", "rollback": "never", "code": "pass"},
+        {"id": "empty", "session": "", "code": "pass"},
+        {"id": "long", "session": "n" * 129, "code": "pass"},
+        {"id": "notstr", "session": 5, "code": "pass"},
+        {"id": "close2", "session_close": "t", "code": "pass"},
+        {"id": "plain", "code": "print('x' in globals())"},
+    ]
+    rc, answers = serve([json.dumps(l) for l in lines], "--jobs", "4")
+    by = {}
+    for a in answers:
+        by.setdefault(a.get("id"), []).append(a)
+    check("sessions: every line answered exactly once",
+          sorted(by) == sorted(l["id"] for l in lines) and all(len(v) == 1 for v in by.values()),
+          answers)
+    by = {k: v[0] for k, v in by.items()}
+    get = lambda k: by.get(k, {})
+    check("a session answer is the result with session: {name, cell, rolled_back}",
+          get("c1").get("status") == "completed"
+          and get("c1").get("session") == {"name": "s", "cell": 1, "rolled_back": False},
+          get("c1"))
+    check("state is kept across cells: x += 1 prints 2, cell 2",
+          get("c2").get("stdout") == "2\n" and cell_of(get("c2")) == (2, False), get("c2"))
+    check("an exception rolls the cell back (on_error)",
+          get("c3").get("exit_code") == 1 and "ValueError: no" in get("c3").get("stderr", "")
+          and cell_of(get("c3")) == (3, True), get("c3"))
+    check("after the rollback, variables and files are as before the cell",
+          get("c4").get("stdout") == "2 one\n" and cell_of(get("c4"))[1] is False, get("c4"))
+    check("rollback on_stop: an exception keeps what ran before it",
+          get("c5").get("exit_code") == 1 and cell_of(get("c5"))[1] is False
+          and get("c6").get("stdout") == "7\n", (get("c5"), get("c6")))
+    check("another name is another session",
+          get("other").get("stdout") == "False\n" and cell_of(get("other")) == (1, False),
+          get("other"))
+    check("session_close is answered session_closed",
+          get("close") == {"id": "close", "session_closed": "s"}, get("close"))
+    check("after session_close the name starts a fresh session (NameError, cell 1)",
+          get("fresh").get("exit_code") == 1 and "NameError" in get("fresh").get("stderr", "")
+          and cell_of(get("fresh")) == (1, True), get("fresh"))
+    err = lambda k: get(k).get("error", {})
+    check("closing an unknown session: invalid_request naming it",
+          err("unknown").get("code") == "invalid_request"
+          and "never-opened" in err("unknown").get("message", ""), get("unknown"))
+    check("a bad rollback value: invalid_request",
+          err("badrb").get("code") == "invalid_request"
+          and "on_error" in err("badrb").get("message", ""), get("badrb"))
+    check("rollback without a session: invalid_request",
+          err("rbalone").get("code") == "invalid_request", get("rbalone"))
+    check("a session name must be a string of 1 to 128 bytes",
+          all(err(k).get("code") == "invalid_request" for k in ("empty", "long", "notstr")),
+          [get(k) for k in ("empty", "long", "notstr")])
+    check("a session_close message has only id and session_close",
+          err("close2").get("code") == "invalid_request"
+          and "'code'" in err("close2").get("message", ""), get("close2"))
+    check("a request without a session is a fresh run, no session in the answer",
+          get("plain").get("stdout") == "False\n" and "session" not in get("plain"), get("plain"))
+    check("serve exits 0 with sessions open at the end of input", rc == 0, rc)
+
+
+def sessions_are_the_connections():
+    """Two connections using the same name have two sessions; a connection
+    that ends takes its sessions with it."""
+    srv, path, log = listening("--max-sessions", "2")
+    a_sock, a_in = connect(path)
+    b_sock, b_in = connect(path)
+    send(a_sock, {"id": 1, "session": "a", "code": "who = 'A'"})
+    send(b_sock, {"id": 1, "session": "a", "code": "who = 'B'"})
+    ra, rb = json.loads(a_in.next()), json.loads(b_in.next())
+    check("the same name on two connections: each its cell 1",
+          cell_of(ra) == (1, False) and cell_of(rb) == (1, False), (ra, rb))
+    send(a_sock, {"id": 2, "session": "a", "code": "print(who)"})
+    send(b_sock, {"id": 2, "session": "a", "code": "print(who)"})
+    ra, rb = json.loads(a_in.next()), json.loads(b_in.next())
+    check("... and its own state", ra.get("stdout") == "A\n" and rb.get("stdout") == "B\n"
+          and cell_of(ra) == (2, False), (ra, rb))
+    # --max-sessions 2: both are open; a third is refused with sandbox_busy.
+    send(a_sock, {"id": 3, "session": "c", "code": "pass"})
+    r = json.loads(a_in.next())
+    check("past --max-sessions: sandbox_busy", r.get("error", {}).get("code") == "sandbox_busy", r)
+    send(a_sock, {"id": 4, "session_close": "a"})
+    r = json.loads(a_in.next())
+    check("session_close on a socket", r == {"id": 4, "session_closed": "a"}, r)
+    send(a_sock, {"id": 5, "session": "c", "code": "print('c')"})
+    r = json.loads(a_in.next())
+    check("a closed session frees its place", r.get("stdout") == "c\n"
+          and cell_of(r) == (1, False), r)
+    send(b_sock, {"id": 3, "session": "a", "code": "print(who)"})
+    r = json.loads(b_in.next())
+    check("closing it on one connection leaves the other's", r.get("stdout") == "B\n", r)
+    # The end of a connection closes its sessions: their places are free.
+    a_sock.close()
+    b_sock.close()
+    c_sock, c_in = connect(path)
+    got = []
+    for name in ["p", "q"]:
+        # The server sees the hang-ups in its own time: busy until then.
+        for i in range(300):
+            send(c_sock, {"id": i, "session": name, "code": "print('ok')"})
+            r = json.loads(c_in.next())
+            if r.get("error", {}).get("code") != "sandbox_busy":
+                break
+            time.sleep(0.1)
+        got.append(r)
+    check("a connection that ends closes its sessions (two new ones open under --max-sessions 2)",
+          all(r.get("stdout") == "ok\n" for r in got), got)
+    c_sock.close()
+    srv.send_signal(signal.SIGTERM)
+    check("sessions: SIGTERM exits 0", srv.wait(timeout=60) == 0)
+
+
+def session_lost_and_cancelled():
+    """A cell of a session cancels as a run does; a session whose template
+    is killed is lost (session_lost), and its name then starts afresh."""
+    srv = start("--grace", "60", stdin=subprocess.PIPE)
+    out = Lines(srv.stdout.fileno())
+    send(srv.stdin, {"id": "v", "session": "s", "code": "v = 5"})
+    a = json.loads(out.next())
+    check("a first cell", cell_of(a) == (1, False), a)
+    send(srv.stdin, {"id": "slow", "session": "s", "code": SLEEP, "limits": LONG},
+         {"id": "queued", "session": "s", "code": "print('queued ran')"}, MARKER)
+    marked(out)
+    send(srv.stdin, {"cancel": "queued"})
+    a = json.loads(out.next())
+    check("a cell waiting for its turn is cancelled at once",
+          a.get("id") == "queued" and a.get("status") == "cancelled" and "session" in a, a)
+    send(srv.stdin, {"cancel": "slow"})
+    a = json.loads(out.next())
+    check("a running cell is cancelled and rolled back",
+          a.get("id") == "slow" and a.get("status") == "cancelled"
+          and cell_of(a)[1] is True, a)
+    send(srv.stdin, {"id": "after", "session": "s", "code": "print(v)"})
+    a = json.loads(out.next())
+    check("the session goes on after a cancelled cell", a.get("stdout") == "5\n", a)
+    tmpl = [p for p in children(srv.pid) if comm(p).startswith("pysbx-templ")]
+    check("the template is the server's child", len(tmpl) == 1, tmpl)
+    if tmpl:
+        os.kill(tmpl[0], signal.SIGKILL)
+    send(srv.stdin, {"id": "lost", "session": "s", "code": "print(v)"})
+    a = json.loads(out.next())
+    check("the template killed: the session answers session_lost",
+          a.get("error", {}).get("code") == "session_lost", a)
+    send(srv.stdin, {"id": "new", "session": "s", "code": "print('v' in globals())"})
+    a = json.loads(out.next(timeout=120))
+    check("then the name starts a new session", a.get("stdout") == "False\n"
+          and cell_of(a) == (1, False), a)
+    srv.stdin.close()
+    check("sessions on stdin: exit 0", srv.wait(timeout=60) == 0)
+
+
+def sessions_need_a_backend_that_has_them():
+    rc, answers = serve([json.dumps({"id": 1, "session": "s", "code": "print(1)"}),
+                         json.dumps({"id": 2, "code": "print(2)"})], "--backend", "python3")
+    by = {a.get("id"): a for a in answers}
+    e = by.get(1, {}).get("error", {})
+    check("--backend python3: a session is invalid_request, saying it has none",
+          e.get("code") == "invalid_request" and "no sessions" in e.get("message", ""), answers)
+    check("--backend python3: a plain request still runs", by.get(2, {}).get("stdout") == "2\n",
+          answers)
+
+
+def children(pid):
+    out = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+section(sessions_on_standard_input)
+section(sessions_are_the_connections)
+section(session_lost_and_cancelled)
+section(sessions_need_a_backend_that_has_them)
 section(the_id_comes_back_as_written)
 section(generated_ids)
 section(unknown_fields)
@@ -554,12 +759,16 @@ with open(jl, "w") as f:
     f.write("{broken\n")
     f.write(json.dumps({"code": "print('no id')"}) + "\n")
     f.write('{"id": 1.00000000001, "code": "pass"}\n')
+    f.write(json.dumps({"id": "sess", "session": "s", "code": "pass"}) + "\n")
 out = os.path.join(d, "out.jsonl")
 p = subprocess.run([PYSBX, "batch", jl, "--out", out], capture_output=True, text=True,
                    timeout=120)
 lines = [json.loads(l) for l in open(out)]
 check("batch of JSONL: one line each, labelled", sorted(l["program"] for l in lines)
-      == ["line 1", "line 2", "line 3", "line 4"], lines)
+      == ["line 1", "line 2", "line 3", "line 4", "line 5"], lines)
+check("batch refuses a session (served over JSON lines and MCP)",
+      any(l.get("id") == "sess" and l.get("error", {}).get("code") == "invalid_request"
+          and "JSON lines and MCP" in l["error"]["message"] for l in lines), lines)
 check("batch of JSONL: the id as written",
       '{"program":"line 4","id":1.00000000001,"status":"completed"' in open(out).read())
 check("batch of JSONL: ids and errors", any(l.get("id") == "x" and l["stdout"] == "4\n"

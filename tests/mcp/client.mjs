@@ -1,7 +1,8 @@
 // The MCP server as an agent host sees it, through the official TypeScript
 // SDK client: list the tools, call run_python with code, with files, with an
-// exception, with a CPU spin, with an image artifact; then a server with
-// the vetted packages, whose matplotlib figures come back as images.
+// exception, with a CPU spin, with an image artifact, in a session (state
+// kept, a failing cell rolled back, reset_session); then a server with the
+// vetted packages, whose matplotlib figures come back as images.
 // usage: node client.mjs PATH/TO/pysbx
 import assert from "node:assert/strict";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -34,14 +35,17 @@ await check("server info", async () => {
   assert.equal(client.getServerVersion().name, "pysbx");
 });
 
-await check("tools/list offers run_python with its schema", async () => {
+await check("tools/list offers run_python and reset_session with their schemas", async () => {
   const { tools } = await client.listTools();
-  assert.equal(tools.length, 1);
-  assert.equal(tools[0].name, "run_python");
+  assert.deepEqual(tools.map((t) => t.name), ["run_python", "reset_session"]);
   assert.deepEqual(tools[0].inputSchema.required, ["code"]);
   assert.equal(tools[0].inputSchema.properties.code.type, "string");
   assert.equal(tools[0].inputSchema.properties.files.type, "object");
+  assert.equal(tools[0].inputSchema.properties.session_id.type, "string");
+  assert.deepEqual(tools[0].inputSchema.properties.rollback.enum, ["on_error", "on_stop", "never"]);
   assert.match(tools[0].description, /1 s of CPU/);
+  assert.match(tools[0].description, /session_id/);
+  assert.deepEqual(tools[1].inputSchema.required, ["session_id"]);
 });
 
 await check("code runs", async () => {
@@ -116,6 +120,58 @@ await check("the last expression's value comes back as text", async () => {
   assert.equal(r.isError, false);
   assert.match(text(r), /value:\n42/);
   assert.doesNotMatch(text(r), /stdout:/);
+});
+
+const sessionLine = (r) => text(r).split("\n").find((l) => l.startsWith("session: "));
+
+await check("a session keeps state across calls; a failing cell is rolled back", async () => {
+  let r = await call({ session_id: "nb", code: "import csv, io\nrows = [1, 2, 3]\ntotal = sum(rows)" });
+  assert.equal(r.isError, false, text(r));
+  assert.equal(sessionLine(r), "session: nb, cell 1, kept");
+  r = await call({ session_id: "nb", code: "rows = [r * 10 for r in rows]\ntotal = rows[7]" });
+  assert.equal(r.isError, true);
+  assert.match(text(r), /IndexError/);
+  assert.match(sessionLine(r), /^session: nb, cell 2, rolled back/);
+  r = await call({ session_id: "nb", code: "rows = [r * 10 for r in rows]\nprint(rows, sum(rows))" });
+  assert.equal(r.isError, false, text(r));
+  assert.match(text(r), /stdout:\n\[10, 20, 30\] 60\n/);
+  assert.equal(sessionLine(r), "session: nb, cell 3, kept");
+});
+
+await check("a call without session_id sees nothing of a session", async () => {
+  const r = await call({ code: "print('rows' in globals())" });
+  assert.match(text(r), /stdout:\nFalse\n/);
+  assert.equal(sessionLine(r), undefined);
+});
+
+await check("reset_session closes it: the next call starts afresh", async () => {
+  let r = await client.callTool({ name: "reset_session", arguments: { session_id: "nb" } });
+  assert.equal(r.isError, false, text(r));
+  assert.match(text(r), /nb closed/);
+  r = await call({ session_id: "nb", code: "print('rows' in globals())" });
+  assert.match(text(r), /stdout:\nFalse\n/);
+  assert.equal(sessionLine(r), "session: nb, cell 1, kept");
+});
+
+await check("reset_session of an unknown id is a tool error", async () => {
+  const r = await client.callTool({ name: "reset_session", arguments: { session_id: "nope" } });
+  assert.equal(r.isError, true);
+  assert.match(text(r), /no open session is called "nope"/);
+});
+
+await check("rollback on_stop keeps what ran before an exception", async () => {
+  let r = await call({ session_id: "st", rollback: "on_stop", code: "y = 1\nraise ValueError('after y')" });
+  assert.equal(r.isError, true);
+  assert.equal(sessionLine(r), "session: st, cell 1, kept");
+  r = await call({ session_id: "st", code: "print(y)" });
+  assert.match(text(r), /stdout:\n1\n/);
+});
+
+await check("a bad rollback is refused as invalid params", async () => {
+  await assert.rejects(
+    call({ session_id: "st", rollback: "sometimes", code: "pass" }),
+    /on_error/,
+  );
 });
 
 await client.close();
