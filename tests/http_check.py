@@ -180,9 +180,15 @@ for name, req, code in [
     ("an escaping file name", {"id": 11, "code": "pass", "files": {"../x": "x"}}, "invalid_file"),
     ("a cancel message", {"cancel": 1}, "invalid_request"),
     ("an empty body", "", "invalid_request"),
+    ("a session", {"id": 13, "code": "pass", "session": "s"}, "invalid_request"),
+    ("a session_close message", {"id": 14, "session_close": "s"}, "invalid_request"),
 ]:
     st, a = c.run(req)
     check(f"{name}: 400 {code}", st == 400 and a["error"]["code"] == code, (st, a))
+    if "session" in name:
+        check(f"{name}: says where sessions are served",
+              a["id"] == req["id"]
+              and a["error"]["message"] == "sessions are served over JSON lines and MCP", a)
 st, a = c.run({"id": 12, "code": "x" * 5000})
 check("a body over --max-line-bytes: 413 request_too_large",
       st == 413 and a["error"]["code"] == "request_too_large", (st, a))
