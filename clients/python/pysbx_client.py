@@ -21,6 +21,21 @@ A server that cannot be reached or answers nonsense raises ConnectionError
 Over a UNIX socket each run() is one connection (so runs from many threads
 at once are independent); closing it, as a timeout does, cancels the run.
 Over HTTP each run() is one POST /v1/run with the same JSON body.
+
+A session keeps state (variables, imports, files) from one cell to the next,
+over a UNIX socket only; a cell that raises is rolled back (rollback=
+"on_error", the server's default; "on_stop" and "never" keep more):
+
+    with sbx.session("nb") as s:                # one connection, held open
+        s.run("import csv\nrows = list(csv.reader(open('a.csv')))",
+              files={"a.csv": "x\n1\n"})
+        r = s.run("print(len(rows))")           # r.session: {"name": "nb", "cell": 2, ...}
+        s.reset()                               # the next cell starts afresh
+
+Its sessions belong to the connection: closing it (close(), the end of the
+with block, a timeout) closes them. A lost session (the server's idle time
+ran out, say) raises SandboxError("session_lost"); the next run() starts a
+new one.
 """
 import base64
 import http.client
@@ -33,7 +48,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Union
 
-__all__ = ["Client", "Result", "Artifact", "SandboxError", "ProtocolError"]
+__all__ = ["Client", "Session", "Result", "Artifact", "SandboxError", "ProtocolError"]
 
 # The most bytes an answer may have before the client gives up on it.
 MAX_ANSWER_BYTES = 1 << 30
@@ -76,6 +91,8 @@ class Result:
     artifacts_dropped: int = 0
     stats: Dict[str, Any] = field(default_factory=dict)
     reason: Optional[str] = None
+    # A session's cell: {"name": ..., "cell": N, "rolled_back": bool}; else None.
+    session: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the answer as sent
 
     @property
@@ -103,7 +120,8 @@ def _result(answer: Dict[str, Any]) -> Result:
                       stderr_truncated=answer.get("stderr_truncated", False),
                       partial=answer.get("partial", False), artifacts=arts,
                       artifacts_dropped=answer.get("artifacts_dropped", 0),
-                      stats=answer.get("stats") or {}, reason=answer.get("reason"), raw=answer)
+                      stats=answer.get("stats") or {}, reason=answer.get("reason"),
+                      session=answer.get("session"), raw=answer)
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"a malformed result ({e!r}): {answer!r:.200}") from None
 
@@ -160,6 +178,13 @@ class Client:
             raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
         return _result(answer)
 
+    def session(self, name: str = "main") -> "Session":
+        """A session of this server's (UNIX socket only), on a connection
+        of its own."""
+        if self._http:
+            raise ValueError("sessions are served over a UNIX socket (and MCP), not HTTP")
+        return Session(self, name)
+
     def _unix(self, body: bytes) -> Any:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(self.timeout)
@@ -205,6 +230,82 @@ class Client:
                                e.code) from None
         except http.client.HTTPException as e:
             raise ProtocolError(f"HTTP: {e!r}") from None
+
+
+class Session:
+    """The cells of one session, on one connection to the server, one at a
+    time (calls from several threads wait their turn)."""
+
+    def __init__(self, client: Client, name: str):
+        self.name = name
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.settimeout(client.timeout)
+            self._sock.connect(client.target)
+        except BaseException:
+            self._sock.close()
+            raise
+        self._in = self._sock.makefile("rb")
+
+    def run(self, code: str, files: Optional[Mapping[str, Union[str, bytes]]] = None,
+            limits: Optional[Mapping[str, Any]] = None,
+            rollback: Optional[str] = None) -> Result:
+        """Runs |code| as the session's next cell (files and limits as for
+        Client.run); rollback: on_error (the default), on_stop or never."""
+        req = _request(code, files, limits, None)
+        req["session"] = self.name
+        if rollback is not None:
+            req["rollback"] = rollback
+        return _result(self._ask(req))
+
+    def reset(self) -> None:
+        """Closes the session on the server: the next run() starts a new one.
+        SandboxError when it has none open (no cell ran, or it was lost)."""
+        answer = self._ask({"session_close": self.name})
+        if isinstance(answer, dict) and "error" in answer:
+            _result(answer)  # raises SandboxError
+        if answer.get("session_closed") != self.name:
+            raise ProtocolError(f"not an answer to session_close: {answer!r:.200}")
+
+    def close(self) -> None:
+        """Ends the connection, and with it the session."""
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._in.close()
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _ask(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        with self._lock:
+            if self._sock is None:
+                raise ValueError("the session is closed")
+            req["id"] = next(self._ids)
+            try:
+                self._sock.sendall(json.dumps(req).encode() + b"\n")
+                line = self._in.readline(MAX_ANSWER_BYTES + 1)
+                if not line.endswith(b"\n"):
+                    raise ProtocolError("the server closed the connection without an answer"
+                                        if not line else "an answer past MAX_ANSWER_BYTES")
+            except BaseException:
+                # A cell still running, or an answer half read: the
+                # connection can serve no more; closing it ends the cell.
+                self._drop()
+                raise
+        answer = _loads(line)
+        if not isinstance(answer, dict) or answer.get("id") not in (req["id"], None):
+            raise ProtocolError(f"not the answer to request {req['id']}: {answer!r:.200}")
+        return answer
 
 
 def _loads(text: bytes) -> Any:

@@ -146,6 +146,39 @@ class OverUnixSocket(Common, unittest.TestCase):
         with self.assertRaises(ValueError):
             Client(self.sock, token="t")
 
+    def test_a_session_keeps_state_and_rolls_back_a_failed_cell(self):
+        with self.client.session("nb") as s:
+            r = s.run("rows = [1, 2]\nopen('f.txt', 'w').write('kept')")
+            self.assertEqual(r.session, {"name": "nb", "cell": 1, "rolled_back": False})
+            r = s.run("rows.append(3)\nraise ValueError('no')")
+            self.assertEqual((r.exit_code, r.session["rolled_back"]), (1, True))
+            r = s.run("print(rows, open('f.txt').read())")
+            self.assertEqual(r.stdout, "[1, 2] kept\n")
+            r = s.run("rows.append(3)\nraise ValueError('no')", rollback="on_stop")
+            self.assertFalse(r.session["rolled_back"])
+            self.assertEqual(s.run("print(rows)").stdout, "[1, 2, 3]\n")
+            s.reset()
+            r = s.run("print('rows' in globals())")
+            self.assertEqual((r.stdout, r.session["cell"]), ("False\n", 1))
+            with self.assertRaises(SandboxError) as e:
+                s.run("pass", rollback="sometimes")
+            self.assertEqual(e.exception.code, "invalid_request")
+        with self.assertRaises(ValueError):
+            s.run("pass")  # closed
+
+    def test_sessions_of_two_connections_are_apart(self):
+        with self.client.session("same") as a, self.client.session("same") as b:
+            a.run("who = 'a'")
+            b.run("who = 'b'")
+            self.assertEqual((a.run("print(who)").stdout, b.run("print(who)").stdout),
+                             ("a\n", "b\n"))
+
+    def test_resetting_a_session_never_opened_raises(self):
+        with self.client.session() as s:
+            with self.assertRaises(SandboxError) as e:
+                s.reset()
+            self.assertEqual(e.exception.code, "invalid_request")
+
 
 class Recorder(http.server.BaseHTTPRequestHandler):
     """A loopback HTTP endpoint that records what the client sent and answers
@@ -235,6 +268,10 @@ class OverHttp(Common, unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.server.stop()
+
+    def test_sessions_are_not_served_over_http(self):
+        with self.assertRaises(ValueError):
+            self.client.session()
 
 
 if __name__ == "__main__":
