@@ -1,8 +1,10 @@
 /* json_answer_result: the answer line of serve and batch, and the result's
  * JSON, for any result the library can hand back (its text fields valid
- * UTF-8 as documented; output, artifact bytes and the caller's id anything).
- * The answer is always one line of valid JSON that reads back to the same
- * id, status, output and artifact bytes. */
+ * UTF-8 as documented; output, artifact bytes and the caller's id anything);
+ * or json_answer_session, the answer to a session's cell, with a session
+ * name as json_session_name lets through. The answer is always one line of
+ * valid JSON that reads back to the same id, status, output and artifact
+ * bytes (and session). */
 #include "fuzz.h"
 #include "reqjson.h"
 #include "util.h"
@@ -84,17 +86,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         a->size = a->data_len + (bits >> 14 & 1);
         a->truncated = a->size > a->data_len;
     }
+    /* A session's cell: a name of 1 to SESSION_NAME_MAX bytes, no NUL. */
+    char *session = NULL;
+    if (bits & (1u << 15)) {
+        r->cell = take_u32(&b);
+        r->rolled_back = bits & (1u << 16);
+        session = take_text(&b, NULL, true);
+        if (!*session || strlen(session) > SESSION_NAME_MAX) {
+            free(session);
+            session = NULL;
+        }
+    }
     /* The caller's id: any JSON value the rest of the input spells. */
     json_t *id = json_loadb((const char *)b.p, b.n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
     char *id_text = id ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
 
-    char *line = json_answer_result(id_text, r);
+    char *line =
+        session ? json_answer_session(id_text, r, session) : json_answer_result(id_text, r);
     CHECK(line != NULL);
     size_t n = strlen(line);
     CHECK(n > 1 && line[n - 1] == '\n' && !memchr(line, '\n', n - 1));
     json_t *o = json_loadb(line, n - 1, JSON_ALLOW_NUL, &jerr);
     CHECK(json_is_object(o));
     CHECK(json_equal(json_object_get(o, "id"), id ? id : json_null()));
+    json_t *sess = json_object_get(o, "session");
+    CHECK(!session == !sess);
+    if (session) {
+        json_t *want = json_pack("{s:s, s:I, s:b}", "name", session, "cell", (json_int_t)r->cell,
+                                 "rolled_back", r->rolled_back);
+        CHECK(json_equal(sess, want));
+        json_decref(want);
+    }
     CHECK(strcmp(json_string_value(json_object_get(o, "status")), sbx_status_name(r->status)) == 0);
     json_t *out = json_object_get(o, "stdout");
     CHECK(json_string_length(out) == r->stdout_len &&
@@ -118,6 +140,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     json_decref(o);
     free(line);
+    free(session);
     free(id_text);
     json_decref(id);
     sbx_result_free(r);

@@ -1,7 +1,8 @@
 /* `pysbx mcp`: mcp_main itself, reading newline-delimited JSON-RPC on its
  * stdin (here a memfd holding the input) and answering on its stdout (a
  * memfd read back), over a backend that runs nothing but makes a result of
- * the request (its code as stdout, its files as artifacts) or refuses it.
+ * the request (its code as stdout, its files as artifacts) or refuses it,
+ * and keeps sessions that count their cells (code "!!" loses one).
  * Every line out is a JSON-RPC 2.0 response, and every message that needs
  * an answer gets exactly one: as many responses as the input has
  * requests, unparsable or too long lines. */
@@ -53,7 +54,49 @@ static int stub_run(void *self, const struct sbx_request *req, struct sbx_result
     return 0;
 }
 
-static struct sbx_backend backend = {.name = "stub", .run = stub_run};
+struct stub_session {
+    uint64_t cells;
+};
+
+static int stub_session_open(void *self, const struct sbx_session_limits *limits,
+                             struct sbx_session **out, struct sbx_error *err)
+{
+    (void)self;
+    (void)limits;
+    (void)err;
+    struct stub_session *s = calloc(1, sizeof(*s));
+    CHECK(s);
+    *out = (struct sbx_session *)s;
+    return 0;
+}
+
+static int stub_session_run(struct sbx_session *session, const struct sbx_request *req,
+                            enum sbx_rollback rollback, struct sbx_result **out,
+                            struct sbx_error *err)
+{
+    struct stub_session *s = (struct stub_session *)session;
+
+    if (req->code_len >= 2 && memcmp(req->code, "!!", 2) == 0)
+        return sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "the session is gone");
+    int rc = stub_run(NULL, req, out, err);
+    if (rc == 0) {
+        (*out)->cell = ++s->cells;
+        (*out)->rolled_back = (*out)->status != SBX_COMPLETED ||
+                              (rollback == SBX_ROLLBACK_ON_ERROR && (*out)->exit_code != 0);
+    }
+    return rc;
+}
+
+static void stub_session_close(struct sbx_session *s)
+{
+    free(s);
+}
+
+static struct sbx_backend backend = {.name = "stub",
+                                     .run = stub_run,
+                                     .session_open = stub_session_open,
+                                     .session_run = stub_session_run,
+                                     .session_close = stub_session_close};
 
 static void setup(void)
 {

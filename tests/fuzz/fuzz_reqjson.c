@@ -82,8 +82,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(text);
         return 0;
     }
-    if (rc == 0) {
+    if (rc == 0 && r.session_close) {
+        /* A session_close message: a name; answered by name, or refused. */
+        CHECK(*r.session_close && strlen(r.session_close) <= SESSION_NAME_MAX);
+        json_t *answer =
+            check_answer(json_answer_session_closed(r.id_text, r.session_close), id_text);
+        CHECK(strcmp(json_string_value(json_object_get(answer, "session_closed")),
+                     r.session_close) == 0);
+        json_decref(answer);
+        sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -ENOENT, "no open session is called \"%s\"",
+                 r.session_close);
+    } else if (rc == 0) {
         CHECK(r.req.limits.wall_seconds <= 30);
+        CHECK(!r.session || (*r.session && strlen(r.session) <= SESSION_NAME_MAX));
+        CHECK((unsigned)r.rollback <= SBX_ROLLBACK_NEVER && (r.session || !r.rollback));
         check_accepted(&r);
         /* Refused by the backend after all: the answer still carries the
          * id, and a message with the request's own text in it. */
