@@ -360,7 +360,15 @@ def ceilings():
     h = subprocess.run([PYSBX, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
     check("serve --help documents the new options", all(
         o in h for o in ("--grace", "--max-pending-bytes", "--max-wall", "--max-cpu", "--max-memory",
-                         "--max-output", "--max-artifact-bytes", "--max-artifacts", "cancel")), h)
+                         "--max-output", "--max-artifact-bytes", "--max-artifacts", "cancel",
+                         "--max-sessions", "session_close", "rollback")), h)
+    for bad in (["--max-sessions", "0"], ["--max-sessions", "4097"], ["--max-sessions", "x"]):
+        p = subprocess.run([PYSBX, "serve", *bad], capture_output=True, text=True, timeout=60)
+        check(f"serve {' '.join(bad)}: usage error", p.returncode == 2
+              and "--max-sessions" in p.stderr, (p.returncode, p.stderr))
+    p = subprocess.run([PYSBX, "batch", "x.jsonl", "--max-sessions", "2"], capture_output=True,
+                       text=True, timeout=60)
+    check("batch does not take --max-sessions", p.returncode == 2, (p.returncode, p.stderr))
 
 
 # --- cancel, on standard input ------------------------------------------------
