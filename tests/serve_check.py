@@ -715,8 +715,11 @@ def sessions_need_a_backend_that_has_them():
 def children(pid):
     out = []
     for t in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{t}/children") as f:
-            out += [int(x) for x in f.read().split()]
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass  # a thread that ended meanwhile
     return out
 
 
