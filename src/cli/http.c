@@ -5,7 +5,8 @@
  *   POST /v1/run   a request object (reqjson.h) in, its answer object out:
  *                  200 with the result whatever the code did, or the error
  *                  object with 400 (invalid_*), 413 (request_too_large) or
- *                  503 (sandbox_busy, sandbox_unavailable).
+ *                  503 (sandbox_busy, sandbox_unavailable). Sessions are
+ *                  not served here (400): each exchange stands alone.
  *   GET /healthz   200 when the sandbox can take runs, 503 otherwise.
  *   GET /metrics   Prometheus' text format.
  *
