@@ -521,7 +521,6 @@ static void cancel_call(struct server *s, json_t *params)
             sbx_cancel_fire(c->cancel);
         }
     pthread_mutex_unlock(&s->lock);
-    session_table_wake(s->sessions);
 }
 
 static void initialize(struct server *s, json_t *id, json_t *params)
@@ -616,9 +615,6 @@ int mcp_main(const struct mcp_opts *o)
     if (stopper_signal())
         for (struct call *c = s.calls; c; c = c->next)
             sbx_cancel_fire(c->cancel);
-    pthread_mutex_unlock(&s.lock);
-    session_table_wake(s.sessions);
-    pthread_mutex_lock(&s.lock);
     while (s.inflight > 0)
         pthread_cond_wait(&s.idle, &s.lock);
     pthread_mutex_unlock(&s.lock);

@@ -124,7 +124,6 @@ static void drop_locked(struct conn *c, const char *why)
     c->dropped = true;
     for (struct job *j = c->jobs; j; j = j->next, runs++)
         sbx_cancel_fire(j->cancel);
-    session_table_wake(c->sessions);
     free_answers(c);
     /* Ends the reader's read() and the writer's write() on the socket. */
     if (c->socket)
@@ -351,7 +350,7 @@ static void cancel_requests(struct conn *c, const char *id_text)
         sbx_cancel_fire(j->cancel);
         n++;
         if (!j->waiting)
-            continue; /* running, or waiting for its session's turn (woken below) */
+            continue;
         /* Out of the queue, so that it is answered now rather than once a
          * place frees. */
         unqueue(c, j);
@@ -359,8 +358,6 @@ static void cancel_requests(struct conn *c, const char *id_text)
         now = j;
     }
     pthread_mutex_unlock(&c->lock);
-    if (n)
-        session_table_wake(c->sessions);
     while (now) {
         struct job *j = now;
         now = j->wnext;
@@ -529,11 +526,8 @@ static void *conn_main(void *p)
     /* Every request is answered: no cell holds a session. Closed before
      * the stream leaves, so that at shutdown they all are before the
      * backend closes. */
-    pthread_mutex_lock(&c->lock);
-    struct session_table *sessions = c->sessions;
-    c->sessions = NULL; /* under the lock: a shutdown's cancel_all wakes it */
-    pthread_mutex_unlock(&c->lock);
-    session_table_free(sessions);
+    session_table_free(c->sessions);
+    c->sessions = NULL;
     pthread_mutex_lock(&c->lock);
     c->done = true;
     pthread_cond_broadcast(&c->changed);
@@ -611,7 +605,6 @@ static void cancel_all(void *p)
         pthread_mutex_lock(&c->lock);
         for (struct job *j = c->jobs; j; j = j->next)
             sbx_cancel_fire(j->cancel);
-        session_table_wake(c->sessions);
         pthread_mutex_unlock(&c->lock);
     }
     pthread_mutex_unlock(&s->lock);

@@ -31,7 +31,7 @@ struct session_table {
     const struct sbx_backend *b;
     struct sbx_session_limits limits;
     pthread_mutex_t lock;
-    pthread_cond_t changed; /* a turn passed, a session opened, a token fired */
+    pthread_cond_t changed; /* a turn passed */
     struct entry *named;
 };
 
@@ -169,23 +169,18 @@ int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_
 
     *out = NULL;
     pthread_mutex_lock(&t->lock);
-    /* Its turn; or, once cancelled, as soon as there is a session to hand
-     * it to (the library ends a cancelled cell without running it). */
-    while (e->line != c && !(e->s && req->cancel && sbx_cancel_fired(req->cancel)))
+    while (e->line != c)
         pthread_cond_wait(&t->changed, &t->lock);
-    if (!e->s) {
-        /* Only the first in line gets here: the others wait for the
-         * session while it opens, outside the lock. */
-        pthread_mutex_unlock(&t->lock);
-        rc = b->session_open(b->self, &t->limits, &s, err);
-        pthread_mutex_lock(&t->lock);
-        if (rc == 0) {
-            e->s = s;
-            pthread_cond_broadcast(&t->changed);
-        }
-    }
     s = e->s;
     pthread_mutex_unlock(&t->lock);
+    /* Its turn: the session is opened by its first cell to run, outside
+     * the lock, while the others wait. */
+    if (!s) {
+        rc = b->session_open(b->self, &t->limits, &s, err);
+        pthread_mutex_lock(&t->lock);
+        e->s = s;
+        pthread_mutex_unlock(&t->lock);
+    }
     if (rc == 0) {
         rc = b->session_run(s, req, rollback, out, err);
         if (rc < 0 && err && err->code == SBX_ERR_SESSION_LOST) {
@@ -222,13 +217,4 @@ int session_close(struct session_table *t, const char *name, struct sbx_error *e
     if (dead)
         entry_free(dead, t->b);
     return 0;
-}
-
-void session_table_wake(struct session_table *t)
-{
-    if (!t)
-        return;
-    pthread_mutex_lock(&t->lock);
-    pthread_cond_broadcast(&t->changed);
-    pthread_mutex_unlock(&t->lock);
 }

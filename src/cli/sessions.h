@@ -9,8 +9,9 @@
  * entered (session_enter, called as requests are read), whichever thread
  * runs them: a client that sends `x = 1` and then `print(x)` without
  * waiting gets them run in that order. A cell whose cancel token fires
- * while it waits for its turn goes to the library at once (which ends it as
- * cancelled) rather than waiting for the cells before it.
+ * while it waits keeps its place (the library takes one call on a session
+ * at a time, whatever its token says): when its turn comes, the library
+ * ends it as cancelled without running it.
  */
 #ifndef PYSBX_SESSIONS_H
 #define PYSBX_SESSIONS_H
@@ -36,8 +37,8 @@ void session_table_free(struct session_table *t);
 int session_enter(struct session_table *t, const char *name, struct session_cell **out,
                   struct sbx_error *err);
 
-/* Runs |req| as the cell |c| once its turn comes (a fired req->cancel
- * skips the wait), then gives up the place and frees |c|. Returns as the
+/* Runs |req| as the cell |c| once its turn comes, then gives up the place
+ * and frees |c|. Returns as the
  * backend's session_run (or its session_open, for the first cell); when the
  * session is lost (session_lost), its name is forgotten: the next cell
  * entered with it starts a new session. */
@@ -52,9 +53,5 @@ void session_leave(struct session_cell *c);
  * itself ends once the cells entered before this have run. Returns 0, or
  * -ENOENT with |err| (invalid_request) when there is no such session. */
 int session_close(struct session_table *t, const char *name, struct sbx_error *err);
-
-/* To be called after firing the cancel token of a cell that may be waiting
- * for its turn: the wait looks again. NULL is accepted. */
-void session_table_wake(struct session_table *t);
 
 #endif

@@ -1,7 +1,7 @@
 /* The command's table of named sessions (src/cli/sessions.c) over a stub
  * backend that records the order cells reach it and can hold one: cells run
- * in the order they were entered, a cancelled one does not wait, a lost
- * session's name starts a new one, closing waits for the cells before it. */
+ * in the order they were entered, a lost session's name starts a new one,
+ * closing waits for the cells before it. */
 #include "helpers.h"
 
 #include "sbxerr.h"
@@ -43,12 +43,11 @@ static int stub_run_cell(struct sbx_session *session, const struct sbx_request *
                          enum sbx_rollback rollback, struct sbx_result **out, struct sbx_error *err)
 {
     struct stub_session *s = (struct stub_session *)session;
-    bool cancelled = req->cancel && sbx_cancel_fired(req->cancel);
 
     (void)rollback;
     pthread_mutex_lock(&stub.lock);
     snprintf(stub.log[stub.n_log++ % 16], 16, "%.*s", (int)req->code_len, req->code);
-    if (!cancelled && strcmp(req->code, "hold") == 0) {
+    if (strcmp(req->code, "hold") == 0) {
         stub.holding = true;
         pthread_cond_broadcast(&stub.changed);
         while (!stub.released)
@@ -59,7 +58,7 @@ static int stub_run_cell(struct sbx_session *session, const struct sbx_request *
         return sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "lost");
     struct sbx_result *r = calloc(1, sizeof(*r));
     assert_non_null(r);
-    r->status = cancelled ? SBX_CANCELLED : SBX_COMPLETED;
+    r->status = SBX_COMPLETED;
     r->cell = ++s->cells;
     *out = r;
     return 0;
@@ -96,12 +95,9 @@ struct cell {
     pthread_t thread;
     struct session_cell *place;
     struct sbx_request req;
-    struct sbx_cancel *cancel;
     int rc;
     uint64_t number;
-    enum sbx_status status;
     struct sbx_error err;
-    bool done;
 };
 
 static void *run_cell(void *p)
@@ -111,12 +107,7 @@ static void *run_cell(void *p)
 
     c->rc = session_run(c->place, &c->req, SBX_ROLLBACK_ON_ERROR, &res, &c->err);
     c->number = res ? res->cell : 0;
-    c->status = res ? res->status : SBX_SANDBOX_ERROR;
     sbx_result_free(res);
-    pthread_mutex_lock(&stub.lock);
-    c->done = true;
-    pthread_cond_broadcast(&stub.changed);
-    pthread_mutex_unlock(&stub.lock);
     return NULL;
 }
 
@@ -175,28 +166,6 @@ static void cells_run_in_the_order_they_were_entered(void **state)
     assert_string_equal(stub.log[1], "second");
     assert_string_equal(stub.log[2], "third");
     assert_int_equal(stub.opens, 1);
-}
-
-static void a_cancelled_cell_does_not_wait_for_its_turn(void **state)
-{
-    struct cell held, queued;
-
-    enter(*state, "s", &held, "hold");
-    enter(*state, "s", &queued, "queued");
-    start(&held);
-    wait_until(&stub.holding);
-    assert_non_null(queued.cancel = sbx_cancel_new());
-    queued.req.cancel = queued.cancel;
-    start(&queued);
-    sbx_cancel_fire(queued.cancel);
-    session_table_wake(*state);
-    wait_until(&queued.done); /* while the first still holds */
-    assert_int_equal(queued.rc, 0);
-    assert_int_equal(queued.status, SBX_CANCELLED);
-    release();
-    pthread_join(held.thread, NULL);
-    pthread_join(queued.thread, NULL);
-    sbx_cancel_free(queued.cancel);
 }
 
 static void a_lost_session_gives_up_its_name(void **state)
@@ -280,7 +249,6 @@ int main(void)
     const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
         T(cells_run_in_the_order_they_were_entered),
-        T(a_cancelled_cell_does_not_wait_for_its_turn),
         T(a_lost_session_gives_up_its_name),
         T(closing_frees_the_name_and_waits_for_the_cells_before),
         T(an_unknown_name_is_invalid_request),
