@@ -261,15 +261,21 @@ static json_t *tool_text(const char *text, bool error)
                      error);
 }
 
-/* "session: NAME, cell N, rolled back (why)" or "..., kept". */
+/* "session: NAME, cell N, kept", or "..., rolled back" and, for a cell
+ * that ran to its end (the status line says why the others stopped), why. */
 static void add_session(json_t *content, const struct sbx_result *r, const char *session)
 {
+    static const char rolled[] = "rolled back";
+    const char *why = r->rolled_back && r->status == SBX_COMPLETED ? r->reason : NULL;
     char line[1024];
-    bool why = r->rolled_back && r->status == SBX_COMPLETED && r->reason;
 
-    fmt(line, sizeof(line), "session: %s, cell %llu, %s%s%s%s", session,
-        (unsigned long long)r->cell, r->rolled_back ? "rolled back" : "kept", why ? " (" : "",
-        why ? r->reason : "", why ? ")" : "");
+    /* The library's reason may say "rolled back: ..." itself. */
+    if (why && strncmp(why, rolled, strlen(rolled)) == 0)
+        why += strlen(rolled) + (why[strlen(rolled)] == ':');
+    while (why && *why == ' ')
+        why++;
+    fmt(line, sizeof(line), "session: %s, cell %llu, %s%s%s", session, (unsigned long long)r->cell,
+        r->rolled_back ? rolled : "kept", why && *why ? ": " : "", why && *why ? why : "");
     add_text(content, line, strlen(line));
 }
 
