@@ -420,7 +420,8 @@ static void *run_call(void *p)
     return NULL;
 }
 
-/* reset_session: at once, in the order calls came. */
+/* reset_session: answered at once; the cells called before it still run,
+ * then the session ends. */
 static void reset_session(struct server *s, json_t *id, json_t *args)
 {
     struct sbx_error err = {0};
