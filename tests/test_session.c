@@ -13,6 +13,7 @@
 #include "helpers.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -693,6 +694,75 @@ static void hundreds_of_cells_leak_nothing(void **state)
     free(uid);
 }
 
+static void *run_slow(void *p);
+
+struct behind {
+    struct sbx_session *s;
+    struct sbx_cancel *cancel;
+    struct sbx_result *res;
+    int rc;
+};
+
+static void *run_behind(void *p)
+{
+    struct behind *b = p;
+    struct sbx_request req;
+    struct sbx_error err = {0};
+
+    sbx_request_init(&req);
+    req.code = "x = 'second'";
+    req.code_len = strlen(req.code);
+    req.cancel = b->cancel;
+    b->rc = sbx_session_run(b->s, &req, SBX_ROLLBACK_ON_ERROR, &b->res, &err);
+    return NULL;
+}
+
+static void *run_slow(void *p)
+{
+    struct behind *b = p;
+    struct sbx_request req;
+    struct sbx_error err = {0};
+
+    sbx_request_init(&req);
+    req.code = "import time\ntime.sleep(1.5)\nx = 'slow'";
+    req.code_len = strlen(req.code);
+    b->rc = sbx_session_run(b->s, &req, SBX_ROLLBACK_ON_ERROR, &b->res, &err);
+    return NULL;
+}
+
+/* A caller waiting behind another's cell is cancelled at once, without
+ * running, and the cell in front is not disturbed. */
+static void a_cell_waiting_its_turn_can_be_cancelled(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    struct behind b = {.s = s, .cancel = sbx_cancel_new()};
+    pthread_t first, second;
+    struct behind a = {.s = s};
+
+    assert_non_null(b.cancel);
+    expect_cell(s, "x = 'first'", "");
+    /* The first caller's cell sleeps; the second waits behind it. */
+    assert_int_equal(pthread_create(&first, NULL, run_slow, &a), 0);
+    struct timespec pause = {0, 200 * 1000000};
+    nanosleep(&pause, NULL);
+    assert_int_equal(pthread_create(&second, NULL, run_behind, &b), 0);
+    nanosleep(&pause, NULL);
+    sbx_cancel_fire(b.cancel);
+    pthread_join(second, NULL);
+    assert_int_equal(b.rc, 0);
+    assert_int_equal(b.res->status, SBX_CANCELLED);
+    assert_int_equal(b.res->cell, 0);
+    /* Answered while the first was still running. */
+    assert_int_equal(pthread_tryjoin_np(first, NULL), EBUSY);
+    pthread_join(first, NULL);
+    expect_completed(a.res, 0);
+    sbx_result_free(a.res);
+    sbx_result_free(b.res);
+    sbx_cancel_free(b.cancel);
+    expect_cell(s, "print(x)", "slow\n");
+    sbx_session_close(s);
+}
+
 /* The template dies (killed from outside): its sessions are lost, say so,
  * and the sandbox makes a new template for the next session. */
 static void a_new_template_loses_the_old_sessions(void **state)
@@ -734,6 +804,7 @@ int main(void)
         cmocka_unit_test(bad_limits_are_refused),
         cmocka_unit_test(max_sessions_is_kept),
         cmocka_unit_test(hundreds_of_cells_leak_nothing),
+        cmocka_unit_test(a_cell_waiting_its_turn_can_be_cancelled),
         cmocka_unit_test(a_new_template_loses_the_old_sessions),
     };
     if (getenv("TEST_FILTER"))

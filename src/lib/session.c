@@ -24,6 +24,8 @@
 
 /* How long a session's first process may take to get ready. */
 #define SESSION_OPEN_TIMEOUT_NS (30ULL * 1000000000ULL)
+/* A caller waiting for another's cell looks at its token this often. */
+#define SESSION_WAIT_SLICE_MS 20
 /* How long sbx_session_close waits for the template to say it is gone. */
 #define SESSION_CLOSE_WAIT_NS (2ULL * 1000000000ULL)
 
@@ -356,7 +358,21 @@ int sbx_session_run(struct sbx_session *s, const struct sbx_request *req,
         rc = embedded_check_fits(s->sbx, req, err);
     if (rc < 0)
         return rc;
-    pthread_mutex_lock(&s->lock);
+    /* Behind another caller's cell: its cancellation still ends it, as it
+     * ends a run waiting for a worker ("cancelled before it started"). */
+    for (;;) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += SESSION_WAIT_SLICE_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        if (pthread_mutex_timedlock(&s->lock, &until) == 0)
+            break;
+        if (sbx_cancel_fired(req->cancel))
+            return embedded_run(s->sbx, NULL, req, out, err);
+    }
     look_for_end(s);
     if (s->lost[0])
         rc = sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "%s", s->lost);
