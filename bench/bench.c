@@ -872,13 +872,13 @@ static double session_cell(struct sbx_session *s, const char *code, bool *ok)
 /* Sessions: cells of a growing list against plain runs of the same code,
  * interleaved; then, with a pause before each cell, cells of a small and a
  * 200 MB state; the 200 MB state's cells back to back; and cells that
- * write about 20 MB of it. */
+ * replace a tenth of its items (counting the pages each copies). */
 static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
 {
     enum { SMALL, PLAIN, SMALL_PAUSED, BIG_PAUSED, BIG_BACK, BIG_WRITE, N_S };
     static const char *const names[N_S] = {
         "cell, small state",    "plain run (sbx_run)",        "cell, small state, paused",
-        "cell, 200 MB, paused", "cell, 200 MB, back to back", "cell writing ~20 MB of it"};
+        "cell, 200 MB, paused", "cell, 200 MB, back to back", "cell replacing 1/10 of it"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
     struct sbx_config cfg;
