@@ -9,9 +9,8 @@
  * entered (session_enter, called as requests are read), whichever thread
  * runs them: a client that sends `x = 1` and then `print(x)` without
  * waiting gets them run in that order. A cell whose cancel token fires
- * while it waits keeps its place (the library takes one call on a session
- * at a time, whatever its token says): when its turn comes, the library
- * ends it as cancelled without running it.
+ * while it waits here keeps its place (the order is this table's): when
+ * its turn comes, the library ends it as cancelled without running it.
  */
 #ifndef PYSBX_SESSIONS_H
 #define PYSBX_SESSIONS_H
