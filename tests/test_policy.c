@@ -290,10 +290,68 @@ static void debug_program_traps_what_it_would_refuse(void **state)
     policy_free(&p);
 }
 
+/* A session's program: the table, but its one fork and every call about a
+ * process by pid go to the listener; messages on the channel (4) only; the
+ * rest as a worker's. */
+static void session_program_hands_its_fork_to_the_listener(void **state)
+{
+    (void)state;
+    struct policy p;
+    char err[256];
+    static const struct {
+        const char *what;
+        long nr;
+        uint64_t args[6];
+        uint32_t expect;
+    } srows[] = {
+        {"the session's fork", SYS_clone, {CLONE_PARENT | SIGCHLD}, SECCOMP_RET_USER_NOTIF},
+        {"glibc's fork",
+         SYS_clone,
+         {CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID | SIGCHLD},
+         SECCOMP_RET_ERRNO | EPERM},
+        {"a fork with more flags",
+         SYS_clone,
+         {CLONE_PARENT | SIGCHLD | CLONE_NEWNS},
+         SECCOMP_RET_ERRNO | EPERM},
+        {"a thread", SYS_clone, {CLONE_THREAD | CLONE_VM | CLONE_SIGHAND}, ALLOWED},
+        {"fork()", SYS_fork, {0}, SECCOMP_RET_ERRNO | EPERM},
+        {"kill(pid)", SYS_kill, {1234, SIGTERM}, SECCOMP_RET_USER_NOTIF},
+        {"kill(0)", SYS_kill, {0, SIGTERM}, ALLOWED},
+        {"kill(pid, SIGSYS)", SYS_kill, {1234, SIGSYS}, SECCOMP_RET_ERRNO | EPERM},
+        {"tgkill", SYS_tgkill, {1234, 1234, SIGABRT}, SECCOMP_RET_USER_NOTIF},
+        {"sched_getaffinity(0)", SYS_sched_getaffinity, {0}, ALLOWED},
+        {"sched_getaffinity(pid)", SYS_sched_getaffinity, {1234}, SECCOMP_RET_USER_NOTIF},
+        {"sendmsg on the channel", SYS_sendmsg, {4}, ALLOWED},
+        {"sendmsg elsewhere", SYS_sendmsg, {5}, SECCOMP_RET_ERRNO | EPERM},
+        {"recvmsg on the channel", SYS_recvmsg, {4}, ALLOWED},
+        {"recvmsg elsewhere", SYS_recvmsg, {1}, SECCOMP_RET_ERRNO | EPERM},
+        {"socket", SYS_socket, {AF_UNIX}, SECCOMP_RET_ERRNO | EPERM},
+        {"ptrace", SYS_ptrace, {0}, KILLED},
+    };
+
+    assert_int_equal(policy_build(&p, false, false, true, err, sizeof(err)), 0);
+    int failures = 0;
+    for (size_t i = 0; i < sizeof(srows) / sizeof(srows[0]); i++) {
+        struct seccomp_data d = {.nr = (int)srows[i].nr, .arch = X86};
+        memcpy(d.args, srows[i].args, sizeof(d.args));
+        uint32_t got = eval(p.insns, p.len, &d);
+        if (got != srows[i].expect) {
+            print_error("%-28s got 0x%08x, want 0x%08x\n", srows[i].what, got, srows[i].expect);
+            failures++;
+        }
+    }
+    assert_int_equal(policy_self_arg(SYS_kill), 0);
+    assert_int_equal(policy_self_arg(SYS_getpriority), 1);
+    assert_int_equal(policy_self_arg(SYS_read), -1);
+    policy_free(&p);
+    assert_int_equal(failures, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(policy_table_holds),
+        cmocka_unit_test(session_program_hands_its_fork_to_the_listener),
         cmocka_unit_test(debug_program_traps_what_it_would_refuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
