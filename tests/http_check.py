@@ -7,6 +7,7 @@ import time
 
 import jsonschema
 import yaml
+from procs import children, comm
 
 PYSBX, SRC = sys.argv[1], sys.argv[2]
 DOCS = os.path.join(SRC, "docs")
@@ -317,22 +318,6 @@ check("a client that hangs up has its run cancelled",
 seen["cancelled"] = 1
 
 # --- health when the template dies ------------------------------------------------------
-
-
-def children(pid):
-    out = []
-    for t in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{t}/children") as f:
-            out += [int(x) for x in f.read().split()]
-    return out
-
-
-def comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 tmpl = [p for p in children(proc.pid) if comm(p).startswith("pysbx-templ")]

@@ -1,6 +1,7 @@
 """pysbx serve and pysbx batch as a client sees them. Run by test_serve.sh
 with Debian's python3; exits non-zero on the first failed check."""
 import atexit, json, os, random, select, shutil, signal, socket, stat, subprocess, sys, tempfile, time
+from procs import children, comm
 
 PYSBX = sys.argv[1]
 failures = 0
@@ -715,25 +716,6 @@ def sessions_need_a_backend_that_has_them():
           e.get("code") == "invalid_request" and "no sessions" in e.get("message", ""), answers)
     check("--backend python3: a plain request still runs", by.get(2, {}).get("stdout") == "2\n",
           answers)
-
-
-def children(pid):
-    out = []
-    for t in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{t}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            pass  # a thread that ended meanwhile
-    return out
-
-
-def comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 section(sessions_on_standard_input)
