@@ -50,8 +50,8 @@ int policy_load(const struct policy *p, pid_t self);
 /* In a session's process: loads the session's program as it is (no pid
  * patched in: in a session, where every cell is a fork carrying its state's
  * program, a pid would be another process's; calls about a process by its
- * pid are refused, by 0 allowed) and returns its listener in *listener.
- * Returns 0 or -errno. */
+ * pid go to the listener, see policy_self_arg) and returns its listener in
+ * *listener. Returns 0 or -errno. */
 int policy_load_session(const struct policy *p, int *listener);
 
 /* For a call the table allows about the worker's own pid: the argument

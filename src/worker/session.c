@@ -70,8 +70,10 @@ static int place(const int fds[SESSION_FORK_FDS], const int at[SESSION_FORK_FDS]
     for (int i = 0; i < SESSION_FORK_FDS; i++)
         if ((tmp[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 64)) < 0)
             return -errno;
-    for (int i = 0; i < SESSION_FORK_FDS; i++) {
+    /* All the old numbers first: one of them may be a number placed to. */
+    for (int i = 0; i < SESSION_FORK_FDS; i++)
         close(fds[i]);
+    for (int i = 0; i < SESSION_FORK_FDS; i++) {
         if (dup2(tmp[i], at[i]) < 0)
             return -errno;
         close(tmp[i]);
