@@ -65,9 +65,8 @@ struct session_rec {
     bool ready;       /* WIRE_SESSION sent */
     bool pending;     /* a cell asked for and not yet handed over */
     bool fork_failed; /* the last fork made ahead failed: wait for a cell */
-    char fork_why[WIRE_TEXT_MAX];
-    bool permit; /* the state may fork, once */
-    bool ending; /* freed once its processes are reaped */
+    bool permit;      /* the state may fork, once */
+    bool ending;      /* freed once its processes are reaped */
 };
 
 static struct seccomp_notif *notif;
@@ -98,25 +97,37 @@ static void send_fail(struct session_rec *s, const char *why)
         (void)wire_send(s->chan, &m, sizeof(m), NULL, 0);
 }
 
-/* A number from /proc/PID/status ("Threads:", "PPid:", "VmHWM:"), or -1. */
-static long proc_status(const struct tmpl *t, pid_t pid, const char *field)
+/* Numbers from /proc/PID/status ("Threads:", "PPid:", "VmHWM:", ...), in
+ * one read: out[i] for fields[i], -1 where there is none. */
+static void proc_fields(const struct tmpl *t, pid_t pid, const char *const *fields, long *out,
+                        int n)
 {
     char path[32], buf[4096];
+    ssize_t got = -1;
 
+    for (int i = 0; i < n; i++)
+        out[i] = -1;
     fmt(path, sizeof(path), "%d/status", (int)pid);
     int fd = openat(t->proc_fd, path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read_full(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    size_t len = strlen(field);
+    if (fd >= 0) {
+        got = read_full(fd, buf, sizeof(buf) - 1);
+        close(fd);
+    }
+    if (got <= 0)
+        return;
+    buf[got] = '\0';
     for (char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (strncmp(p, field, len) == 0)
-            return strtol(p + len, NULL, 10);
-    return -1;
+        for (int i = 0; i < n; i++)
+            if (strncmp(p, fields[i], strlen(fields[i])) == 0)
+                out[i] = strtol(p + strlen(fields[i]), NULL, 10);
+}
+
+static long proc_status(const struct tmpl *t, pid_t pid, const char *field)
+{
+    long v;
+
+    proc_fields(t, pid, &field, &v, 1);
+    return v;
 }
 
 static void unlink_worker(struct tmpl *t, struct worker_rec *w)
@@ -260,10 +271,8 @@ static void cell_failed(struct session_rec *s, const char *why)
     if (s->pending) {
         s->pending = false;
         send_fail(s, why);
-    } else {
-        s->fork_failed = true;
-        fmt(s->fork_why, sizeof(s->fork_why), "%s", why);
-    }
+    } else
+        s->fork_failed = true; /* asked for, it is tried again and says why */
 }
 
 /* Makes the cell's pipes, wakes the state and tells it to fork. The cell
@@ -446,8 +455,9 @@ static void stop_timers(struct worker_rec *w)
     w->has_timer = w->has_wall_timer = false;
 }
 
-/* The cell |w| ended by itself and is kept: it is the state now. */
-static void keep_cell(const struct tmpl *t, struct session_rec *s, struct worker_rec *w)
+/* The cell |w| ended by itself and is kept: it is the state now. Its peak
+ * memory, |hwm_kb|, was read with its threads. */
+static void keep_cell(struct session_rec *s, struct worker_rec *w, long hwm_kb)
 {
     struct wire_status st = {
         .magic = WIRE_STATUS_MAGIC,
@@ -455,7 +465,7 @@ static void keep_cell(const struct tmpl *t, struct session_rec *s, struct worker
         .started = w->started,
         .flags = WIRE_STATUS_KEPT,
         .utime_us = cpu_us(w->pid),
-        .maxrss_kb = proc_status(t, w->pid, "VmHWM:"),
+        .maxrss_kb = hwm_kb,
     };
     stop_timers(w);
     kill(w->pid, SIGSTOP); /* first: nothing runs between cells */
@@ -473,8 +483,12 @@ static void keep_cell(const struct tmpl *t, struct session_rec *s, struct worker
 /* The cell |w| said CELL_DONE: keep it or roll it back. */
 static void cell_done(struct tmpl *t, struct session_rec *s, struct worker_rec *w)
 {
+    static const char *const fields[] = {"Threads:", "VmHWM:"};
     bool wanted = w->exit_status == 0 || s->rollback != SBX_ROLLBACK_ON_ERROR;
-    long threads = proc_status(t, w->pid, "Threads:");
+    long got[2];
+
+    proc_fields(t, w->pid, fields, got, 2);
+    long threads = got[0];
 
     s->recheck_ns = 0;
     if (threads != 1 && wanted && now_ns() < s->idle_since_ns + THREAD_GRACE_NS) {
@@ -482,7 +496,7 @@ static void cell_done(struct tmpl *t, struct session_rec *s, struct worker_rec *
         return;
     }
     if (wanted && threads == 1) {
-        keep_cell(t, s, w);
+        keep_cell(s, w, got[1]);
         maybe_start_cell(t, s); /* the next cell, from the new state */
         return;
     }
