@@ -323,10 +323,15 @@ int session_cell_settle(struct sbx_session *s, struct supervision *sv, int saved
     if (s->changes_known && fsid_enter(s->uid, s->gid, &switched) == 0) {
         /* The value was read: the next cell does not find it. */
         (void)unlinkat(sv->ws_fd, WIRE_VALUE_FILE, 0);
-        rc = keep_files ? ws_commit(sv->ws_fd, saved, &s->changes)
-                        : ws_restore(sv->ws_fd, saved, &s->changes);
-        if (rc == 0)
-            rc = ws_index_build(sv->ws_fd, &s->index);
+        if (keep_files) {
+            rc = ws_commit(sv->ws_fd, saved, &s->changes);
+            if (rc == 0)
+                ws_index_take(&s->index, &s->changes);
+        } else {
+            rc = ws_restore(sv->ws_fd, saved, &s->changes);
+            if (rc == 0)
+                rc = ws_index_build(sv->ws_fd, &s->index);
+        }
         fsid_leave(switched);
     }
     ws_changes_free(&s->changes);

@@ -211,6 +211,7 @@ struct diff {
     const struct ws_index *ix;
     int saved_fd;
     struct list changed;
+    struct list now; /* everything there, the next index if it stays */
     bool *seen;
 };
 
@@ -222,6 +223,9 @@ static int diff_visit(void *ctx, int dirfd, const char *leaf, const char *path,
 
     if (old)
         d->seen[old - d->ix->v] = true;
+    int rc = list_add(&d->now, path, st);
+    if (rc < 0)
+        return rc;
     if (old && (old->mode & S_IFMT) == (st->st_mode & S_IFMT)) {
         /* A directory's times move with its entries, which are looked at
          * one by one: only its mode matters. */
@@ -248,12 +252,25 @@ int ws_diff(int ws_fd, int saved_fd, const struct ws_index *ix, struct ws_change
     free(d.seen);
     if (rc < 0) {
         nodes_free(d.changed.v, d.changed.n);
+        nodes_free(d.now.v, d.now.n);
         nodes_free(gone.v, gone.n);
         return rc;
     }
     sort(&d.changed);
-    *out = (struct ws_changes){d.changed.v, d.changed.n, gone.v, gone.n};
+    sort(&d.now);
+    *out = (struct ws_changes){d.changed.v, d.changed.n, gone.v, gone.n, d.now.v, d.now.n};
+    clock_gettime(CLOCK_REALTIME, &out->walked);
     return 0;
+}
+
+void ws_index_take(struct ws_index *ix, struct ws_changes *c)
+{
+    ws_index_free(ix);
+    ix->v = c->now;
+    ix->n = c->n_now;
+    ix->taken = c->walked;
+    c->now = NULL;
+    c->n_now = 0;
 }
 
 bool ws_changed(const struct ws_changes *c, const char *path)
@@ -265,6 +282,7 @@ void ws_changes_free(struct ws_changes *c)
 {
     nodes_free(c->changed, c->n_changed);
     nodes_free(c->gone, c->n_gone);
+    nodes_free(c->now, c->n_now);
     memset(c, 0, sizeof(*c));
 }
 

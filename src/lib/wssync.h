@@ -45,6 +45,11 @@ struct ws_changes {
     size_t n_changed;
     struct ws_node *gone;
     size_t n_gone;
+    /* Every entry the walk found, and when: the next index, when the
+     * workspace stays as it is (a kept cell's). */
+    struct ws_node *now;
+    size_t n_now;
+    struct timespec walked;
 };
 
 /* Indexes the workspace |ws_fd| (after a sync). Returns 0 or -errno. */
@@ -60,6 +65,10 @@ void ws_changes_free(struct ws_changes *c);
 
 /* A kept cell: the saved copy takes the changes. Returns 0 or -errno. */
 int ws_commit(int ws_fd, int saved_fd, const struct ws_changes *c);
+/* After ws_commit: the index is what ws_diff found (moved out of |c|), so
+ * that a kept cell's workspace is walked once, not twice. */
+void ws_index_take(struct ws_index *ix, struct ws_changes *c);
+
 /* A rolled-back cell: the workspace gets back what it had. Returns 0 or
  * -errno. */
 int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c);
