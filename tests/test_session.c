@@ -694,10 +694,10 @@ static void hundreds_of_cells_leak_nothing(void **state)
     free(uid);
 }
 
-static void *run_slow(void *p);
-
+/* A cell run on a thread of its own. */
 struct behind {
     struct sbx_session *s;
+    const char *code;
     struct sbx_cancel *cancel;
     struct sbx_result *res;
     int rc;
@@ -710,22 +710,9 @@ static void *run_behind(void *p)
     struct sbx_error err = {0};
 
     sbx_request_init(&req);
-    req.code = "x = 'second'";
+    req.code = b->code;
     req.code_len = strlen(req.code);
     req.cancel = b->cancel;
-    b->rc = sbx_session_run(b->s, &req, SBX_ROLLBACK_ON_ERROR, &b->res, &err);
-    return NULL;
-}
-
-static void *run_slow(void *p)
-{
-    struct behind *b = p;
-    struct sbx_request req;
-    struct sbx_error err = {0};
-
-    sbx_request_init(&req);
-    req.code = "import time\ntime.sleep(1.5)\nx = 'slow'";
-    req.code_len = strlen(req.code);
     b->rc = sbx_session_run(b->s, &req, SBX_ROLLBACK_ON_ERROR, &b->res, &err);
     return NULL;
 }
@@ -735,14 +722,14 @@ static void *run_slow(void *p)
 static void a_cell_waiting_its_turn_can_be_cancelled(void **state)
 {
     struct sbx_session *s = open_session(SBX(state), NULL);
-    struct behind b = {.s = s, .cancel = sbx_cancel_new()};
+    struct behind b = {.s = s, .code = "x = 'second'", .cancel = sbx_cancel_new()};
     pthread_t first, second;
-    struct behind a = {.s = s};
+    struct behind a = {.s = s, .code = "import time\ntime.sleep(1.5)\nx = 'slow'"};
 
     assert_non_null(b.cancel);
     expect_cell(s, "x = 'first'", "");
     /* The first caller's cell sleeps; the second waits behind it. */
-    assert_int_equal(pthread_create(&first, NULL, run_slow, &a), 0);
+    assert_int_equal(pthread_create(&first, NULL, run_behind, &a), 0);
     struct timespec pause = {0, 200 * 1000000};
     nanosleep(&pause, NULL);
     assert_int_equal(pthread_create(&second, NULL, run_behind, &b), 0);
