@@ -412,8 +412,10 @@ PYSBX_API const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid
  *          ... res->cell, res->rolled_back ...
  *          sbx_session_close(s);
  *
- * A session holds at most two processes (its state, and the cell running)
- * and two workspaces (the cell's, and the files as of the last kept cell).
+ * A session holds two processes (its state, and the next cell, forked
+ * ahead and stopped until it runs; for a moment after a cell is kept, also
+ * the state it replaced, being torn down) and two workspaces (the cells',
+ * and the files as of the last kept cell).
  */
 
 /* Defaults of struct sbx_session_limits and sbx_config.max_sessions. */
