@@ -515,10 +515,13 @@ void pool_run(struct tmpl *t)
         for (nfds_t i = 2; i < first_session; i++) {
             if (!pfd[i].revents)
                 continue;
-            /* reap() may have freed it; look it up again. */
+            /* reap() may have freed it; look it up again. What it says may
+             * free it (or others): nothing of the list is read after. */
             for (struct worker_rec *w = t->workers; w; w = w->next)
-                if (w == who[i] && w->ready_fd == pfd[i].fd)
+                if (w == who[i] && w->ready_fd == pfd[i].fd) {
                     w->session ? session_said(t, w) : on_ready(t, w);
+                    break;
+                }
         }
         sessions_handle(t, pfd, first_session, n);
         sessions_tick(t);
