@@ -467,19 +467,57 @@ static void killed_session_process_is_lost(void **state)
     struct sbx_session *s = open_session(SBX(state), NULL);
     pid_t stopped[8];
 
-    /* Once the state before it is gone: the state and the next cell. */
-    char *uid = session_uid(s);
-    if (processes_of(uid) >= 0)
-        assert_int_equal(wait_processes_of(uid, 2), 2);
-    free(uid);
-    assert_int_equal(wait_stopped(stopped, 8, 2), 2);
-    /* The state is the older of the two: forked first, so the lower pid in
-     * this program's own pid namespace, where pids are handed out in order
-     * and do not wrap (start times, in clock ticks, can be equal). */
-    assert_int_equal(kill(stopped[0] < stopped[1] ? stopped[0] : stopped[1], SIGKILL), 0);
-    struct timespec pause = {0, 100 * 1000000};
-    nanosleep(&pause, NULL);
+    /* A kept cell's process is the state: it says its own pid. */
+    struct sbx_result *r = cell(s, "import os\nprint(os.getpid())");
+    expect_completed(r, 0);
+    assert_false(r->rolled_back);
+    pid_t pid = (pid_t)atoi(r->stdout_text);
+    sbx_result_free(r);
+    assert_true(pid > 1);
+    /* Stopped between cells, as every state is. */
+    assert_true(wait_stopped(stopped, 8, 2) >= 1);
+    bool found = false;
+    for (int i = 0; i < 2; i++)
+        found = found || stopped[i] == pid;
+    assert_true(found);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    /* Gone (reaped by the template, which ends the session as it does). */
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+    for (int i = 0; i < 200 && access(path, F_OK) == 0; i++) {
+        struct timespec pause = {0, 10 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    assert_int_not_equal(access(path, F_OK), 0);
     expect_lost(s, "died");
+    sbx_session_close(s);
+}
+
+/* Killed at any moment (while it forks the next cell, while that cell
+ * says hello, while both are stopped): the session is lost, the template
+ * stays up for every other run. */
+static void killing_a_state_at_any_moment_leaves_the_template_up(void **state)
+{
+    struct sbx_health before, after;
+
+    assert_int_equal(sbx_health(SBX(state), &before), 0);
+    for (int k = 0; k < 40; k++) {
+        struct sbx_session *s = open_session(SBX(state), NULL);
+        struct sbx_result *r = cell(s, "import os\nprint(os.getpid())");
+        expect_completed(r, 0);
+        pid_t pid = (pid_t)atoi(r->stdout_text);
+        sbx_result_free(r);
+        assert_true(pid > 1);
+        struct timespec delay = {0, (k % 5) * 100 * 1000};
+        nanosleep(&delay, NULL);
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        sbx_session_close(s);
+    }
+    assert_int_equal(sbx_health(SBX(state), &after), 0);
+    assert_true(after.ready);
+    assert_int_equal(after.restarts, before.restarts);
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    expect_cell(s, "print(1)", "1\n");
     sbx_session_close(s);
 }
 
@@ -764,6 +802,7 @@ int main(void)
         cmocka_unit_test(a_forged_end_does_not_run_between_cells),
         cmocka_unit_test(the_state_is_stopped_between_cells),
         cmocka_unit_test(killed_session_process_is_lost),
+        cmocka_unit_test(killing_a_state_at_any_moment_leaves_the_template_up),
         cmocka_unit_test(idle_sessions_expire),
         cmocka_unit_test(max_cells_ends_the_session),
         cmocka_unit_test(bad_limits_are_refused),
