@@ -169,7 +169,7 @@ int wire_decode_session(const void *buf, size_t n, struct wire_session *out, cha
         *out = m.session;
         return 0;
     }
-    if (m.hdr.type == WIRE_FAIL && n == sizeof(m.fail))
+    if ((m.hdr.type == WIRE_FAIL || m.hdr.type == WIRE_ENDED) && n == sizeof(m.fail))
         return fail_text(&m.fail, why, cap);
     return errmsg(why, cap, -EPROTO, "malformed message from the template");
 }

@@ -35,6 +35,7 @@ enum wire_msg_type {
     WIRE_SESSION_OPEN, /* supervisor -> template: a session's channel attached */
     WIRE_SESSION,      /* template -> supervisor, on the channel: the session is ready */
     WIRE_CELL,         /* supervisor -> template, on the channel: run the next cell */
+    WIRE_ENDED,        /* template -> supervisor, on the channel: the session is over */
 };
 
 /* Descriptors attached to WIRE_WORKER, in this order. */
@@ -107,8 +108,10 @@ struct wire_fail {
  * (the cell's, as a worker's, and the saved workspace) or WIRE_FAIL; the
  * cell's status pipe then carries its struct wire_status as a worker's
  * does. When the session ends on the template's side (its idle time or
- * lifetime ran out, its process died) the template sends WIRE_FAIL saying
- * why and closes the channel.
+ * lifetime ran out, its process died) the template sends WIRE_ENDED (a
+ * struct wire_fail by its layout) saying why, and closes the channel once
+ * the session's last process is reaped. A FAIL is about one cell (or the
+ * opening): the session goes on.
  */
 struct wire_session_open {
     struct wire_hdr hdr;
@@ -224,8 +227,8 @@ int wire_decode_worker(const void *buf, size_t n, int nfds, struct wire_worker *
 /* The same, for a session's cell: |want| descriptors (WFD_SESSION_COUNT). */
 int wire_decode_worker_fds(const void *buf, size_t n, int nfds, int want, struct wire_worker *out,
                            char *why, size_t cap);
-/* The answer to WIRE_SESSION_OPEN: 0 and *out; FAIL: -EIO and its text in
- * |why|; anything else: -EPROTO. */
+/* The answer to WIRE_SESSION_OPEN: 0 and *out; FAIL or ENDED: -EIO and its
+ * text in |why|; anything else: -EPROTO. */
 int wire_decode_session(const void *buf, size_t n, struct wire_session *out, char *why, size_t cap);
 /* A status message: 0 and *out, or -EPROTO when it is cut or not one. */
 int wire_decode_status(const void *buf, size_t n, struct wire_status *out);

@@ -209,7 +209,21 @@ fail:
     return rc;
 }
 
-/* A message the template sent between cells: only a FAIL that ends it. */
+/* The session is over if |m| (|n| bytes) says so, or is not a message
+ * the template sends: lost, with its words. Returns whether it was. */
+static bool ended(struct sbx_session *s, struct wire_fail *m, ssize_t n)
+{
+    if (n > 0 && m->hdr.type == WIRE_ENDED && n == (ssize_t)sizeof(*m))
+        m->text[sizeof(m->text) - 1] = '\0';
+    else if (n > 0 && m->hdr.type != WIRE_ENDED)
+        return false;
+    else
+        fmt(m->text, sizeof(m->text), "the sandbox's template ended, and its sessions with it");
+    lose(s, m->text);
+    return true;
+}
+
+/* Between cells the template sends nothing but the session's end. */
 static void look_for_end(struct sbx_session *s)
 {
     struct wire_fail f;
@@ -220,11 +234,8 @@ static void look_for_end(struct sbx_session *s)
     ssize_t n = wire_recv(s->chan, &f, sizeof(f), NULL, 0, &nfds);
     if (n == -EAGAIN || n == -EINTR)
         return;
-    if (n > 0 && f.hdr.type == WIRE_FAIL && n == (ssize_t)sizeof(f))
-        f.text[sizeof(f.text) - 1] = '\0';
-    else
-        fmt(f.text, sizeof(f.text), "the sandbox's template ended, and its sessions with it");
-    lose(s, f.text);
+    if (!ended(s, &f, n))
+        lose(s, "the template said something out of turn");
 }
 
 int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_worker *w, int *saved,
@@ -257,12 +268,15 @@ int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_wor
         lose(s, "the sandbox's template ended, and its sessions with it");
         return errmsg(why, whylen, -ENOLINK, "%s", s->lost);
     }
+    /* The session may have ended while we asked. */
+    if (ended(s, &m.fail, n)) {
+        close_fds(fds, (size_t)nfds);
+        return errmsg(why, whylen, -ENOLINK, "%s", s->lost);
+    }
     int rc = wire_decode_worker_fds(&m, (size_t)n, nfds, WFD_SESSION_COUNT, &worker, why, whylen);
     if (rc < 0) {
         close_fds(fds, (size_t)nfds);
-        /* A FAIL that ended the session comes with the channel's end. */
-        look_for_end(s);
-        return s->lost[0] ? errmsg(why, whylen, -ENOLINK, "%s", s->lost) : rc;
+        return rc;
     }
     memcpy(w->fds, fds, sizeof(w->fds));
     *saved = fds[WFD_SAVED];

@@ -88,9 +88,10 @@ void session_adopt(struct session_rec *s, struct worker_rec *w, int ws_fd)
     fmt(s->name, sizeof(s->name), "%s", w->name);
 }
 
-static void send_fail(struct session_rec *s, const char *why)
+/* FAIL (a cell could not be made, or the opening failed) or ENDED. */
+static void send_text(struct session_rec *s, uint32_t type, const char *why)
 {
-    struct wire_fail m = {.hdr = {WIRE_FAIL, WIRE_VERSION}};
+    struct wire_fail m = {.hdr = {type, WIRE_VERSION}};
 
     fmt(m.text, sizeof(m.text), "%s", why);
     if (s->chan >= 0 && !s->ending)
@@ -182,7 +183,7 @@ static void kill_quietly(struct worker_rec *w)
 static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
 {
     if (why)
-        send_fail(s, why);
+        send_text(s, WIRE_ENDED, why);
     /* The channel stays open (and unread) until the last process of the
      * session is reaped: its end tells the supervisor nothing is left. */
     s->ending = true;
@@ -246,7 +247,7 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
     return;
 
 refuse:
-    send_fail(s, why);
+    send_text(s, WIRE_FAIL, why);
     close(chan);
     free(s);
 }
@@ -270,7 +271,7 @@ static void cell_failed(struct session_rec *s, const char *why)
 {
     if (s->pending) {
         s->pending = false;
-        send_fail(s, why);
+        send_text(s, WIRE_FAIL, why);
     } else
         s->fork_failed = true; /* asked for, it is tried again and says why */
 }

@@ -93,7 +93,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(rc == -EIO || rc == -EPROTO);
         CHECK(strnlen(why, cap) < cap);
         CHECK(valid_utf8(why));
-        CHECK((rc == -EIO) == (hdr.type == WIRE_FAIL && n == sizeof(struct wire_fail)));
+        CHECK((rc == -EIO) ==
+              ((hdr.type == WIRE_FAIL || hdr.type == WIRE_ENDED) && n == sizeof(struct wire_fail)));
     }
 
     struct wire_status st;
