@@ -69,7 +69,10 @@ cat "$T/doctor"
 # The HTTP service from the installed package (the chroot shares the host's
 # network: loopback only), one run, then its metrics.
 port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-in_root pysbx serve --http "127.0.0.1:$port" >"$T/http.log" 2>&1 &
+# exec all the way down: $! is the server itself, which the kill below
+# reaches (a backgrounded function would leave it running).
+(exec chroot "$M" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin pysbx serve --http \
+    "127.0.0.1:$port") >"$T/http.log" 2>&1 &
 server=$!
 cat >"$T/ask.py" <<'PY'
 import json, sys, urllib.request
