@@ -1,0 +1,52 @@
+/* What the session tests share: opening sessions, running cells, and what
+ * /proc says of a session's processes (the tests run as pid 1 of a pid
+ * namespace of their own, whose /proc shows the sandbox's processes). */
+#ifndef PYSBX_TEST_SESSION_HELPERS_H
+#define PYSBX_TEST_SESSION_HELPERS_H
+
+#include "helpers.h"
+
+#include <sys/types.h>
+
+struct sbx_session *open_session(struct sbx *sbx, const struct sbx_session_limits *l);
+
+/* One cell with |wall| (and |cpu|, when > 0) seconds; *rc gets what
+ * sbx_session_run returned (NULL result if < 0). */
+struct sbx_result *cell_limited(struct sbx_session *s, const char *code, enum sbx_rollback rb,
+                                double wall, double cpu, const struct sbx_file *files,
+                                size_t n_files, int *rc, struct sbx_error *err);
+struct sbx_result *cell_full(struct sbx_session *s, const char *code, enum sbx_rollback rb,
+                             double wall, const struct sbx_file *files, size_t n_files, int *rc,
+                             struct sbx_error *err);
+/* A cell that must not be refused. */
+struct sbx_result *cell_rb(struct sbx_session *s, const char *code, enum sbx_rollback rb);
+struct sbx_result *cell(struct sbx_session *s, const char *code);
+/* A cell that must complete, be kept, and print |want|. */
+void expect_cell(struct sbx_session *s, const char *code, const char *want);
+/* The next cell is refused as session_lost, with |why_part| in the reason,
+ * and so is the one after. */
+void expect_lost(struct sbx_session *s, const char *why_part);
+
+/* The session's uid as its code sees it (a cell that prints it). */
+uid_t session_uid(struct sbx_session *s);
+/* Processes of |uid| (a session's own, when the sandbox gives each its own
+ * uid); -1 when not root (uids shared: this cannot tell). */
+int processes_of(uid_t uid);
+/* Waits (a second at most) until |uid| has |n| processes; returns the
+ * count then. */
+int wait_processes_of(uid_t uid, int n);
+/* User and system CPU time of every process of |uid|, in ms. */
+double cpu_ms_of(uid_t uid);
+/* The pids of processes in state T (stopped), at most |cap|. */
+int stopped_processes(pid_t *out, int cap);
+/* Waits (a second at most) until |n| processes are stopped. */
+int wait_stopped(pid_t *out, int cap, int n);
+/* The pid (in our /proc) of the process of |uid| that calls itself |inner|
+ * in its own pid namespace; -1 when there is none. */
+pid_t pid_from_inside(uid_t uid, pid_t inner);
+/* The template's pid, from /proc. */
+int template_pid(void);
+/* This process's resident memory, KiB. */
+long rss_kb(void);
+
+#endif
