@@ -7,11 +7,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/capability.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -238,7 +240,7 @@ static int clear_dir_pass(int fd, dev_t dev, unsigned long *removed, char **sub)
         if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode) ||
             st.st_dev != dev)
             continue;
-        (void)fchmodat(dirfd(d), n, 0700, 0);
+        (void)chmod_nofollow(dirfd(d), n, 0700);
         *sub = strdup(n);
         rc = *sub ? 1 : -ENOMEM;
     }
@@ -256,7 +258,7 @@ static int walk_tree(int parent_fd, const char *name, bool remove_top)
 
     int top = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (top < 0 && errno == EACCES) {
-        (void)fchmodat(parent_fd, name, 0700, 0);
+        (void)chmod_nofollow(parent_fd, name, 0700);
         top = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     }
     if (top < 0)
@@ -332,6 +334,46 @@ int fsid_enter(uid_t uid, gid_t gid, bool *switched)
     }
     *switched = true;
     return 0;
+}
+
+int fsid_enter_owner(uid_t uid, gid_t gid, bool *switched)
+{
+    int rc = fsid_enter(uid, gid, switched);
+
+    if (rc < 0 || !*switched)
+        return rc;
+    /* The kernel took the file-system capabilities out of the effective
+     * set with the fsuid; those still permitted go back in, this thread
+     * only (capabilities are per thread). */
+    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) == 0) {
+        static const int keep[] = {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER};
+        for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++)
+            d[keep[i] / 32].effective |= d[keep[i] / 32].permitted & (1u << (keep[i] % 32));
+        (void)syscall(SYS_capset, &h, d);
+    }
+    return 0;
+}
+
+int chmod_nofollow(int dirfd, const char *name, mode_t mode)
+{
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452
+#endif
+    struct stat st;
+
+    if (syscall(SYS_fchmodat2, dirfd, name, mode, AT_SYMLINK_NOFOLLOW) == 0)
+        return 0;
+    if (errno != ENOSYS)
+        return -errno;
+    /* Before Linux 6.6: a link is refused, anything else changed by name
+     * (its callers act where nothing of the code runs any more). */
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return -errno;
+    if (S_ISLNK(st.st_mode))
+        return -ELOOP;
+    return fchmodat(dirfd, name, mode, 0) == 0 ? 0 : -errno;
 }
 
 void fsid_leave(bool switched)

@@ -46,6 +46,16 @@ int empty_tree_at(int parent_fd, const char *name);
  * whether it happened, for fsid_leave. Returns 0 or -EPERM. */
 int fsid_enter(uid_t uid, gid_t gid, bool *switched);
 void fsid_leave(bool switched);
+/* As fsid_enter, keeping (in this thread) the capabilities that override
+ * file modes (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER) where we
+ * hold them: for copying, as their owner, files the owner made unreadable
+ * to itself. Whatever acts so must follow no link and use no "..". */
+int fsid_enter_owner(uid_t uid, gid_t gid, bool *switched);
+
+/* chmod of |name| beneath |dirfd| itself, never of what a link names
+ * (fchmodat2 with AT_SYMLINK_NOFOLLOW; before Linux 6.6, a link is
+ * refused with -ELOOP). Returns 0 or -errno. */
+int chmod_nofollow(int dirfd, const char *name, mode_t mode);
 
 /* |name| in the directory of this program (/proc/self/exe) when it exists
  * and is executable: how a command finds pysbx-template beside it in a build
