@@ -389,6 +389,36 @@ static pid_t template_pid(void)
     return pid;
 }
 
+/* The worker that calls itself |inner| in its pid namespace, by the pid
+ * this process sees (the last number of NSpid is the innermost one). */
+static pid_t worker_from_inside(pid_t inner)
+{
+    pid_t workers[64];
+    int n = proc_children(template_pid(), "pysbx-worker", workers, 64, NULL);
+
+    for (int i = 0; i < n; i++) {
+        char path[64], buf[4096];
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)workers[i]);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t got = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[got] = '\0';
+        char *ns = strstr(buf, "\nNSpid:");
+        char *end = ns ? strchr(ns + 1, '\n') : NULL;
+        if (!end)
+            continue;
+        while (end > ns && (end[-1] < '0' || end[-1] > '9'))
+            end--;
+        while (end > ns && end[-1] >= '0' && end[-1] <= '9')
+            end--;
+        if (atoi(end) == inner)
+            return workers[i];
+    }
+    return -1;
+}
+
 /* What a worker holds before any code runs, read from the host: no
  * capability in any set (the bounding set included, which the template
  * empties once for all of them), no_new_privs. A worker counts once its
@@ -507,7 +537,8 @@ static void a_linked_hosts_secrets_are_out_of_reach(void **state)
         sscanf(run.log.text[0], "%d [] %d", &hits, &worker);
     /* From outside, as root: the secret is in neither the worker's memory
      * nor the template's (the template was started by exec). */
-    int in_worker = worker > 0 ? memory_holds(worker, secret) : -1;
+    pid_t outer = worker > 0 ? worker_from_inside(worker) : -1;
+    int in_worker = outer > 0 ? memory_holds(outer, secret) : -1;
     int in_template = memory_holds(template_pid(), secret);
     int in_host = memory_holds(getpid(), secret); /* the check can find it */
     pthread_join(th, NULL);

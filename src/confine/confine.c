@@ -85,7 +85,7 @@ int confine_self(const struct confine_plan *p, char *err, size_t errlen)
      * already gone, so are we. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
         return errmsg(err, errlen, -errno, "PR_SET_PDEATHSIG: %s", strerror(errno));
-    if (p->parent > 0 && getppid() != p->parent)
+    if (getppid() != p->ppid)
         return errmsg(err, errlen, -ESRCH, "the template is gone");
     if ((rc = drop_capabilities(err, errlen)) < 0)
         return rc;

@@ -13,7 +13,10 @@
 
 struct confine_plan {
     bool switch_user; /* drop to uid/gid (the template is root) */
-    pid_t parent;     /* the template: we die with it */
+    /* What getppid() says while the template lives: its pid, or 0 when
+     * the worker is in a pid namespace the template is outside of. We die
+     * with it. */
+    pid_t ppid;
     uid_t uid;
     gid_t gid;
     int landlock_abi; /* > 0: restrict with ruleset_fd */

@@ -45,5 +45,9 @@ void layers_describe(const struct tmpl *t, struct wire_hello *h)
                             : "every capability dropped, no_new_privs (the bounding set stays: "
                               "no CAP_SETPCAP to empty it; no_new_privs keeps exec from using it)");
     layer(h, SBX_LAYER_ROOT, t->root, t->root_why);
-    layer(h, SBX_LAYER_UIDRUN, j->uid_per_run, j->uidrun_why);
+    /* Where processes are told apart, so is their namespace. */
+    char run[WIRE_LAYER_DETAIL_MAX];
+    fmt(run, sizeof(run), "%s; %s%s", j->uidrun_why,
+        t->pid_ns ? "workers " : "no pid namespace for workers: ", t->pidns_why);
+    layer(h, SBX_LAYER_UIDRUN, j->uid_per_run, run);
 }

@@ -165,6 +165,8 @@ int main(void)
                      .sigfd = -1,
                      .base_fd = -1,
                      .devnull = -1,
+                     .proc_fd = -1,
+                     .keeper = {.pid = -1, .life = -1},
                      .sweeper = {.fd = -1, .pid = -1}};
     char err[WIRE_TEXT_MAX];
     sigset_t chld;
@@ -187,12 +189,11 @@ int main(void)
     /* Namespaces first: everything after, and every worker, lives in them. */
     jail_setup(&t.jail, &t.jc);
     /* /proc stays reachable to the template alone, through this descriptor
-     * (prefault reads its workers' page maps); a private root has none. */
-    t.proc_fd = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (t.proc_fd < 0) {
-        errmsg(err, sizeof(err), -errno, "template: /proc: %s", strerror(errno));
-        goto fail;
-    }
+     * (prefault reads its workers' page maps, sessions their threads and
+     * children); a private root has none. Only our own pid namespace's:
+     * another's numbers name other processes. */
+    t.proc_fd = proc_open_own(t.proc_why, sizeof(t.proc_why));
+    t.proc_ok = t.proc_fd >= 0;
     if (enter_root(&t, err, sizeof(err)) < 0)
         goto fail;
     /* Workers under other uids are stopped by signals (the template's
@@ -210,12 +211,6 @@ int main(void)
     if (confine_drop_bounding_set(err, sizeof(err)) < 0)
         goto fail;
     t.bounding_empty = confine_bounding_set_empty();
-    /* Workspaces mounted in our namespace are unmounted and removed by the
-     * sweeper; under the private root they are detached mounts that go
-     * with their last descriptor. */
-    if (t.jail.mount_ns && !t.root &&
-        sweeper_start(&t.sweeper, t.base_path, t.base_fd, err, sizeof(err)) < 0)
-        goto fail;
     if (uids_init(&t.uids, &t.jail) < 0) {
         errmsg(err, sizeof(err), -ENOMEM, "template: out of memory");
         goto fail;
@@ -242,6 +237,24 @@ int main(void)
     if (py_rc < 0)
         goto fail;
     if (t.pkg_path && packages_started(&t, err, sizeof(err)) < 0)
+        goto fail;
+    /* The pid namespace, whose init is our first child, before any other
+     * (the sweeper, the workers). After it this process can start no
+     * thread (the kernel refuses CLONE_THREAD where the namespace for
+     * children is not one's own): it comes once the interpreter, its
+     * imports and the policy's builder are done with theirs. */
+    int kept = keeper_start(&t.keeper, t.pidns_why, sizeof(t.pidns_why));
+    if (kept < 0) {
+        fmt(err, sizeof(err), "%s", t.pidns_why);
+        goto fail;
+    }
+    t.pid_ns = kept > 0;
+    /* Workspaces mounted in our namespace are unmounted and removed by the
+     * sweeper; under the private root they are detached mounts that go
+     * with their last descriptor. */
+    if (t.jail.mount_ns && !t.root &&
+        sweeper_start(&t.sweeper, t.base_path, t.base_fd, t.pid_ns ? 0 : t.pid, err, sizeof(err)) <
+            0)
         goto fail;
     if (t.jc.disable & SBX_LAYER_SECCOMP)
         fmt(t.seccomp_why, sizeof(t.seccomp_why), "turned off by the configuration");

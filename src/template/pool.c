@@ -114,7 +114,7 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
     }
     if (pid == 0) {
         struct worker_args a = {
-            .template_pid = t->pid,
+            .ppid = t->pid_ns ? 0 : t->pid,
             .req_fd = sess ? t->devnull : req[1],
             .out_fd = sess ? t->devnull : out[1],
             .err_fd = sess ? t->devnull : err[1],
@@ -129,7 +129,7 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
             .plan =
                 {
                     .switch_user = t->jail.switch_user,
-                    .parent = t->pid,
+                    .ppid = t->pid_ns ? 0 : t->pid,
                     .uid = w->uid,
                     .gid = w->gid,
                     .landlock_abi = t->landlock,
@@ -302,7 +302,7 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
         if (buf[i] == WORKER_READY && !w->announced) {
             /* Ready and idle: the pages it copied are what every worker
              * copies. Learn them once (see prefault.h). */
-            if (t->prefault.recorded == 0 && !t->single_run)
+            if (t->prefault.recorded == 0 && !t->single_run && t->proc_ok)
                 (void)prefault_record(t->proc_fd, w->pid, &t->prefault);
             announce(t, w);
         } else if (buf[i] == WORKER_STARTED && !w->started) {
@@ -386,6 +386,12 @@ static void reap(struct tmpl *t)
         pid_t pid = wait4(-1, &st, WNOHANG, &ru);
         if (pid <= 0)
             break;
+        if (pid == t->keeper.pid) {
+            /* The pid namespace died with it, and every worker in it. */
+            t->keeper_gone = true;
+            t->keeper.pid = -1;
+            continue;
+        }
         struct worker_rec **pp = &t->workers;
         while (*pp && (*pp)->pid != pid)
             pp = &(*pp)->next;
@@ -525,6 +531,8 @@ void pool_run(struct tmpl *t)
         }
         sessions_handle(t, pfd, first_session, n);
         sessions_tick(t);
+        if (t->keeper_gone)
+            break;
         if (pfd[0].revents)
             on_control(t, &stop);
     }

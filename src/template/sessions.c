@@ -123,6 +123,35 @@ static void proc_fields(const struct tmpl *t, pid_t pid, const char *const *fiel
                 out[i] = strtol(p + strlen(fields[i]), NULL, 10);
 }
 
+/* The last number of a /proc/PID/status line (NSpid:, NStgid:): a pid as
+ * the process's own pid namespace numbers it. -1 when there is none. */
+static long proc_inner(const struct tmpl *t, pid_t pid, const char *field)
+{
+    char path[32], buf[4096];
+    ssize_t got = -1;
+
+    fmt(path, sizeof(path), "%d/status", (int)pid);
+    int fd = openat(t->proc_fd, path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        got = read_full(fd, buf, sizeof(buf) - 1);
+        close(fd);
+    }
+    if (got <= 0)
+        return -1;
+    buf[got] = '\0';
+    char *line = strstr(buf, field);
+    if (!line)
+        return -1;
+    line += strlen(field);
+    char *end = line + strcspn(line, "\n");
+    while (end > line && (end[-1] < '0' || end[-1] > '9'))
+        end--;
+    char *p = end;
+    while (p > line && p[-1] >= '0' && p[-1] <= '9')
+        p--;
+    return p < end ? strtol(p, NULL, 10) : -1;
+}
+
 static long proc_status(const struct tmpl *t, pid_t pid, const char *field)
 {
     long v;
@@ -403,7 +432,8 @@ static void on_channel(struct tmpl *t, struct session_rec *s)
  * the state, asked to fork, with one thread. A call about a process by pid
  * (a signal, a priority, an affinity; see policy_self_arg): allowed only
  * about the caller's own (the listener tells us the calling thread; its
- * process is its Tgid). Anything else fails EPERM. The arguments
+ * process is its Tgid), by the numbers of its own pid namespace (NSpid,
+ * NStgid), which are what it passes. Anything else fails EPERM. The arguments
  * looked at are registers, which the caller cannot change while it waits;
  * the notification is checked to be alive after /proc was read, so that
  * the pid read is still the caller's. */
@@ -421,8 +451,9 @@ static void on_notification(struct tmpl *t, struct session_rec *s)
     else if (policy_self_arg(notif->data.nr) >= 0) {
         /* Its own process, by its pid or the calling thread's id. */
         long pid = (long)(int)notif->data.args[policy_self_arg(notif->data.nr)];
+        pid_t tid = (pid_t)notif->pid;
         allow = pid > 0 &&
-                (pid == (long)notif->pid || pid == proc_status(t, (pid_t)notif->pid, "Tgid:"));
+                (pid == proc_inner(t, tid, "\nNSpid:") || pid == proc_inner(t, tid, "\nNStgid:"));
     }
     allow = allow && seccomp_notify_id_valid(s->listener, notif->id) == 0;
     memset(notif_resp, 0, sizeof(*notif_resp));

@@ -46,10 +46,10 @@ _Noreturn static void sweeper_main(const char *base_path)
     }
 }
 
-int sweeper_start(struct sweeper *sw, const char *base_path, int base_fd, char *err, size_t errlen)
+int sweeper_start(struct sweeper *sw, const char *base_path, int base_fd, pid_t ppid, char *err,
+                  size_t errlen)
 {
     int p[2];
-    pid_t parent = getpid();
 
     sw->fd = -1;
     sw->pid = -1;
@@ -63,7 +63,7 @@ int sweeper_start(struct sweeper *sw, const char *base_path, int base_fd, char *
     }
     if (pid == 0) {
         prctl(PR_SET_NAME, "pysbx-sweeper");
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != ppid)
             _exit(1);
         int in = fcntl(p[0], F_DUPFD_CLOEXEC, SWEEP_IN_FD);
         int base = fcntl(base_fd, F_DUPFD_CLOEXEC, SWEEP_BASE_FD);

@@ -15,9 +15,11 @@ struct sweeper {
     pid_t pid; /* -1: none (no mount namespace, so no mounts to undo) */
 };
 
-/* Starts it for the workspaces under |base_path| (|base_fd|). Returns 0 or
- * -errno with a message. */
-int sweeper_start(struct sweeper *sw, const char *base_path, int base_fd, char *err, size_t errlen);
+/* Starts it for the workspaces under |base_path| (|base_fd|); |ppid| is
+ * what getppid() says in it while the template lives (confine.h). Returns
+ * 0 or -errno with a message. */
+int sweeper_start(struct sweeper *sw, const char *base_path, int base_fd, pid_t ppid, char *err,
+                  size_t errlen);
 
 /* After the worker is gone and its status sent: hands workspace |name| to
  * the sweeper (the supervisor's descriptor keeps the tmpfs readable until it

@@ -6,6 +6,7 @@
 #define PYSBX_TEMPLATE_H
 
 #include "jail.h"
+#include "keeper.h"
 #include "landlock.h"
 #include "policy.h"
 #include "prefault.h"
@@ -70,7 +71,13 @@ struct tmpl {
     char *base_path;
     unsigned pool_size;
     unsigned outstanding; /* messages not yet taken + workers getting ready */
-    int proc_fd;          /* /proc, for the template alone */
+    int proc_fd;          /* /proc of our own pid namespace (proc_ok), for the template alone */
+    bool proc_ok;
+    char proc_why[WIRE_LAYER_DETAIL_MAX];
+    struct keeper keeper; /* the workers' pid namespace (keeper.h) */
+    bool pid_ns;
+    bool keeper_gone; /* it died: so did the namespace; the template stops */
+    char pidns_why[WIRE_LAYER_DETAIL_MAX];
     struct worker_rec *workers;
     unsigned n_workers;
     char **warm;

@@ -95,7 +95,7 @@ _Noreturn static void cell_main(const struct worker_args *a, int fds[SESSION_FOR
     int rc;
 
     /* Our parent is the template (the fork's CLONE_PARENT): die with it. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != a->template_pid)
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != a->ppid)
         _exit(127);
     /* A process group of our own: kill(0, ...) reaches us alone. */
     if (setsid() < 0 || place(fds, at) < 0)

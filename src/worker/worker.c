@@ -138,7 +138,7 @@ _Noreturn void worker_main(const struct worker_args *a)
 
     prctl(PR_SET_NAME, "pysbx-worker");
     /* Die with the template, and not a moment later than it. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != a->template_pid)
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != a->ppid)
         _exit(127);
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL); /* the template blocks SIGCHLD */

@@ -48,7 +48,7 @@ enum {
 };
 
 struct worker_args {
-    pid_t template_pid;  /* the worker dies with it */
+    pid_t ppid;          /* getppid() while the template lives (confine.h): we die with it */
     int req_fd;          /* request socket, worker's end */
     int out_fd;          /* stdout pipe, write end */
     int err_fd;          /* stderr pipe, write end */
