@@ -612,6 +612,29 @@ def sessions_on_standard_input():
     check("serve exits 0 with sessions open at the end of input", rc == 0, rc)
 
 
+def a_sessions_memory_is_its_first_cells():
+    """A session's memory limit is fixed when it opens: its first cell's
+    (the default when it asks for none); a later cell's figure does not move
+    it, and the reason names the session's limit."""
+    code = "b = bytearray(400 << 20)\nprint(len(b) >> 20)"
+    lines = [
+        {"id": "big1", "session": "big", "code": code, "limits": {"memory_bytes": "800M"}},
+        {"id": "big2", "session": "big", "code": "del b\n" + code},
+        {"id": "dflt1", "session": "dflt", "code": code},
+        {"id": "dflt2", "session": "dflt", "code": code, "limits": {"memory_bytes": "800M"}},
+    ]
+    rc, answers = serve([json.dumps(l) for l in lines], "--max-memory", "900M")
+    by = {a.get("id"): a for a in answers}
+    get = lambda k: by.get(k, {})
+    check("a session opened by a cell asking for 800 MiB holds 400 MB, in later cells too",
+          all(get(k).get("stdout") == "400\n" for k in ("big1", "big2")), answers)
+    check("a session opened with the default 256 MiB stops 400 MB, and says 256 MiB",
+          all(get(k).get("status") == "memory_limit" and get(k).get("limit") == "memory"
+              and str(256 << 20) in (get(k).get("reason") or "") for k in ("dflt1", "dflt2")),
+          answers)
+    check("serve exits 0", rc == 0, rc)
+
+
 def sessions_are_the_connections():
     """Two connections using the same name have two sessions; a connection
     that ends takes its sessions with it."""
@@ -719,6 +742,7 @@ def sessions_need_a_backend_that_has_them():
 
 
 section(sessions_on_standard_input)
+section(a_sessions_memory_is_its_first_cells)
 section(sessions_are_the_connections)
 section(session_lost_and_cancelled)
 section(sessions_need_a_backend_that_has_them)

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -142,6 +143,11 @@ static const struct row rows[] = {
     {"write", X86, SYS_write, {1}, ALLOWED},
     {"openat", X86, SYS_openat, {0}, ALLOWED},
     {"mmap", X86, SYS_mmap, {0}, ALLOWED},
+    {"mmap shared (a plain run keeps it)",
+     X86,
+     SYS_mmap,
+     {0, 4096, PROT_READ | PROT_WRITE, MAP_SHARED},
+     ALLOWED},
     {"an unknown, future call", X86, 1000, {0}, ERR(EPERM)},
     /* the network */
     {"socket(AF_INET)", X86, SYS_socket, {AF_INET, SOCK_STREAM}, ERR(EPERM)},
@@ -316,7 +322,26 @@ static void session_program_hands_its_fork_to_the_listener(void **state)
         {"a thread", SYS_clone, {CLONE_THREAD | CLONE_VM | CLONE_SIGHAND}, ALLOWED},
         {"fork()", SYS_fork, {0}, SECCOMP_RET_ERRNO | EPERM},
         {"kill(pid)", SYS_kill, {1234, SIGTERM}, SECCOMP_RET_USER_NOTIF},
-        {"kill(0)", SYS_kill, {0, SIGTERM}, ALLOWED},
+        /* The caller's group, which a session's process need not lead:
+         * the listener signals the caller alone. */
+        {"kill(0)", SYS_kill, {0, SIGTERM}, SECCOMP_RET_USER_NOTIF},
+        /* Shared mappings outlive a rollback: private ones only. */
+        {"mmap private",
+         SYS_mmap,
+         {0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS},
+         ALLOWED},
+        {"mmap shared",
+         SYS_mmap,
+         {0, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS},
+         SECCOMP_RET_ERRNO | EPERM},
+        {"mmap shared, read-only",
+         SYS_mmap,
+         {0, 4096, PROT_READ, MAP_SHARED, 3},
+         SECCOMP_RET_ERRNO | EPERM},
+        {"mmap shared, validated",
+         SYS_mmap,
+         {0, 4096, PROT_READ, MAP_SHARED_VALIDATE, 3},
+         SECCOMP_RET_ERRNO | EPERM},
         {"kill(pid, SIGSYS)", SYS_kill, {1234, SIGSYS}, SECCOMP_RET_ERRNO | EPERM},
         {"tgkill", SYS_tgkill, {1234, 1234, SIGABRT}, SECCOMP_RET_USER_NOTIF},
         {"sched_getaffinity(0)", SYS_sched_getaffinity, {0}, ALLOWED},

@@ -125,7 +125,8 @@ static void a_sparse_file_stays_sparse(void **state)
                "f.seek(100 << 20)\n"
                "a = f.read(4)\n"
                "f.seek(300 << 20)\n"
-               "print(st.st_size >> 20, st.st_blocks * 512 < (16 << 20), a, f.read(6))\n",
+               "print(st.st_size >> 20, st.st_blocks * 512 < (16 << 20), a, f.read(6))\n"
+               "f.close()\n",
                "512 True b'\\x00\\x00\\x00\\x00' b'middle'\n");
 }
 
@@ -241,6 +242,27 @@ static void many_files_under_long_paths_do_not_grow_the_supervisor(void **state)
     sbx_session_close(s);
 }
 
+/* A file the cell leaves open is shared with every fork of the state (its
+ * offset, a pipe's content): the cell rolls back and says why; closed, the
+ * same work is kept. */
+static void a_file_left_open_rolls_back_and_says_why(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+
+    expect_cell(s, "x = 1", "");
+    struct sbx_result *r = cell(s, "x = 2\nf = open('a.txt', 'w')\nf.write('hi')\nf.flush()");
+    expect_completed(r, 0);
+    if (!r->rolled_back)
+        fail_msg("a cell that left a file open was kept");
+    if (!r->reason || !strstr(r->reason, "descriptor open"))
+        fail_msg("the reason does not say why: %s", r->reason ? r->reason : "(none)");
+    sbx_result_free(r);
+    expect_cell(s, "import os\nprint(x, os.path.exists('a.txt'))", "1 False\n");
+    expect_cell(s, "with open('a.txt', 'w') as f:\n    f.write('hi')\nx = 3", "");
+    expect_cell(s, "print(x, open('a.txt').read())", "3 hi\n");
+    sbx_session_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -251,6 +273,7 @@ int main(void)
         cmocka_unit_test(hard_links_stay_one_file),
         cmocka_unit_test(a_file_becomes_a_directory_and_back),
         cmocka_unit_test(many_files_under_long_paths_do_not_grow_the_supervisor),
+        cmocka_unit_test(a_file_left_open_rolls_back_and_says_why),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));

@@ -176,7 +176,13 @@ int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_
     /* Its turn: the session is opened by its first cell to run, outside
      * the lock, while the others wait. */
     if (!s) {
-        rc = b->session_open(b->self, &t->limits, &s, err);
+        /* Its memory is fixed now: the server's (or the tool's), else what
+         * this first cell asks for, the server's default when it asks for
+         * nothing. */
+        struct sbx_session_limits l = t->limits;
+        if (!l.memory_bytes)
+            l.memory_bytes = req->limits.memory_bytes;
+        rc = b->session_open(b->self, &l, &s, err);
         pthread_mutex_lock(&t->lock);
         e->s = s;
         pthread_mutex_unlock(&t->lock);

@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define WIRE_VERSION 2
+#define WIRE_VERSION 3
 
 enum wire_msg_type {
     WIRE_CONFIG = 1,
@@ -36,6 +36,7 @@ enum wire_msg_type {
     WIRE_SESSION,      /* template -> supervisor, on the channel: the session is ready */
     WIRE_CELL,         /* supervisor -> template, on the channel: run the next cell */
     WIRE_ENDED,        /* template -> supervisor, on the channel: the session is over */
+    WIRE_SETTLE,       /* supervisor -> template, on the channel: keep the cell or not */
 };
 
 /* Descriptors attached to WIRE_WORKER, in this order. */
@@ -107,11 +108,16 @@ struct wire_fail {
  * then, for each WIRE_CELL, WIRE_WORKER with WFD_SESSION_COUNT descriptors
  * (the cell's, as a worker's, and the saved workspace) or WIRE_FAIL; the
  * cell's status pipe then carries its struct wire_status as a worker's
- * does. When the session ends on the template's side (its idle time or
- * lifetime ran out, its process died) the template sends WIRE_ENDED (a
- * struct wire_fail by its layout) saying why, and closes the channel once
- * the session's last process is reaped. A FAIL is about one cell (or the
- * opening): the session goes on.
+ * does. WIRE_CELL carries the cell's CPU and wall limits: the template arms
+ * them itself, from nothing the cell says. After each cell whose status it
+ * read, the supervisor says with WIRE_SETTLE whether the cell is kept (only
+ * a status marked KEPT may be, and only if its files were saved): the
+ * template answers the next WIRE_CELL only after it. When the session ends
+ * on the template's side (its idle time or lifetime ran out, its process
+ * died, one of its processes broke the protocol) the template sends
+ * WIRE_ENDED (a struct wire_fail by its layout) saying why, and closes the
+ * channel once the session's last process is reaped and its uid is free of
+ * processes. A FAIL is about one cell (or the opening): the session goes on.
  */
 struct wire_session_open {
     struct wire_hdr hdr;
@@ -130,6 +136,14 @@ struct wire_cell {
     struct wire_hdr hdr;
     uint32_t rollback; /* enum sbx_rollback */
     uint32_t reserved;
+    uint64_t cpu_ms; /* the request's limits, kept by the template */
+    uint64_t wall_ms;
+};
+
+struct wire_settle {
+    struct wire_hdr hdr;
+    uint32_t keep; /* 1: the cell kept (its status said KEPT); 0: rolled back */
+    uint32_t reserved;
 };
 
 #define WIRE_STATUS_MAGIC 0x70737473u /* "psts" */
@@ -143,6 +157,8 @@ struct wire_status {
     int64_t utime_us;
     int64_t stime_us;
     int64_t maxrss_kb;
+    int32_t cell_status; /* a session's cell: the status its code ended with */
+    uint32_t reserved;
 };
 
 /* The template killed the worker when its CPU time reached the limit (a
@@ -153,14 +169,24 @@ struct wire_status {
 /* The template killed the worker at its wall limit: the supervisor's own
  * deadline had not (a slow output callback, say, held it up). */
 #define WIRE_STATUS_WALL_KILLED 4u
-/* Session cells. The cell ended by itself with the exit status in
- * wait_status and its process is now the session's state. */
+/* Session cells. The cell ended by itself (its code's status in
+ * cell_status, the kernel's eight bits of it in wait_status) and its
+ * process, stopped, may be the session's state: the supervisor settles. */
 #define WIRE_STATUS_KEPT 8u
-/* The cell ended by itself with the exit status in wait_status but was
- * rolled back: its process was killed, the state is the one before it. */
+/* The cell ended by itself but was rolled back: its process was killed,
+ * the state is the one before it, for the reason the next flags give
+ * (none of them: its code's status under the rollback rule). */
 #define WIRE_STATUS_ROLLED_BACK 16u
-/* ... because it left a thread running at its end. */
+/* ... it left a thread running at its end. */
 #define WIRE_STATUS_THREADS_LEFT 32u
+/* ... its output was still open: something could still write to it. */
+#define WIRE_STATUS_OUTPUT_OPEN 64u
+/* ... it left a descriptor open beyond its standard streams and its
+ * channel: what later cells did through it could not be rolled back. */
+#define WIRE_STATUS_FDS_LEFT 128u
+/* The session ended while this cell was out (WIRE_ENDED says why): the
+ * cell was killed with it. */
+#define WIRE_STATUS_SESSION_ENDED 256u
 
 /* What a worker tells the template, on its ready pipe, once its request is
  * in place and before any of the request's code runs: the byte

@@ -387,6 +387,16 @@ static bool names_self(const struct rule *r)
     return false;
 }
 
+/* kill(0, sig): the caller's process group. A session's process need not
+ * lead its own group (a fork of a state whose memory the tenant wrote runs
+ * whatever that memory says), so in a session's program the listener does
+ * it as a signal to the caller's process alone. */
+static bool session_listens(const struct rule *r)
+{
+    return r->nr == SCMP_SYS(kill) && r->act == ALLOW && r->n_args >= 1 && r->args[0].arg == 0 &&
+           r->args[0].op == SCMP_CMP_EQ && r->args[0].datum_a == 0;
+}
+
 int policy_self_arg(long nr)
 {
     for (size_t i = 0; i < ARRAY_SIZE(table); i++)
@@ -433,7 +443,17 @@ int policy_build(struct policy *p, bool debug, bool refuse_path_meta, bool sessi
          * cell is a fork that carries it): the row goes to the listener,
          * which compares the pid with the caller's (policy_self_arg). */
         struct scmp_arg_cmp args[2];
+        unsigned n_args = r->n_args;
         memcpy(args, r->args, sizeof(args));
+        if (session && session_listens(r))
+            action = SCMP_ACT_NOTIFY; /* kill(0, ...): the listener signals the caller */
+        if (session && r->nr == SCMP_SYS(mmap) && n_args == 0) {
+            /* A shared mapping is shared with every fork of the state: a
+             * cell's writes through it would outlive its rollback. Private
+             * mappings only (anything else is the default EPERM). */
+            args[0] = (struct scmp_arg_cmp)A(3, SCMP_CMP_MASKED_EQ, MAP_TYPE, MAP_PRIVATE);
+            n_args = 1;
+        }
         if (session && names_self(r)) {
             action = SCMP_ACT_NOTIFY;
             for (unsigned k = 0; k < r->n_args; k++)
@@ -446,7 +466,7 @@ int policy_build(struct policy *p, bool debug, bool refuse_path_meta, bool sessi
             added++;
             continue;
         }
-        int e = seccomp_rule_add_array(ctx, action, r->nr, r->n_args, args);
+        int e = seccomp_rule_add_array(ctx, action, r->nr, n_args, args);
         if (e < 0) {
             char *name = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, r->nr);
             rc = errmsg(err, errlen, e, "seccomp rule for %s: %s", name ? name : "?", strerror(-e));

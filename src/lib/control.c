@@ -415,13 +415,27 @@ void control_taken(struct taken_worker *w, const struct wire_worker *m)
 int control_open_session(struct sbx *sbx, const struct wire_session_open *m, int chan,
                          int *template_pidfd, char *why, size_t whylen)
 {
+    int rc = -EAGAIN;
+
     pthread_mutex_lock(&sbx->ctl_lock);
     /* Takers notice a dead template when its socket ends; look first. */
     if (sbx->ctl >= 0 && template_dead(sbx))
         template_failed(sbx, "the template process ended");
-    int rc = ensure_template(sbx, why, whylen);
-    /* A restart after its backoff, as a taker would wait for it. */
-    for (int i = 0; rc == -EAGAIN && i < SESSION_RESTART_TRIES; i++) {
+    /* A restart after its backoff, as a taker would wait for it; and a
+     * template that died before we saw it go refuses the message: the
+     * next one gets it. */
+    for (int i = 0; i <= SESSION_RESTART_TRIES; i++) {
+        rc = ensure_template(sbx, why, whylen);
+        if (rc == 0) {
+            rc = wire_send(sbx->ctl, m, sizeof(*m), &chan, 1);
+            if (rc == 0)
+                break;
+            errmsg(why, whylen, rc, "the template does not listen: %s", strerror(-rc));
+            template_failed(sbx, "the template process ended");
+            rc = -EAGAIN;
+        }
+        if (rc != -EAGAIN || i == SESSION_RESTART_TRIES)
+            break;
         uint64_t now = now_ns(), at = sbx->retry_at;
         pthread_mutex_unlock(&sbx->ctl_lock);
         if (at > now)
@@ -429,12 +443,9 @@ int control_open_session(struct sbx *sbx, const struct wire_session_open *m, int
                                                .tv_nsec = (long)((at - now) % 1000000000ULL)},
                             NULL);
         pthread_mutex_lock(&sbx->ctl_lock);
-        rc = ensure_template(sbx, why, whylen);
     }
     if (rc == -EAGAIN)
         rc = -EHOSTDOWN;
-    if (rc == 0 && (rc = wire_send(sbx->ctl, m, sizeof(*m), &chan, 1)) < 0)
-        errmsg(why, whylen, rc, "the template does not listen: %s", strerror(-rc));
     if (rc == 0) {
         *template_pidfd = fcntl(sbx->template_pidfd, F_DUPFD_CLOEXEC, 0);
         if (*template_pidfd < 0)

@@ -44,6 +44,7 @@ static void read_status(struct supervision *sv)
             .stime_us = st.stime_us,
             .maxrss_kb = st.maxrss_kb,
             .flags = st.flags,
+            .cell_status = st.cell_status,
         };
         sv->have_outcome = true;
     } else {
@@ -189,7 +190,7 @@ static int run_on_worker(struct sbx *sbx, struct sbx_session *sess, struct super
     /* A session's cell is a fork of its state, there as soon as the
      * state forks: it waits for no queue, only (at most) its wall limit. */
     if (sess)
-        rc = session_take_cell(sess, now_ns() + (uint64_t)(req->limits.wall_seconds * 1e9), &w,
+        rc = session_take_cell(sess, req, now_ns() + (uint64_t)(req->limits.wall_seconds * 1e9), &w,
                                &saved, why, sizeof(why));
     else
         rc = control_take_worker(sbx, req->cancel, deadline, &w, why, sizeof(why));
@@ -235,6 +236,11 @@ static int run_on_worker(struct sbx *sbx, struct sbx_session *sess, struct super
         if (rc == 0)
             rc = session_cell_settle(sess, sv, saved, res);
         close_fd(&saved);
+        if (rc == -ENOLINK) {
+            session_lost_why(sess, why, sizeof(why));
+            *refused = sbx_fail(err, SBX_ERR_SESSION_LOST, rc, "%s", why);
+            rc = 0;
+        }
     }
     /* Its template ended under it because the sandbox is closing. */
     if (rc == 0 && res->status == SBX_SANDBOX_ERROR &&

@@ -22,6 +22,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* Templates tried for a session whose template died as it was opened. */
+#define SESSION_OPEN_ATTEMPTS 3
 /* How long a session's first process may take to get ready. */
 #define SESSION_OPEN_TIMEOUT_NS (30ULL * 1000000000ULL)
 /* A caller waiting for another's cell looks at its token this often. */
@@ -36,11 +38,13 @@ struct sbx_session {
     int template_pidfd; /* the template this session lives in */
     enum sbx_rollback rollback;
     uint64_t cells, max_cells;
+    uint64_t memory; /* every cell's memory limit: the session's */
     uid_t uid;
     gid_t gid;
     struct ws_index index;     /* the workspace as of the last cell */
     struct ws_changes changes; /* what the cell running changed */
     bool changes_known;
+    char unknown_why[160];    /* why they are not known */
     char lost[WIRE_TEXT_MAX]; /* why it is gone, once it is */
 };
 
@@ -151,36 +155,46 @@ int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
     s->sbx = sbx;
     s->chan = s->template_pidfd = -1;
     s->max_cells = l.max_cells;
+    s->memory = l.memory_bytes ? l.memory_bytes : SBX_DEFAULT_MEMORY_BYTES;
     pthread_mutex_init(&s->lock, NULL);
-    /* Ours non-blocking: between cells we only look whether the template
-     * ended the session. */
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
-        fcntl(sv[0], F_SETFL, O_NONBLOCK) < 0) {
-        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "socketpair: %s", strerror(errno));
-        goto fail;
-    }
     struct wire_session_open m = {
         .hdr = {WIRE_SESSION_OPEN, WIRE_VERSION},
         .idle_ms = (uint64_t)(l.idle_seconds * 1000.0 + 0.5),
         .lifetime_ms = (uint64_t)(l.lifetime_seconds * 1000.0 + 0.5),
-        .memory_bytes = l.memory_bytes ? l.memory_bytes : SBX_DEFAULT_MEMORY_BYTES,
+        .memory_bytes = s->memory,
     };
-    rc = control_open_session(sbx, &m, sv[1], &s->template_pidfd, why, sizeof(why));
-    close_fd(&sv[1]);
-    s->chan = sv[0];
-    sv[0] = -1;
-    if (rc < 0) {
-        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
-        goto fail;
-    }
     union {
         struct wire_hdr hdr;
         struct wire_session session;
         struct wire_fail fail;
     } r;
     struct wire_session ready;
-    int nfds = 0;
-    ssize_t n = await(s, &r, sizeof(r), NULL, 0, &nfds, now_ns() + SESSION_OPEN_TIMEOUT_NS);
+    uint64_t until = now_ns() + SESSION_OPEN_TIMEOUT_NS;
+    ssize_t n = 0;
+    /* A template that died just before (its end not yet seen) takes the
+     * request with it: the next one is asked, as a run would wait for its
+     * worker. */
+    for (int attempt = 0; n == 0 && attempt < SESSION_OPEN_ATTEMPTS; attempt++) {
+        close_fd(&s->chan);
+        close_fd(&s->template_pidfd);
+        /* Ours non-blocking: between cells we only look whether the
+         * template ended the session. */
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
+            fcntl(sv[0], F_SETFL, O_NONBLOCK) < 0) {
+            rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "socketpair: %s", strerror(errno));
+            goto fail;
+        }
+        rc = control_open_session(sbx, &m, sv[1], &s->template_pidfd, why, sizeof(why));
+        close_fd(&sv[1]);
+        s->chan = sv[0];
+        sv[0] = -1;
+        if (rc < 0) {
+            rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
+            goto fail;
+        }
+        int nfds = 0;
+        n = await(s, &r, sizeof(r), NULL, 0, &nfds, until);
+    }
     if (n <= 0) {
         rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, n < 0 ? (int)n : -EPIPE,
                       n == -ETIMEDOUT ? "the session's process did not get ready in time"
@@ -238,8 +252,8 @@ static void look_for_end(struct sbx_session *s)
         lose(s, "the template said something out of turn");
 }
 
-int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_worker *w, int *saved,
-                      char *why, size_t whylen)
+int session_take_cell(struct sbx_session *s, const struct sbx_request *req, uint64_t deadline,
+                      struct taken_worker *w, int *saved, char *why, size_t whylen)
 {
     union {
         struct wire_hdr hdr;
@@ -247,7 +261,14 @@ int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_wor
         struct wire_fail fail;
     } m;
     struct wire_worker worker;
-    struct wire_cell cell = {.hdr = {WIRE_CELL, WIRE_VERSION}, .rollback = s->rollback};
+    /* The cell's limits travel with the request for it: the template arms
+     * them, whatever the cell says. */
+    struct wire_cell cell = {
+        .hdr = {WIRE_CELL, WIRE_VERSION},
+        .rollback = s->rollback,
+        .cpu_ms = (uint64_t)(req->limits.cpu_seconds * 1000.0 + 0.5),
+        .wall_ms = (uint64_t)(req->limits.wall_seconds * 1000.0 + 0.5),
+    };
     int fds[WFD_SESSION_COUNT];
     int nfds = 0;
 
@@ -294,9 +315,13 @@ void session_cell_ended(struct sbx_session *s, struct supervision *sv, int saved
     bool switched;
 
     s->changes_known = false;
-    if (fsid_enter(s->uid, s->gid, &switched) == 0 &&
-        ws_diff(sv->ws_fd, saved, &s->index, &s->changes) == 0)
-        s->changes_known = true;
+    int rc = fsid_enter_owner(s->uid, s->gid, &switched);
+    if (rc == 0)
+        rc = ws_diff(sv->ws_fd, saved, &s->index, &s->changes, s->unknown_why,
+                     sizeof(s->unknown_why));
+    else
+        fmt(s->unknown_why, sizeof(s->unknown_why), "the sandbox could not act as its user");
+    s->changes_known = rc == 0;
     fsid_leave(switched);
     /* Unknown changes: no artifacts rather than the whole workspace. */
     sv->only_artifacts = changed_by_cell;
@@ -307,53 +332,115 @@ void session_cell_ended(struct sbx_session *s, struct supervision *sv, int saved
 static const char *rollback_reason(const struct supervision *sv, const struct sbx_result *res,
                                    char *buf, size_t cap)
 {
-    if (sv->outcome.flags & WIRE_STATUS_THREADS_LEFT)
+    uint32_t f = sv->outcome.flags;
+
+    if (f & WIRE_STATUS_THREADS_LEFT)
         return "rolled back: a thread was still running at the cell's end, and nothing may run "
                "between cells";
-    if (sv->outcome.flags & WIRE_STATUS_ROLLED_BACK) {
-        fmt(buf, cap, "rolled back: the cell ended with exit status %d (rollback \"%s\")",
-            res->exit_code, sbx_rollback_name(SBX_ROLLBACK_ON_ERROR));
+    if (f & WIRE_STATUS_OUTPUT_OPEN)
+        return "rolled back: the cell's output was still open when it said it had ended (only "
+               "a cell whose output has ended can be kept)";
+    if (f & WIRE_STATUS_FDS_LEFT)
+        return "rolled back: the cell left a file or other descriptor open; a kept cell may "
+               "leave none (a rollback could not undo what later cells did through it): close "
+               "it before the cell ends";
+    if (f & WIRE_STATUS_ROLLED_BACK) {
+        if (sv->outcome.cell_status != res->exit_code)
+            fmt(buf, cap,
+                "rolled back: the cell ended with sys.exit(%d) (exit status %d to the "
+                "system; rollback \"%s\")",
+                (int)sv->outcome.cell_status, res->exit_code,
+                sbx_rollback_name(SBX_ROLLBACK_ON_ERROR));
+        else
+            fmt(buf, cap, "rolled back: the cell ended with exit status %d (rollback \"%s\")",
+                res->exit_code, sbx_rollback_name(SBX_ROLLBACK_ON_ERROR));
         return buf;
     }
     return "rolled back: the cell's process ended (os._exit), so it cannot be the session's state";
 }
 
+void session_lost_why(const struct sbx_session *s, char *why, size_t cap)
+{
+    fmt(why, cap, "%s", s->lost[0] ? s->lost : "the session ended");
+}
+
+/* Tells the template whether the cell it offered is kept. */
+static void send_settle(struct sbx_session *s, bool keep)
+{
+    struct wire_settle m = {.hdr = {WIRE_SETTLE, WIRE_VERSION}, .keep = keep};
+
+    if (!s->lost[0] && wire_send(s->chan, &m, sizeof(m), NULL, 0) < 0)
+        look_for_end(s);
+}
+
 int session_cell_settle(struct sbx_session *s, struct supervision *sv, int saved,
                         struct sbx_result *res)
 {
-    bool kept = sv->have_outcome && (sv->outcome.flags & WIRE_STATUS_KEPT);
-    bool keep_files = kept || s->rollback == SBX_ROLLBACK_NEVER;
+    /* The session ended while the cell was out: the channel says why. */
+    if (sv->have_outcome && (sv->outcome.flags & WIRE_STATUS_SESSION_ENDED)) {
+        look_for_end(s);
+        lose(s, "the session ended while its cell ran");
+        return -ENOLINK;
+    }
+    bool offered = sv->have_outcome && (sv->outcome.flags & WIRE_STATUS_KEPT);
+    bool keep_files = offered || s->rollback == SBX_ROLLBACK_NEVER;
     bool switched;
-    char buf[160];
+    char buf[WIRE_TEXT_MAX], refused[200] = "";
     int rc = -EIO;
 
     res->cell = ++s->cells;
-    res->rolled_back = !kept;
-    if (!kept && res->status == SBX_COMPLETED && !res->reason) {
-        res->reason = strdup(rollback_reason(sv, res, buf, sizeof(buf)));
-        if (!res->reason)
-            return -ENOMEM;
+    if (keep_files && !s->changes_known) {
+        /* What cannot be saved is not kept: the cell rolls back, files and
+         * all, and says why. */
+        fmt(refused, sizeof(refused), "%s", s->unknown_why);
+        keep_files = false;
     }
-    if (s->changes_known && fsid_enter(s->uid, s->gid, &switched) == 0) {
+    bool kept = false;
+    if (fsid_enter_owner(s->uid, s->gid, &switched) == 0) {
         /* The value was read: the next cell does not find it. */
         (void)unlinkat(sv->ws_fd, WIRE_VALUE_FILE, 0);
         if (keep_files) {
             rc = ws_commit(sv->ws_fd, saved, &s->changes);
             if (rc == 0)
                 ws_index_take(&s->index, &s->changes);
+            kept = rc == 0 && offered;
         } else {
-            rc = ws_restore(sv->ws_fd, saved, &s->changes);
+            rc = s->changes_known ? ws_restore(sv->ws_fd, saved, &s->changes)
+                                  : ws_restore_all(sv->ws_fd, saved);
             if (rc == 0)
-                rc = ws_index_build(sv->ws_fd, &s->index);
+                rc = ws_index_build(sv->ws_fd, &s->index, buf, sizeof(buf));
         }
         fsid_leave(switched);
     }
     ws_changes_free(&s->changes);
+    if (sv->have_outcome)
+        send_settle(s, kept);
+    res->rolled_back = !kept;
     if (rc < 0) {
+        /* Neither kept nor put back: the session cannot go on, and the
+         * answer says so rather than claim a rollback that did not happen. */
         fmt(buf, sizeof(buf), "the session's files could not be %s: %s",
             keep_files ? "saved" : "put back", strerror(-rc));
         lose(s, buf);
-    } else if (s->cells >= s->max_cells) {
+        if (res->status == SBX_COMPLETED) {
+            fmt(buf, sizeof(buf), "%s; the session is lost", s->lost);
+            free(res->reason);
+            res->reason = strdup(buf);
+            if (!res->reason)
+                return -ENOMEM;
+        }
+        return 0;
+    }
+    if (!kept && res->status == SBX_COMPLETED) {
+        const char *why = refused[0] ? NULL : rollback_reason(sv, res, buf, sizeof(buf));
+        if (refused[0])
+            fmt(buf, sizeof(buf), "rolled back: its files could not be kept: %s", refused);
+        free(res->reason);
+        res->reason = strdup(why ? why : buf);
+        if (!res->reason)
+            return -ENOMEM;
+    }
+    if (s->cells >= s->max_cells) {
         fmt(buf, sizeof(buf), "the session ran its %llu cells (max_cells)",
             (unsigned long long)s->max_cells);
         lose(s, buf);
@@ -396,8 +483,12 @@ int sbx_session_run(struct sbx_session *s, const struct sbx_request *req,
     if (s->lost[0])
         rc = sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "%s", s->lost);
     else {
+        /* A cell's memory limit is the session's: the hard RLIMIT_AS its
+         * first process set, which no cell can raise (or be given). */
+        struct sbx_request cell = *req;
+        cell.limits.memory_bytes = s->memory;
         s->rollback = rollback;
-        rc = embedded_run(s->sbx, s, req, out, err);
+        rc = embedded_run(s->sbx, s, &cell, out, err);
     }
     pthread_mutex_unlock(&s->lock);
     return rc;

@@ -15,15 +15,20 @@
  * saved workspace in *saved. Returns 0; -ENOLINK when the session is gone;
  * -ETIMEDOUT or another -errno when this cell could not be made, with
  * |why|. */
-int session_take_cell(struct sbx_session *s, uint64_t deadline, struct taken_worker *w, int *saved,
-                      char *why, size_t whylen);
+int session_take_cell(struct sbx_session *s, const struct sbx_request *req, uint64_t deadline,
+                      struct taken_worker *w, int *saved, char *why, size_t whylen);
 /* The cell's process has ended or been kept: what it changed in the
  * workspace decides its artifacts. */
 void session_cell_ended(struct sbx_session *s, struct supervision *sv, int saved);
-/* After the result: the files follow the cell (kept, or put back), and the
- * result says which. Returns 0 or -ENOMEM. */
+/* After the result: the files follow the cell (kept, or put back), the
+ * template hears whether it keeps the cell's process, and the result says
+ * which. Returns 0, -ENOMEM, or -ENOLINK when the session ended while the
+ * cell was out (session_lost_why says why). */
 int session_cell_settle(struct sbx_session *s, struct supervision *sv, int saved,
                         struct sbx_result *res);
+
+/* Why the session is lost. */
+void session_lost_why(const struct sbx_session *s, char *why, size_t cap);
 
 /* embedded.c: a run, on a pool worker (|sess| NULL) or as |sess|'s cell,
  * its request checked already. */

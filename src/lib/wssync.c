@@ -1,7 +1,6 @@
 #define _GNU_SOURCE
 #include "wssync.h"
 
-#include "artifacts.h"
 #include "sysutil.h"
 #include "util.h"
 #include "wire.h"
@@ -13,66 +12,113 @@
 #include <string.h>
 #include <unistd.h>
 
-#define PATH_CAP 4096
 /* Change times this close before the index was taken may share a clock
  * tick with a later change (file systems stamp them from a coarse clock):
  * those entries are compared by content. */
 #define SAME_TICK_NS (50LL * 1000000LL)
 
-struct list {
-    struct ws_node *v;
-    size_t n, cap;
-};
-
-static void nodes_free(struct ws_node *v, size_t n)
+static int64_t ns(struct timespec t)
 {
-    for (size_t i = 0; i < n; i++)
-        free(v[i].path);
-    free(v);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static int list_add(struct list *l, const char *path, const struct stat *st)
+void ws_index_free(struct ws_index *ix)
 {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 32;
-        struct ws_node *v = realloc(l->v, cap * sizeof(*v));
+    free(ix->v);
+    free(ix->names);
+    memset(ix, 0, sizeof(*ix));
+}
+
+static const char *name_of(const struct ws_index *ix, uint32_t i)
+{
+    return ix->names + ix->v[i].name;
+}
+
+/* --- the walk ---------------------------------------------------------------- */
+
+struct walk {
+    struct ws_index *ix;
+    char *why;
+    size_t cap;
+};
+
+/* By name; |names| is the index's (qsort_r: several sessions sync at once). */
+static int by_name(const void *a, const void *b, void *names)
+{
+    const struct ws_node *x = a, *y = b;
+    const char *all = names;
+    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int c = memcmp(all + x->name, all + y->name, n);
+
+    return c ? c : (int)x->name_len - (int)y->name_len;
+}
+
+static int add_node(struct walk *w, uint32_t parent, const char *name, const struct stat *st)
+{
+    struct ws_index *ix = w->ix;
+    size_t len = strlen(name);
+
+    if (ix->n >= WS_MAX_ENTRIES)
+        return errmsg(w->why, w->cap, -E2BIG,
+                      "the workspace holds more than %u entries (a session keeps at most %u "
+                      "entries and %u KiB of names)",
+                      WS_MAX_ENTRIES, WS_MAX_ENTRIES, WS_MAX_NAME_BYTES >> 10);
+    if (ix->names_len + len > WS_MAX_NAME_BYTES)
+        return errmsg(w->why, w->cap, -E2BIG,
+                      "the workspace's names take more than %u KiB (a session keeps at most %u "
+                      "entries and %u KiB of names)",
+                      WS_MAX_NAME_BYTES >> 10, WS_MAX_ENTRIES, WS_MAX_NAME_BYTES >> 10);
+    if (ix->n == ix->cap) {
+        uint32_t c = ix->cap ? ix->cap * 2 : 64;
+        if (c > WS_MAX_ENTRIES)
+            c = WS_MAX_ENTRIES; /* the bound is the memory's too */
+        struct ws_node *v = realloc(ix->v, c * sizeof(*v));
         if (!v)
-            return -ENOMEM;
-        l->v = v;
-        l->cap = cap;
+            return errmsg(w->why, w->cap, -ENOMEM, "out of memory");
+        ix->v = v;
+        ix->cap = c;
     }
-    char *p = strdup(path);
-    if (!p)
-        return -ENOMEM;
-    l->v[l->n++] =
-        (struct ws_node){.path = p, .mode = st->st_mode, .ino = st->st_ino, .ctime = st->st_ctim};
+    if (ix->names_len + len > ix->names_cap) {
+        size_t c = ix->names_cap ? ix->names_cap * 2 : 4096;
+        while (c < ix->names_len + len)
+            c *= 2;
+        if (c > WS_MAX_NAME_BYTES)
+            c = WS_MAX_NAME_BYTES;
+        char *p = realloc(ix->names, c);
+        if (!p)
+            return errmsg(w->why, w->cap, -ENOMEM, "out of memory");
+        ix->names = p;
+        ix->names_cap = c;
+    }
+    memcpy(ix->names + ix->names_len, name, len);
+    ix->v[ix->n++] = (struct ws_node){
+        .parent = parent,
+        .name = (uint32_t)ix->names_len,
+        .name_len = (uint16_t)len,
+        .twin = WS_NONE,
+        .mode = st->st_mode,
+        .nlink = st->st_nlink,
+        .ino = st->st_ino,
+        .size = st->st_size,
+        .ctime = st->st_ctim,
+        .mtime = st->st_mtim,
+    };
+    ix->names_len += len;
     return 0;
 }
 
-static int by_path(const void *a, const void *b)
+/* Indexes what the directory |dir| holds as the entries of |self| (WS_NONE:
+ * the top): all of them first, by name, then what each subdirectory holds. */
+static int walk_dir(struct walk *w, int dir, uint32_t self, unsigned depth)
 {
-    return strcmp(((const struct ws_node *)a)->path, ((const struct ws_node *)b)->path);
-}
-
-static void sort(struct list *l)
-{
-    if (l->n > 1)
-        qsort(l->v, l->n, sizeof(*l->v), by_path);
-}
-
-/* Calls |fn| for every entry beneath |dirfd| (depth first, parents before
- * their children), with its path in |path| (|len| bytes so far). */
-typedef int (*visit_fn)(void *ctx, int dirfd, const char *leaf, const char *path,
-                        const struct stat *st);
-
-static int walk(int dir, char *path, size_t len, int depth, visit_fn fn, void *ctx)
-{
+    struct ws_index *ix = w->ix;
     int fd = fcntl(dir, F_DUPFD_CLOEXEC, 0);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    uint32_t first = ix->n;
     int rc = 0;
 
     if (!d) {
-        rc = -errno;
+        rc = errmsg(w->why, w->cap, -errno, "listing a directory: %s", strerror(errno));
         if (fd >= 0)
             close(fd);
         return rc;
@@ -80,336 +126,236 @@ static int walk(int dir, char *path, size_t len, int depth, visit_fn fn, void *c
     rewinddir(d);
     for (struct dirent *e; rc == 0 && (e = readdir(d));) {
         const char *n = e->d_name;
+        struct stat st;
         if (n[0] == '.' && (n[1] == '\0' || (n[1] == '.' && n[2] == '\0')))
             continue;
-        if (depth == 0 && strcmp(n, WIRE_VALUE_FILE) == 0)
+        if (self == WS_NONE && strcmp(n, WIRE_VALUE_FILE) == 0)
             continue;
-        size_t nlen = strlen(n);
-        if (len + nlen + 2 > PATH_CAP) {
-            rc = -ENAMETOOLONG;
-            break;
-        }
-        struct stat st;
-        if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-            rc = -errno;
-            break;
-        }
-        memcpy(path + len, n, nlen + 1);
-        rc = fn(ctx, dirfd(d), n, path, &st);
-        if (rc == 0 && S_ISDIR(st.st_mode)) {
-            if (depth >= ARTIFACT_MAX_DEPTH) {
-                rc = -ELOOP;
-                break;
-            }
-            int sub = openat(dirfd(d), n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            if (sub < 0) {
-                rc = -errno;
-                break;
-            }
-            path[len + nlen] = '/';
-            rc = walk(sub, path, len + nlen + 1, depth + 1, fn, ctx);
-            close(sub);
-        }
+        if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            rc = errmsg(w->why, w->cap, -errno, "%s: %s", n, strerror(errno));
+        else
+            rc = add_node(w, self, n, &st);
     }
     closedir(d);
-    path[len] = '\0';
-    return rc;
-}
-
-static int walk_all(int ws_fd, visit_fn fn, void *ctx)
-{
-    char path[PATH_CAP + 1] = "";
-
-    return walk(ws_fd, path, 0, 0, fn, ctx);
-}
-
-static int add_to_index(void *ctx, int dirfd, const char *leaf, const char *path,
-                        const struct stat *st)
-{
-    (void)dirfd;
-    (void)leaf;
-    return list_add(ctx, path, st);
-}
-
-int ws_index_build(int ws_fd, struct ws_index *ix)
-{
-    struct list l = {0};
-    int rc = walk_all(ws_fd, add_to_index, &l);
-
-    if (rc < 0) {
-        nodes_free(l.v, l.n);
-        return rc;
-    }
-    sort(&l);
-    ws_index_free(ix);
-    ix->v = l.v;
-    ix->n = l.n;
-    clock_gettime(CLOCK_REALTIME, &ix->taken);
-    return 0;
-}
-
-void ws_index_free(struct ws_index *ix)
-{
-    nodes_free(ix->v, ix->n);
-    ix->v = NULL;
-    ix->n = 0;
-}
-
-static struct ws_node *find(const struct ws_node *v, size_t n, const char *path)
-{
-    struct ws_node key = {.path = (char *)path};
-
-    return n ? bsearch(&key, v, n, sizeof(*v), by_path) : NULL;
-}
-
-static int64_t ns(struct timespec t)
-{
-    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-/* Whether the two files (regular, or links) hold the same bytes. */
-static bool same_content(int a_dir, const char *leaf, int saved_fd, const char *path,
-                         const struct stat *st)
-{
-    char a[65536], b[65536];
-    bool same = false;
-
-    if (S_ISLNK(st->st_mode)) {
-        int pfd = open_beneath(saved_fd, path, O_PATH, 0, false);
-        ssize_t n = readlinkat(a_dir, leaf, a, sizeof(a));
-        ssize_t m = pfd >= 0 ? readlinkat(pfd, "", b, sizeof(b)) : -1;
-        if (pfd >= 0)
-            close(pfd);
-        return n >= 0 && n == m && memcmp(a, b, (size_t)n) == 0;
-    }
-    if (!S_ISREG(st->st_mode))
-        return true; /* a FIFO holds nothing */
-    int fa = openat(a_dir, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    int fb = open_beneath(saved_fd, path, O_RDONLY | O_NONBLOCK, 0, false);
-    struct stat sb;
-    if (fa >= 0 && fb >= 0 && fstat(fb, &sb) == 0 && sb.st_size == st->st_size &&
-        sb.st_mode == st->st_mode && ns(sb.st_mtim) == ns(st->st_mtim)) {
-        for (;;) {
-            ssize_t n = read_full(fa, a, sizeof(a));
-            ssize_t m = read_full(fb, b, sizeof(b));
-            if (n < 0 || n != m || memcmp(a, b, (size_t)n) != 0)
-                break;
-            if (n == 0) {
-                same = true;
-                break;
-            }
-        }
-    }
-    if (fa >= 0)
-        close(fa);
-    if (fb >= 0)
-        close(fb);
-    return same;
-}
-
-struct diff {
-    const struct ws_index *ix;
-    int saved_fd;
-    struct list changed;
-    struct list now; /* everything there, the next index if it stays */
-    bool *seen;
-};
-
-static int diff_visit(void *ctx, int dirfd, const char *leaf, const char *path,
-                      const struct stat *st)
-{
-    struct diff *d = ctx;
-    struct ws_node *old = find(d->ix->v, d->ix->n, path);
-
-    if (old)
-        d->seen[old - d->ix->v] = true;
-    int rc = list_add(&d->now, path, st);
     if (rc < 0)
         return rc;
-    if (old && (old->mode & S_IFMT) == (st->st_mode & S_IFMT)) {
-        /* A directory's times move with its entries, which are looked at
-         * one by one: only its mode matters. */
-        if (S_ISDIR(st->st_mode) ? old->mode == st->st_mode
-                                 : old->ino == st->st_ino && ns(old->ctime) == ns(st->st_ctim) &&
-                                       (ns(old->ctime) + SAME_TICK_NS < ns(d->ix->taken) ||
-                                        same_content(dirfd, leaf, d->saved_fd, path, st)))
-            return 0;
+    uint32_t count = ix->n - first;
+    if (count > 1)
+        qsort_r(ix->v + first, count, sizeof(*ix->v), by_name, ix->names);
+    if (self == WS_NONE) {
+        ix->top = first;
+        ix->ntop = count;
+    } else {
+        ix->v[self].kids = first;
+        ix->v[self].nkids = count;
     }
-    return list_add(&d->changed, path, st);
-}
-
-int ws_diff(int ws_fd, int saved_fd, const struct ws_index *ix, struct ws_changes *out)
-{
-    struct diff d = {.ix = ix, .saved_fd = saved_fd, .seen = calloc(ix->n + 1, 1)};
-    struct list gone = {0};
-    int rc = d.seen ? walk_all(ws_fd, diff_visit, &d) : -ENOMEM;
-
-    for (size_t i = 0; rc == 0 && i < ix->n; i++) {
-        struct stat st = {.st_mode = ix->v[i].mode, .st_ino = ix->v[i].ino};
-        if (!d.seen[i])
-            rc = list_add(&gone, ix->v[i].path, &st);
+    for (uint32_t i = first; rc == 0 && i < first + count; i++) {
+        if (!S_ISDIR(ix->v[i].mode))
+            continue;
+        if (depth + 1 > WS_MAX_DEPTH)
+            return errmsg(w->why, w->cap, -E2BIG,
+                          "the workspace is more than %u directories deep (a session keeps at "
+                          "most %u)",
+                          WS_MAX_DEPTH, WS_MAX_DEPTH);
+        char name[NAME_MAX + 1];
+        fmt(name, sizeof(name), "%.*s", (int)ix->v[i].name_len, name_of(ix, i));
+        int sub = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub < 0)
+            return errmsg(w->why, w->cap, -errno, "%s: %s", name, strerror(errno));
+        rc = walk_dir(w, sub, i, depth + 1);
+        close(sub);
     }
-    free(d.seen);
-    if (rc < 0) {
-        nodes_free(d.changed.v, d.changed.n);
-        nodes_free(d.now.v, d.now.n);
-        nodes_free(gone.v, gone.n);
-        return rc;
-    }
-    sort(&d.changed);
-    sort(&d.now);
-    *out = (struct ws_changes){d.changed.v, d.changed.n, gone.v, gone.n, d.now.v, d.now.n};
-    clock_gettime(CLOCK_REALTIME, &out->walked);
-    return 0;
-}
-
-void ws_index_take(struct ws_index *ix, struct ws_changes *c)
-{
-    ws_index_free(ix);
-    ix->v = c->now;
-    ix->n = c->n_now;
-    ix->taken = c->walked;
-    c->now = NULL;
-    c->n_now = 0;
-}
-
-bool ws_changed(const struct ws_changes *c, const char *path)
-{
-    return find(c->changed, c->n_changed, path) != NULL;
-}
-
-void ws_changes_free(struct ws_changes *c)
-{
-    nodes_free(c->changed, c->n_changed);
-    nodes_free(c->gone, c->n_gone);
-    nodes_free(c->now, c->n_now);
-    memset(c, 0, sizeof(*c));
-}
-
-/* The directory holding |path| beneath |root| (with |make|, made if
- * missing) and the last component. Returns a descriptor or -errno. */
-static int parent_of(int root, const char *path, const char **leaf, bool make)
-{
-    const char *slash = strrchr(path, '/');
-    char dir[PATH_CAP + 1];
-
-    *leaf = slash ? slash + 1 : path;
-    if (!slash) {
-        int fd = fcntl(root, F_DUPFD_CLOEXEC, 0);
-        return fd < 0 ? -errno : fd;
-    }
-    fmt(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
-    if (make) {
-        /* open_beneath makes the parents of its last component. */
-        int fd = open_beneath(root, dir, O_RDONLY | O_DIRECTORY, 0, true);
-        if (fd != -ENOENT)
-            return fd;
-        char mk[PATH_CAP + 3];
-        fmt(mk, sizeof(mk), "%s/.", dir);
-        int p = open_beneath(root, mk, O_RDONLY | O_DIRECTORY, 0, true);
-        if (p >= 0)
-            close(p);
-    }
-    return open_beneath(root, dir, O_RDONLY | O_DIRECTORY, 0, false);
-}
-
-/* Removes |path| beneath |root|, whatever it is; gone already is fine. */
-static int remove_node(int root, const char *path)
-{
-    const char *leaf;
-    int dir = parent_of(root, path, &leaf, false);
-    struct stat st;
-    int rc = 0;
-
-    if (dir == -ENOENT)
-        return 0;
-    if (dir < 0)
-        return dir;
-    if (fstatat(dir, leaf, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        rc = errno == ENOENT ? 0 : -errno;
-    else if (S_ISDIR(st.st_mode))
-        rc = remove_tree_at(dir, leaf);
-    else if (unlinkat(dir, leaf, 0) < 0)
-        rc = -errno;
-    close(dir);
     return rc;
 }
 
-static int copy_bytes(int from, int to)
+static int walk_all(int root, struct ws_index *ix, char *why, size_t cap)
 {
-    char buf[65536];
+    struct walk w = {.ix = ix, .why = why, .cap = cap};
 
-    for (;;) {
-        ssize_t n = copy_file_range(from, NULL, to, NULL, 1 << 30, 0);
-        if (n == 0)
-            return 0;
-        if (n > 0)
-            continue;
-        if (errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
-            return -errno;
-        break;
-    }
-    for (;;) {
-        ssize_t n = read_full(from, buf, sizeof(buf));
-        if (n < 0)
-            return (int)n;
-        if (n == 0)
-            return 0;
-        if (write_full(to, buf, (size_t)n) < 0)
-            return -errno;
-    }
+    memset(ix, 0, sizeof(*ix));
+    int rc = walk_dir(&w, root, WS_NONE, 0);
+    if (rc < 0)
+        ws_index_free(ix);
+    else
+        clock_gettime(CLOCK_REALTIME, &ix->taken);
+    return rc;
 }
 
-/* Copies the entry |path| (not what a directory holds) from |src| to
- * |dst|, replacing what |dst| had there unless both are directories. */
-static int copy_node(int src, int dst, const char *path)
+int ws_index_build(int ws_fd, struct ws_index *ix, char *why, size_t cap)
 {
-    const char *leaf, *dleaf;
-    int sdir = parent_of(src, path, &leaf, false);
-    int ddir = sdir >= 0 ? parent_of(dst, path, &dleaf, true) : -1;
-    struct stat st, old;
+    struct ws_index fresh;
+    int rc = walk_all(ws_fd, &fresh, why, cap);
+
+    if (rc == 0) {
+        ws_index_free(ix);
+        *ix = fresh;
+    }
+    return rc;
+}
+
+/* --- paths, a component at a time ------------------------------------------- */
+
+/* The directory beneath |root| that holds node |i| of |ix|, opened a
+ * component at a time, following no link; its name in |leaf|. Returns a
+ * descriptor or -errno. */
+static int open_parent(int root, const struct ws_index *ix, uint32_t i, char leaf[NAME_MAX + 1])
+{
+    uint32_t chain[WS_MAX_DEPTH + 1];
+    unsigned n = 0;
+
+    fmt(leaf, NAME_MAX + 1, "%.*s", (int)ix->v[i].name_len, name_of(ix, i));
+    for (uint32_t p = ix->v[i].parent; p != WS_NONE && n <= WS_MAX_DEPTH; p = ix->v[p].parent)
+        chain[n++] = p;
+    int fd = fcntl(root, F_DUPFD_CLOEXEC, 0);
+    while (fd >= 0 && n > 0) {
+        char comp[NAME_MAX + 1];
+        uint32_t p = chain[--n];
+        fmt(comp, sizeof(comp), "%.*s", (int)ix->v[p].name_len, name_of(ix, p));
+        int next = openat(fd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int e = errno;
+        close(fd);
+        fd = next;
+        errno = e;
+    }
+    return fd < 0 ? -errno : fd;
+}
+
+/* --- copying one entry -------------------------------------------------------- */
+
+/* Pieces files are copied and compared in: on the heap, since this runs on
+ * whatever thread the host called from, whose stack may be small. */
+#define COPY_CHUNK 65536
+
+/* Copies the bytes of |in| into |out| (from its start), holes kept holes. */
+static int copy_data(int in, int out, off_t size)
+{
+    char *buf = malloc(COPY_CHUNK);
+    off_t pos = 0;
+    int rc = 0;
+
+    if (!buf)
+        return -ENOMEM;
+
+    while (pos < size) {
+        off_t data = lseek(in, pos, SEEK_DATA);
+        if (data < 0 && errno == ENXIO)
+            break; /* a hole to the end */
+        off_t hole = data < 0 ? size : lseek(in, data, SEEK_HOLE);
+        if (data < 0)
+            data = pos; /* no SEEK_DATA here: all of it */
+        if (hole < 0 || hole > size)
+            hole = size;
+        for (off_t at = data; rc == 0 && at < hole;) {
+            size_t want = (size_t)(hole - at) < COPY_CHUNK ? (size_t)(hole - at) : COPY_CHUNK;
+            ssize_t n = pread(in, buf, want, at);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                rc = n < 0 ? -errno : -EIO;
+                break;
+            }
+            for (ssize_t done = 0; rc == 0 && done < n;) {
+                ssize_t m = pwrite(out, buf + done, (size_t)(n - done), at + done);
+                if (m < 0 && errno == EINTR)
+                    continue;
+                if (m <= 0)
+                    rc = m < 0 ? -errno : -EIO;
+                else
+                    done += m;
+            }
+            at += n;
+        }
+        if (rc < 0)
+            break;
+        pos = hole;
+    }
+    free(buf);
+    if (rc == 0 && ftruncate(out, size) < 0)
+        rc = -errno;
+    return rc;
+}
+
+/* |out| (a regular file) gets |st|'s mode and times. */
+static int finish_file(int out, const struct ws_node *n)
+{
+    struct timespec times[2] = {{.tv_nsec = UTIME_OMIT}, n->mtime};
+
+    if (fchmod(out, n->mode & 07777) < 0 || futimens(out, times) < 0)
+        return -errno;
+    return 0;
+}
+
+/* Removes |leaf| in |dir|, whatever it is; gone already is fine. */
+static int remove_at(int dir, const char *leaf)
+{
+    struct stat st;
+
+    if (fstatat(dir, leaf, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (S_ISDIR(st.st_mode))
+        return remove_tree_at(dir, leaf);
+    return unlinkat(dir, leaf, 0) < 0 ? -errno : 0;
+}
+
+/* Makes node |i| of |ix| (as it is in |src|, which holds it) in |dst|,
+ * replacing what |dst| has there unless both are directories (then only
+ * the mode), or, with |link_dir|/|link_leaf|, as a hard link to that. A
+ * regular file already in |dst| with the inode |keep_ino| is rewritten in
+ * place. */
+static int copy_node(int src, int dst, const struct ws_index *ix, uint32_t i, int link_dir,
+                     const char *link_leaf, ino_t keep_ino)
+{
+    const struct ws_node *n = &ix->v[i];
+    char leaf[NAME_MAX + 1];
+    int sdir = open_parent(src, ix, i, leaf);
+    int ddir = sdir >= 0 ? open_parent(dst, ix, i, leaf) : -1;
     int in = -1, out = -1;
+    struct stat old;
     int rc = 0;
 
     if (sdir < 0 || ddir < 0) {
-        /* Nothing there to copy (a cell's new file, on its way back). */
-        rc = sdir == -ENOENT ? 0 : sdir < 0 ? sdir : ddir;
+        rc = sdir < 0 ? sdir : ddir;
         goto out;
     }
-    if (fstatat(sdir, leaf, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-        rc = errno == ENOENT ? 0 : -errno; /* nothing to copy */
+    bool had = fstatat(ddir, leaf, &old, AT_SYMLINK_NOFOLLOW) == 0;
+    bool in_place = had && keep_ino && S_ISREG(old.st_mode) && S_ISREG(n->mode) &&
+                    old.st_ino == keep_ino && !link_leaf;
+    bool both_dirs = had && S_ISDIR(old.st_mode) && S_ISDIR(n->mode);
+    if (had && !in_place && !both_dirs && (rc = remove_at(ddir, leaf)) < 0)
         goto out;
-    }
-    bool had = fstatat(ddir, dleaf, &old, AT_SYMLINK_NOFOLLOW) == 0;
-    if (had && !(S_ISDIR(old.st_mode) && S_ISDIR(st.st_mode)) && (rc = remove_node(dst, path)) < 0)
-        goto out;
-    if (S_ISDIR(st.st_mode)) {
-        if (mkdirat(ddir, dleaf, 0700) < 0 && errno != EEXIST)
+    if (link_leaf) {
+        rc = linkat(link_dir, link_leaf, ddir, leaf, 0) < 0 ? -errno : 0;
+    } else if (S_ISDIR(n->mode)) {
+        if (!both_dirs && mkdirat(ddir, leaf, 0700) < 0)
             rc = -errno;
-        else if (fchmodat(ddir, dleaf, st.st_mode & 07777, 0) < 0)
-            rc = -errno;
-    } else if (S_ISLNK(st.st_mode)) {
-        char target[PATH_CAP + 1];
-        ssize_t n = readlinkat(sdir, leaf, target, PATH_CAP);
-        if (n < 0)
+        else
+            rc = chmod_nofollow(ddir, leaf, n->mode & 07777);
+    } else if (S_ISLNK(n->mode)) {
+        char target[PATH_MAX + 1];
+        ssize_t len = readlinkat(sdir, leaf, target, PATH_MAX);
+        if (len < 0)
             rc = -errno;
         else {
-            target[n] = '\0';
-            rc = symlinkat(target, ddir, dleaf) < 0 ? -errno : 0;
+            target[len] = '\0';
+            rc = symlinkat(target, ddir, leaf) < 0 ? -errno : 0;
         }
-    } else if (S_ISFIFO(st.st_mode)) {
-        if (mkfifoat(ddir, dleaf, st.st_mode & 07777) < 0 ||
-            fchmodat(ddir, dleaf, st.st_mode & 07777, 0) < 0)
+    } else if (S_ISFIFO(n->mode)) {
+        if (mkfifoat(ddir, leaf, 0600) < 0)
             rc = -errno;
-    } else if (S_ISREG(st.st_mode)) {
+        else
+            rc = chmod_nofollow(ddir, leaf, n->mode & 07777);
+    } else if (S_ISREG(n->mode)) {
         in = openat(sdir, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        out = in < 0
-                  ? -1
-                  : openat(ddir, dleaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-        struct timespec times[2] = {st.st_atim, st.st_mtim};
-        if (in < 0 || out < 0 || (rc = copy_bytes(in, out)) < 0 ||
-            fchmod(out, st.st_mode & 07777) < 0 || futimens(out, times) < 0)
-            rc = rc < 0 ? rc : -errno;
+        out = in < 0 ? -1
+              : in_place
+                  ? openat(ddir, leaf, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+                  : openat(ddir, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (in < 0 || out < 0)
+            rc = -errno;
+        else if (in_place && ftruncate(out, 0) < 0)
+            rc = -errno;
+        else if ((rc = copy_data(in, out, n->size)) == 0)
+            rc = finish_file(out, n);
     }
 out:
     if (in >= 0)
@@ -423,43 +369,390 @@ out:
     return rc;
 }
 
+/* Removes node |i| of |ix| beneath |root|; gone already is fine. */
+static int remove_node(int root, const struct ws_index *ix, uint32_t i)
+{
+    char leaf[NAME_MAX + 1];
+    int dir = open_parent(root, ix, i, leaf);
+
+    if (dir == -ENOENT)
+        return 0;
+    if (dir < 0)
+        return dir;
+    int rc = remove_at(dir, leaf);
+    close(dir);
+    return rc;
+}
+
+/* --- the diff ------------------------------------------------------------------ */
+
+/* Whether node |i| of |now| (in |ws_fd|) holds what its twin in |saved_fd|
+ * does: the same bytes, or the same link target. */
+static bool same_content(int ws_fd, int saved_fd, const struct ws_index *now, uint32_t i)
+{
+    const struct ws_node *n = &now->v[i];
+    char leaf[NAME_MAX + 1];
+    char *a = malloc(2 * COPY_CHUNK), *b = a + COPY_CHUNK;
+    int wd = a ? open_parent(ws_fd, now, i, leaf) : -1;
+    int sd = wd >= 0 ? open_parent(saved_fd, now, i, leaf) : -1;
+    bool same = false;
+
+    if (wd >= 0 && sd >= 0 && S_ISLNK(n->mode)) {
+        ssize_t x = readlinkat(wd, leaf, a, COPY_CHUNK);
+        ssize_t y = readlinkat(sd, leaf, b, COPY_CHUNK);
+        same = x >= 0 && x == y && memcmp(a, b, (size_t)x) == 0;
+    } else if (wd >= 0 && sd >= 0 && S_ISREG(n->mode)) {
+        int fa = openat(wd, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        int fb = openat(sd, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        struct stat sb;
+        if (fa >= 0 && fb >= 0 && fstat(fb, &sb) == 0 && sb.st_size == n->size &&
+            sb.st_mode == n->mode && ns(sb.st_mtim) == ns(n->mtime)) {
+            for (;;) {
+                ssize_t x = read_full(fa, a, COPY_CHUNK);
+                ssize_t y = read_full(fb, b, COPY_CHUNK);
+                if (x < 0 || x != y || memcmp(a, b, (size_t)x) != 0)
+                    break;
+                if (x == 0) {
+                    same = true;
+                    break;
+                }
+            }
+        }
+        if (fa >= 0)
+            close(fa);
+        if (fb >= 0)
+            close(fb);
+    } else if (wd >= 0 && sd >= 0)
+        same = true; /* a FIFO holds nothing */
+    if (wd >= 0)
+        close(wd);
+    if (sd >= 0)
+        close(sd);
+    free(a);
+    return same;
+}
+
+struct diff {
+    int ws_fd, saved_fd;
+    const struct ws_index *old;
+    struct ws_index *now;
+    uint32_t *gone;
+    uint32_t n_gone;
+};
+
+static void mark_tree(struct ws_index *ix, uint32_t i)
+{
+    ix->v[i].changed = true;
+    if (S_ISDIR(ix->v[i].mode))
+        for (uint32_t k = 0; k < ix->v[i].nkids; k++)
+            mark_tree(ix, ix->v[i].kids + k);
+}
+
+static int name_cmp(const struct ws_index *a, uint32_t i, const struct ws_index *b, uint32_t j)
+{
+    size_t x = a->v[i].name_len, y = b->v[j].name_len;
+    int c = memcmp(name_of(a, i), name_of(b, j), x < y ? x : y);
+
+    return c ? c : (int)x - (int)y;
+}
+
+/* Matches the entries |nk|.. (|nn| of them) of a directory now with those
+ * of the same directory in the index, |ok|.. (|on|). */
+static void match(struct diff *d, uint32_t nk, uint32_t nn, uint32_t ok, uint32_t on)
+{
+    struct ws_index *now = d->now;
+    const struct ws_index *old = d->old;
+    uint32_t i = 0, j = 0;
+
+    while (i < nn || j < on) {
+        int c = i >= nn ? 1 : j >= on ? -1 : name_cmp(now, nk + i, old, ok + j);
+        if (c > 0) {
+            d->gone[d->n_gone++] = ok + j++; /* not there any more */
+            continue;
+        }
+        uint32_t a = nk + i++;
+        if (c < 0) {
+            mark_tree(now, a); /* new */
+            continue;
+        }
+        uint32_t b = ok + j++;
+        struct ws_node *n = &now->v[a];
+        const struct ws_node *o = &old->v[b];
+        if ((n->mode & S_IFMT) != (o->mode & S_IFMT)) {
+            /* Another kind under the same name: the old one goes, as gone. */
+            mark_tree(now, a);
+            d->gone[d->n_gone++] = b;
+            continue;
+        }
+        n->twin = b;
+        if (S_ISDIR(n->mode)) {
+            /* A directory's times move with its entries, which are looked
+             * at one by one: only its mode matters. */
+            n->changed = n->mode != o->mode;
+            match(d, n->kids, n->nkids, o->kids, o->nkids);
+        } else
+            n->changed = !(n->ino == o->ino && ns(n->ctime) == ns(o->ctime) &&
+                           (ns(o->ctime) + SAME_TICK_NS < ns(old->taken) ||
+                            same_content(d->ws_fd, d->saved_fd, now, a)));
+    }
+}
+
+int ws_diff(int ws_fd, int saved_fd, const struct ws_index *ix, struct ws_changes *out, char *why,
+            size_t cap)
+{
+    memset(out, 0, sizeof(*out));
+    int rc = walk_all(ws_fd, &out->now, why, cap);
+    if (rc < 0)
+        return rc;
+    out->old = ix;
+    out->gone = malloc(((size_t)ix->n + 1) * sizeof(*out->gone));
+    if (!out->gone) {
+        ws_changes_free(out);
+        return errmsg(why, cap, -ENOMEM, "out of memory");
+    }
+    struct diff d = {
+        .ws_fd = ws_fd, .saved_fd = saved_fd, .old = ix, .now = &out->now, .gone = out->gone};
+    match(&d, out->now.top, out->now.ntop, ix->top, ix->ntop);
+    out->n_gone = d.n_gone;
+    return 0;
+}
+
+bool ws_changed(const struct ws_changes *c, const char *path)
+{
+    const struct ws_index *ix = &c->now;
+    uint32_t first = ix->top, count = ix->ntop, at = WS_NONE;
+
+    while (*path) {
+        size_t len = strcspn(path, "/");
+        uint32_t lo = 0, hi = count;
+        at = WS_NONE;
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2, i = first + mid;
+            size_t n = ix->v[i].name_len;
+            int cmp = memcmp(name_of(ix, i), path, n < len ? n : len);
+            if (!cmp)
+                cmp = (int)n - (int)len;
+            if (cmp == 0) {
+                at = i;
+                break;
+            }
+            if (cmp < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (at == WS_NONE)
+            return false;
+        path += len;
+        if (*path == '/')
+            path++;
+        first = ix->v[at].kids;
+        count = ix->v[at].nkids;
+    }
+    return at != WS_NONE && ix->v[at].changed;
+}
+
+void ws_changes_free(struct ws_changes *c)
+{
+    ws_index_free(&c->now);
+    free(c->gone);
+    memset(c, 0, sizeof(*c));
+}
+
+void ws_index_take(struct ws_index *ix, struct ws_changes *c)
+{
+    ws_index_free(ix);
+    *ix = c->now;
+    memset(&c->now, 0, sizeof(c->now));
+}
+
+/* --- hard links ------------------------------------------------------------------ */
+
+/* The regular files of |ix| with more than one link, by inode: each group's
+ * members are one file, to be made once and linked to after. */
+struct link_entry {
+    ino_t ino;
+    uint32_t node;
+};
+
+static int by_ino(const void *a, const void *b)
+{
+    const struct link_entry *x = a, *y = b;
+
+    return x->ino != y->ino ? (x->ino < y->ino ? -1 : 1) : (x->node < y->node ? -1 : 1);
+}
+
+struct links {
+    struct link_entry *v;
+    size_t n;
+    uint32_t
+        *anchor; /* per entry's group (indexed like v): the node holding the file, or WS_NONE */
+};
+
+static int links_of(const struct ws_index *ix, struct links *l)
+{
+    memset(l, 0, sizeof(*l));
+    for (uint32_t i = 0; i < ix->n; i++)
+        if (S_ISREG(ix->v[i].mode) && ix->v[i].nlink > 1)
+            l->n++;
+    if (!l->n)
+        return 0;
+    l->v = malloc(l->n * sizeof(*l->v));
+    l->anchor = malloc(l->n * sizeof(*l->anchor));
+    if (!l->v || !l->anchor) {
+        free(l->v);
+        free(l->anchor);
+        return -ENOMEM;
+    }
+    size_t k = 0;
+    for (uint32_t i = 0; i < ix->n; i++)
+        if (S_ISREG(ix->v[i].mode) && ix->v[i].nlink > 1)
+            l->v[k++] = (struct link_entry){ix->v[i].ino, i};
+    qsort(l->v, l->n, sizeof(*l->v), by_ino);
+    for (size_t i = 0; i < l->n; i++)
+        l->anchor[i] = WS_NONE;
+    return 0;
+}
+
+static void links_free(struct links *l)
+{
+    free(l->v);
+    free(l->anchor);
+}
+
+/* The first entry of node |i|'s group, or -1 when it is in none. */
+static ssize_t group_of(const struct links *l, const struct ws_index *ix, uint32_t i)
+{
+    struct link_entry key = {ix->v[i].ino, 0};
+    size_t lo = 0, hi = l->n;
+
+    if (!l->n || !S_ISREG(ix->v[i].mode) || ix->v[i].nlink < 2)
+        return -1;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (l->v[mid].ino < key.ino)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < l->n && l->v[lo].ino == key.ino ? (ssize_t)lo : -1;
+}
+
+/* Makes node |i| in |dst| from |src|: as a link to its group's anchor
+ * when the group has one there, else as a copy that becomes it. */
+static int make_node(int src, int dst, const struct ws_index *ix, uint32_t i, struct links *l,
+                     ino_t keep_ino)
+{
+    ssize_t g = group_of(l, ix, i);
+    uint32_t anchor = g >= 0 ? l->anchor[g] : WS_NONE;
+
+    if (anchor != WS_NONE && anchor != i) {
+        char leaf[NAME_MAX + 1];
+        int dir = open_parent(dst, ix, anchor, leaf);
+        if (dir < 0)
+            return dir;
+        int rc = copy_node(src, dst, ix, i, dir, leaf, 0);
+        close(dir);
+        return rc;
+    }
+    int rc = copy_node(src, dst, ix, i, -1, NULL, keep_ino);
+    if (rc == 0 && g >= 0)
+        l->anchor[g] = i;
+    return rc;
+}
+
+/* --- commit and restore --------------------------------------------------------- */
+
 int ws_commit(int ws_fd, int saved_fd, const struct ws_changes *c)
 {
-    int rc = 0;
+    const struct ws_index *now = &c->now;
+    struct links l;
+    int rc = links_of(now, &l);
 
-    /* Children before their directories. */
-    for (size_t i = c->n_gone; rc == 0 && i-- > 0;)
-        rc = remove_node(saved_fd, c->gone[i].path);
-    /* Directories before what they hold. */
-    for (size_t i = 0; rc == 0 && i < c->n_changed; i++)
-        rc = copy_node(ws_fd, saved_fd, c->changed[i].path);
+    /* A group member the cell left alone is in the saved copy already:
+     * the group's new names link to it. */
+    for (size_t k = 0; rc == 0 && k < l.n; k++) {
+        ssize_t g = group_of(&l, now, l.v[k].node);
+        if (!now->v[l.v[k].node].changed && l.anchor[g] == WS_NONE)
+            l.anchor[g] = l.v[k].node;
+    }
+    /* What went, then what came or changed, parents before what they hold. */
+    for (uint32_t k = 0; rc == 0 && k < c->n_gone; k++)
+        rc = remove_node(saved_fd, c->old, c->gone[k]);
+    for (uint32_t i = 0; rc == 0 && i < now->n; i++)
+        if (now->v[i].changed)
+            rc = make_node(ws_fd, saved_fd, now, i, &l, 0);
+    links_free(&l);
     return rc;
+}
+
+static void mark_old_tree(const struct ws_index *ix, uint32_t i, bool *mark)
+{
+    mark[i] = true;
+    if (S_ISDIR(ix->v[i].mode))
+        for (uint32_t k = 0; k < ix->v[i].nkids; k++)
+            mark_old_tree(ix, ix->v[i].kids + k, mark);
 }
 
 int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c)
 {
-    int rc = 0;
+    const struct ws_index *now = &c->now, *old = c->old;
+    bool *back = calloc((size_t)old->n + 1, sizeof(*back));
+    struct links l;
+    int rc = back ? links_of(old, &l) : -ENOMEM;
 
-    /* What the cell made or changed goes (a directory that was there
-     * before stays, its mode put back below)... */
-    for (size_t i = c->n_changed; rc == 0 && i-- > 0;) {
-        const struct ws_node *n = &c->changed[i];
-        struct stat st;
-        int fd = open_beneath(saved_fd, n->path, O_PATH, 0, false);
-        bool keep_dir = fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && S_ISDIR(n->mode);
-        if (fd >= 0)
-            close(fd);
-        if (!keep_dir)
-            rc = remove_node(ws_fd, n->path);
+    if (rc < 0) {
+        free(back);
+        return rc;
     }
-    /* ... then what was there comes back, parents first: what it changed
-     * and what it removed, merged in path order. */
-    size_t i = 0, j = 0;
-    while (rc == 0 && (i < c->n_changed || j < c->n_gone)) {
-        bool take_changed =
-            j >= c->n_gone || (i < c->n_changed && strcmp(c->changed[i].path, c->gone[j].path) < 0);
-        const char *path = take_changed ? c->changed[i++].path : c->gone[j++].path;
-        rc = copy_node(saved_fd, ws_fd, path);
+    /* What the cell made or changed goes, what it holds first; a directory
+     * that was there stays (its mode is put back below), and so does a
+     * file in the inode it had, rewritten in place below: the state may
+     * map it. */
+    for (uint32_t i = now->n; rc == 0 && i-- > 0;) {
+        const struct ws_node *n = &now->v[i];
+        if (!n->changed)
+            continue;
+        if (n->twin != WS_NONE) {
+            back[n->twin] = true;
+            if (S_ISDIR(n->mode) || (S_ISREG(n->mode) && n->ino == old->v[n->twin].ino))
+                continue;
+        }
+        rc = remove_node(ws_fd, now, i);
     }
+    for (uint32_t k = 0; k < c->n_gone; k++)
+        mark_old_tree(old, c->gone[k], back);
+    /* A group member the cell left alone holds the group's inode still. */
+    for (uint32_t i = 0; rc == 0 && i < now->n; i++) {
+        const struct ws_node *n = &now->v[i];
+        ssize_t g = n->twin != WS_NONE && !n->changed ? group_of(&l, old, n->twin) : -1;
+        if (g >= 0 && l.anchor[g] == WS_NONE)
+            l.anchor[g] = n->twin;
+    }
+    /* Then what was there comes back, parents first. */
+    for (uint32_t i = 0; rc == 0 && i < old->n; i++)
+        if (back[i])
+            rc = make_node(saved_fd, ws_fd, old, i, &l, old->v[i].ino);
+    links_free(&l);
+    free(back);
+    return rc;
+}
+
+int ws_restore_all(int ws_fd, int saved_fd)
+{
+    struct ws_index saved;
+    struct links l;
+    char why[160];
+    int rc = walk_all(saved_fd, &saved, why, sizeof(why));
+
+    if (rc < 0)
+        return rc;
+    rc = links_of(&saved, &l);
+    if (rc == 0)
+        rc = empty_tree_at(ws_fd, ".");
+    for (uint32_t i = 0; rc == 0 && i < saved.n; i++)
+        rc = make_node(saved_fd, ws_fd, &saved, i, &l, 0);
+    links_free(&l);
+    ws_index_free(&saved);
     return rc;
 }

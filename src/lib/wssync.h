@@ -10,10 +10,18 @@
  * back (restore). A cell's cost is the files it touched, not the
  * workspace's size.
  *
- * Every call runs with the file-system identity of the session's user (the
- * caller's fsid_enter) and never follows a link; regular files, directories,
- * symbolic links and FIFOs are kept, nothing else (the policy lets code
- * make no other kind). Hard links are copied as separate files.
+ * Exact: regular files (sparse ones stay sparse), directories, symbolic
+ * links and FIFOs (the policy lets code make no other kind), with their
+ * modes, times and hard links; a file whose inode the state may still map
+ * is put back in place, in that inode. Every call runs with the session
+ * user's file-system identity and the capabilities that override modes
+ * (the caller's fsid_enter_owner), so that a file or directory the code
+ * made unreadable is copied too; none follows a link or uses "..", each
+ * path is opened a component at a time beneath the root it belongs to.
+ *
+ * Bounded: the index holds names, not paths, and at most WS_MAX_ENTRIES
+ * entries, WS_MAX_NAME_BYTES of names and WS_MAX_DEPTH levels; a workspace
+ * past them cannot be indexed, and the cell that made it cannot be kept.
  */
 #ifndef PYSBX_WSSYNC_H
 #define PYSBX_WSSYNC_H
@@ -24,42 +32,59 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#define WS_MAX_ENTRIES    10000
+#define WS_MAX_NAME_BYTES (1u << 20)
+#define WS_MAX_DEPTH      128
+
+#define WS_NONE UINT32_MAX
+
 struct ws_node {
-    char *path; /* relative, '/'-separated */
+    uint32_t parent; /* the directory holding it; WS_NONE: the workspace's top */
+    uint32_t kids;   /* a directory's entries: nodes kids .. kids + nkids - 1, by name */
+    uint32_t nkids;
+    uint32_t name; /* its name: offset in the index's names */
+    uint16_t name_len;
+    bool changed;  /* a diff's walk: new, or changed since the index */
+    bool mark;     /* work of the moment (restore: bring it back) */
+    uint32_t twin; /* a diff's walk: the index's entry of the same name and kind, or WS_NONE */
     mode_t mode;
+    nlink_t nlink;
     ino_t ino;
-    struct timespec ctime;
+    off_t size;
+    struct timespec ctime, mtime;
 };
 
-/* The workspace as of the last sync, sorted by path. */
+/* A tree of the workspace: each directory's entries are consecutive nodes,
+ * sorted by name, after the directory's own node. */
 struct ws_index {
     struct ws_node *v;
-    size_t n;
+    uint32_t n, cap;
+    uint32_t top, ntop; /* the top directory's entries */
+    char *names;
+    size_t names_len, names_cap;
     struct timespec taken; /* CLOCK_REALTIME when it was taken */
 };
 
-/* What a cell changed: entries new or changed since the index, and entries
- * gone; each list sorted by path. */
+/* What a cell changed: the workspace now, its new or changed entries
+ * marked, and the entries of |old| that are gone (each the top of what
+ * went). */
 struct ws_changes {
-    struct ws_node *changed;
-    size_t n_changed;
-    struct ws_node *gone;
-    size_t n_gone;
-    /* Every entry the walk found, and when: the next index, when the
-     * workspace stays as it is (a kept cell's). */
-    struct ws_node *now;
-    size_t n_now;
-    struct timespec walked;
+    struct ws_index now; /* the next index, when the workspace stays as it is */
+    const struct ws_index *old;
+    uint32_t *gone;
+    uint32_t n_gone;
 };
 
-/* Indexes the workspace |ws_fd| (after a sync). Returns 0 or -errno. */
-int ws_index_build(int ws_fd, struct ws_index *ix);
+/* Indexes the workspace |ws_fd| (after a sync). Returns 0 or -errno with
+ * |why| (-E2BIG: past a bound). */
+int ws_index_build(int ws_fd, struct ws_index *ix, char *why, size_t cap);
 void ws_index_free(struct ws_index *ix);
 
 /* What changed in |ws_fd| since |ix|, comparing with |saved_fd| where the
- * times cannot tell. Returns 0 or -errno. */
-int ws_diff(int ws_fd, int saved_fd, const struct ws_index *ix, struct ws_changes *out);
-/* Whether |path| is among the new or changed entries. */
+ * times cannot tell. Returns 0 or -errno with |why|. */
+int ws_diff(int ws_fd, int saved_fd, const struct ws_index *ix, struct ws_changes *out, char *why,
+            size_t cap);
+/* Whether |path| ('/'-separated) is among the new or changed entries. */
 bool ws_changed(const struct ws_changes *c, const char *path);
 void ws_changes_free(struct ws_changes *c);
 
@@ -72,5 +97,8 @@ void ws_index_take(struct ws_index *ix, struct ws_changes *c);
 /* A rolled-back cell: the workspace gets back what it had. Returns 0 or
  * -errno. */
 int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c);
+/* The same when what changed is not known (the workspace went past a
+ * bound): everything goes, and the saved copy comes back whole. */
+int ws_restore_all(int ws_fd, int saved_fd);
 
 #endif

@@ -39,13 +39,27 @@ static void close_sup_fds(struct worker_rec *w)
     close_fds(w->sup_fds, WFD_COUNT);
 }
 
+struct worker_rec *worker_new(struct tmpl *t)
+{
+    struct worker_rec *w = calloc(1, sizeof(*w));
+
+    if (!w)
+        return NULL;
+    for (int i = 0; i < WFD_COUNT; i++)
+        w->sup_fds[i] = -1;
+    w->ready_fd = w->status_fd = -1;
+    w->out_watch[0] = w->out_watch[1] = -1;
+    w->id = ++t->next_id;
+    return w;
+}
+
 /* PYSBX_PROFILE builds: the last worker's making, for the next one. */
 static struct prof_spawn last_spawn;
 
 struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char *why, size_t whylen)
 {
     double spawn_start = prof_now();
-    struct worker_rec *w = calloc(1, sizeof(*w));
+    struct worker_rec *w = worker_new(t);
     int req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
     int status[2] = {-1, -1}, ready[2] = {-1, -1};
     int ws = -1, ws_mount = -1, ruleset = -1;
@@ -56,9 +70,6 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
         errmsg(why, whylen, -ENOMEM, "template: out of memory");
         return NULL;
     }
-    for (int i = 0; i < WFD_COUNT; i++)
-        w->sup_fds[i] = -1;
-    w->ready_fd = w->status_fd = -1;
     if (uids_take(&t->uids, t->base_fd, &w->slot, &w->uid, &w->gid, w->name, sizeof(w->name)) < 0) {
         free(w);
         errmsg(why, whylen, -EAGAIN,
@@ -210,6 +221,7 @@ static void spawn_worker(struct tmpl *t)
 /* Brings the workers not yet taken (ready or getting ready) up to |to|. */
 static void refill(struct tmpl *t, unsigned to)
 {
+
     while (t->outstanding < to)
         spawn_worker(t);
 }
@@ -303,7 +315,7 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
             /* Ready and idle: the pages it copied are what every worker
              * copies. Learn them once (see prefault.h). */
             if (t->prefault.recorded == 0 && !t->single_run && t->proc_ok)
-                (void)prefault_record(t->proc_fd, w->pid, &t->prefault);
+                (void)prefault_record(t->proc_fd, w->pid, 0, &t->prefault);
             announce(t, w);
         } else if (buf[i] == WORKER_STARTED && !w->started) {
             struct wire_started st;
@@ -342,12 +354,19 @@ static void on_timer(struct tmpl *t, pid_t pid, bool wall)
         }
 }
 
-void forget_worker(struct tmpl *t, struct worker_rec *w)
+void disarm_limits(struct worker_rec *w)
 {
     if (w->has_timer)
         timer_delete(w->timer);
     if (w->has_wall_timer)
         timer_delete(w->wall_timer);
+    w->has_timer = w->has_wall_timer = false;
+}
+
+void forget_worker(struct tmpl *t, struct worker_rec *w)
+{
+    disarm_limits(w);
+    close_fds(w->out_watch, 2);
     close_fd(&w->ready_fd);
     close_fd(&w->status_fd);
     close_sup_fds(w);
@@ -370,6 +389,30 @@ struct wire_status status_of(const struct worker_rec *w, int wait_status, const 
         .stime_us = timeval_us(ru->ru_stime),
         .maxrss_kb = ru->ru_maxrss,
     };
+}
+
+/* The session's processes the kernel now reports stopped (waitid with
+ * WSTOPPED consumes the report: what it said is kept in stop_seen until
+ * the process is let run again). */
+static void sessions_seen_stopped(struct tmpl *t)
+{
+    bool again = true;
+
+    while (again) {
+        again = false;
+        for (struct worker_rec *w = t->workers; w; w = w->next) {
+            if (!w->session || !w->stop_sent || w->stop_seen || w->dead || !w->pid)
+                continue;
+            siginfo_t si = {0};
+            if (waitid(P_PID, (id_t)w->pid, &si, WSTOPPED | WNOHANG) == 0 && si.si_pid == w->pid &&
+                si.si_code == CLD_STOPPED) {
+                w->stop_seen = true;
+                session_stopped(t, w); /* may change the list: start over */
+                again = true;
+                break;
+            }
+        }
+    }
 }
 
 static void reap(struct tmpl *t)
@@ -397,7 +440,7 @@ static void reap(struct tmpl *t)
             pp = &(*pp)->next;
         struct worker_rec *w = *pp;
         if (!w)
-            continue;
+            continue; /* a child of a session's the kernel listed, or killed */
         w->dead = true;
         if (w->session) {
             *pp = w->next;
@@ -422,6 +465,7 @@ static void reap(struct tmpl *t)
         *pp = w->next;
         forget_worker(t, w);
     }
+    sessions_seen_stopped(t);
     /* A run just ended: now is the time to replace the workers taken. */
     if (reaped && !t->single_run)
         refill(t, t->pool_size);
@@ -478,7 +522,7 @@ static void shutdown_workers(struct tmpl *t)
 void pool_run(struct tmpl *t)
 {
     struct pollfd *pfd = NULL;
-    struct worker_rec **who = NULL;
+    uint64_t *who = NULL; /* the id of the worker or session each slot is for */
     size_t cap = 0;
     bool stop = false;
 
@@ -492,7 +536,7 @@ void pool_run(struct tmpl *t)
         if (cap < need) {
             size_t c = need + 16;
             struct pollfd *p = realloc(pfd, c * sizeof(*pfd));
-            struct worker_rec **q = p ? realloc(who, c * sizeof(*who)) : NULL;
+            uint64_t *q = p ? realloc(who, c * sizeof(*who)) : NULL;
             if (p)
                 pfd = p;
             if (!q)
@@ -505,11 +549,11 @@ void pool_run(struct tmpl *t)
         for (struct worker_rec *w = t->workers; w && n < cap; w = w->next) {
             if (w->ready_fd < 0)
                 continue;
-            who[n] = w;
+            who[n] = w->id;
             pfd[n++] = (struct pollfd){.fd = w->ready_fd, .events = POLLIN};
         }
         nfds_t first_session = n;
-        n = (nfds_t)sessions_poll_fds(t, pfd, n, cap);
+        n = (nfds_t)sessions_poll_fds(t, pfd, who, n, cap);
         if (poll(pfd, n, sessions_timeout_ms(t)) < 0) {
             if (errno == EINTR)
                 continue;
@@ -521,15 +565,17 @@ void pool_run(struct tmpl *t)
         for (nfds_t i = 2; i < first_session; i++) {
             if (!pfd[i].revents)
                 continue;
-            /* reap() may have freed it; look it up again. What it says may
-             * free it (or others): nothing of the list is read after. */
+            /* reap() may have freed it; look it up again, by its id (its
+             * address and descriptor number may be another's now). What
+             * it says may free it (or others): nothing of the list is read
+             * after. */
             for (struct worker_rec *w = t->workers; w; w = w->next)
-                if (w == who[i] && w->ready_fd == pfd[i].fd) {
+                if (w->id == who[i] && w->ready_fd == pfd[i].fd) {
                     w->session ? session_said(t, w) : on_ready(t, w);
                     break;
                 }
         }
-        sessions_handle(t, pfd, first_session, n);
+        sessions_handle(t, pfd, who, first_session, n);
         sessions_tick(t);
         if (t->keeper_gone)
             break;

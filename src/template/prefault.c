@@ -36,7 +36,13 @@ static int add_range(struct prefault *p, uintptr_t start, uintptr_t end, size_t 
     return 0;
 }
 
-int prefault_record(int proc_fd, pid_t pid, struct prefault *p)
+void prefault_free(struct prefault *p)
+{
+    free(p->ranges);
+    memset(p, 0, sizeof(*p));
+}
+
+int prefault_record(int proc_fd, pid_t pid, size_t max_pages, struct prefault *p)
 {
     char path[64], line[512];
     long page = sysconf(_SC_PAGESIZE);
@@ -54,7 +60,7 @@ int prefault_record(int proc_fd, pid_t pid, struct prefault *p)
         rc = -errno;
         goto out;
     }
-    while (rc == 0 && fgets(line, sizeof(line), maps)) {
+    while (rc == 0 && (!max_pages || p->pages < max_pages) && fgets(line, sizeof(line), maps)) {
         unsigned long start, end;
         char perms[8];
         if (sscanf(line, "%lx-%lx %7s", &start, &end, perms) != 3)
@@ -62,7 +68,7 @@ int prefault_record(int proc_fd, pid_t pid, struct prefault *p)
         /* Private and writable: where copy-on-write happens. */
         if (perms[0] != 'r' || perms[1] != 'w' || perms[3] != 'p')
             continue;
-        for (unsigned long a = start; a < end && rc == 0;) {
+        for (unsigned long a = start; a < end && rc == 0 && (!max_pages || p->pages < max_pages);) {
             uint64_t entries[512];
             size_t want = (end - a) / (unsigned long)page;
             if (want > 512)
@@ -73,7 +79,8 @@ int prefault_record(int proc_fd, pid_t pid, struct prefault *p)
             for (size_t i = 0; i < (size_t)got / 8; i++) {
                 uint64_t e = entries[i];
                 uintptr_t at = a + i * (unsigned long)page;
-                if ((e & PM_PRESENT) && (e & PM_EXCLUSIVE)) {
+                if ((e & PM_PRESENT) && (e & PM_EXCLUSIVE) &&
+                    (!max_pages || p->pages < max_pages)) {
                     rc = add_range(p, at, at + (uintptr_t)page, &cap);
                     p->pages++;
                 }

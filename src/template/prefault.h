@@ -25,8 +25,10 @@ struct prefault {
 };
 
 /* Reads |pid|'s maps and pagemap under /proc (|proc_fd|): the pages of its
- * private writable mappings that it alone maps. Returns 0 or -errno. */
-int prefault_record(int proc_fd, pid_t pid, struct prefault *p);
+ * private writable mappings that it alone maps, the first |max_pages| of
+ * them (0: all). Returns 0 or -errno. */
+int prefault_record(int proc_fd, pid_t pid, size_t max_pages, struct prefault *p);
+void prefault_free(struct prefault *p);
 
 /* In a new worker: copies the recorded pages now, in batches. Best effort. */
 void prefault_apply(const struct prefault *p);

@@ -2,18 +2,60 @@
  * Sessions, on the template's side: the one party that may let a session's
  * state fork, and the keeper of which process is the state.
  *
+ * The rule: once a session's first cell has run, every process of the
+ * session has run the tenant's code. Nothing such a process writes on its
+ * channel, reports about itself or leaves in its memory decides anything
+ * here. What decides is the kernel (a process reaped or seen stopped by
+ * waitid, the sender's pid on a socket, the listener's notifications
+ * checked with NOTIF_ID_VALID, /proc of our own pid namespace: the
+ * template's children, a process's threads and descriptors, a pipe with no
+ * writer left) and the supervisor's requests (a cell and its limits; keep
+ * it or not). A message a process may not send in the state it is in ends
+ * the session, as a privilege-separation monitor treats a request it did
+ * not permit.
+ *
  * A session is a first state process, made like a worker (spawn_process)
- * but with the session's seccomp program, which hands one fork to us, its
- * listener: clone(CLONE_PARENT | SIGCHLD), nothing else. The state sits in
- * a loop (src/worker/session.c) that forks when told. For each cell asked
- * for on the session's channel we make the cell's pipes, wake the state,
- * tell it to fork, and answer its clone with "continue" only then, only for
- * the state's own (single) thread. The fork's parent is us, so we reap the
- * cell and the kernel's word on how it ended is what the supervisor gets,
- * as for a worker. A cell whose code ends by itself says so: if the rule
- * keeps it and it has one thread, it becomes the state (and the old state
- * is killed); otherwise it is killed and the state stays. Between cells the
- * state is stopped (SIGSTOP): nothing of it runs.
+ * with the session's seccomp program, which hands us one fork,
+ * clone(CLONE_PARENT | SIGCHLD), through its listener. Its life is two
+ * machines, each moved only by the functions below that name its phases:
+ *
+ *   the session (enum sess_phase), for its supervisor:
+ *     OPENING -READY-> WAITING -CELL-> ASKED -made-> RUNNING
+ *     RUNNING -"done"-> STOPPING -seen stopped, checked-> SETTLING (kept?)
+ *                                                     or ROLLING (killed)
+ *     RUNNING/STOPPING/ROLLING -reaped-> SETTLING -SETTLE-> WAITING
+ *     anything -> ENDING (idle, lifetime, a death, a broken rule) -> freed
+ *
+ *   the next cell's process (enum next_phase), a fork of |from| (the state,
+ *   or the cell being settled, so that the fork overlaps the supervisor's
+ *   work):
+ *     NONE -> FORKING (told to fork; its clone is let through once)
+ *          -> FORKED (let through; the child is looked for among our
+ *             children: nothing it says is needed to find it)
+ *          -> HOLDING (found; |from| is stopped, and the child once it has
+ *             copied the pages the last cell wrote, or after WARM_GRACE_NS)
+ *          -> MADE (both seen stopped; or |from| seen stopped and a cell
+ *             asked for: the child is handed out as it is)
+ *     FORKING/FORKED -the fork failed-> FAILING (|from| stopped) -> FAILED
+ *
+ * A cell's limits come from the supervisor's WIRE_CELL and are armed here
+ * when it is handed out: its wall time from then, its CPU time on its own
+ * clock from its birth, less what its fork cost |from| (bounded: a second
+ * of CPU, ten of wall, or the session ends). Its memory limit is the hard
+ * RLIMIT_AS its first state set before any of the tenant's code ran.
+ * A cell that says it is done is stopped; its answer goes out only once
+ * the kernel has reported it stopped, with one thread, its output pipes
+ * without a writer and no descriptor open but its standard streams and its
+ * channel. Anything else is a rollback. Between cells the state is stopped
+ * and seen stopped; SIGCONT is sent only to let it fork the next cell,
+ * whose CPU limit that fork is charged to, and the next cell runs ahead of
+ * its request only to copy pages (its CPU is its own from its birth).
+ *
+ * All of a session's processes share its uid; they live in the template's
+ * pid namespace (keeper.h). A session ends by killing the processes it
+ * knows, then every process of its uid (kill(-1) from a child that is that
+ * uid alone), and gives its uid back only once the kernel counts none
+ * (sweep_uid).
  */
 #define _GNU_SOURCE
 #include "pysbx.h"
@@ -23,15 +65,20 @@
 #include "worker.h"
 #include "workspace.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <seccomp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -42,35 +89,109 @@
  * side lingers a moment), looked at every RECHECK_NS. */
 #define THREAD_GRACE_NS (100ULL * 1000000ULL)
 #define RECHECK_NS      (2ULL * 1000000ULL)
+/* How long the next cell, found, may take to say it is ready (it copies
+ * the pages a run writes meanwhile) before it is stopped anyway. */
+#define WARM_GRACE_NS (50ULL * 1000000ULL)
+/* How often the child of a fork let through is looked for. */
+#define LOOK_NS (1ULL * 1000000ULL)
+/* What the process told to fork may spend on it (charged to the next
+ * cell); past it the session ends. A fork of a state of some GiB takes
+ * tens of ms of CPU. */
+#define FORK_CPU_BUDGET_NS  (1000ULL * 1000000ULL)
+#define FORK_WALL_BUDGET_NS (10000ULL * 1000000ULL)
+/* The most a made-ahead cell copies of what the last one wrote (4 MiB):
+ * the interpreter's own pages that every cell writes are far fewer; a
+ * cell that wrote more wrote data the next one may not touch again. The
+ * plan is learnt again every CELL_PLAN_EVERY kept cells. */
+#define CELL_PLAN_MAX_PAGES 1024
+#define CELL_PLAN_EVERY     16
+/* How long an ended session's uid is looked at for a process left; past
+ * it the session goes and its uid is never handed out again. */
+#define SWEEP_GIVE_UP_NS (1000ULL * 1000000ULL)
+
+enum sess_phase {
+    SESS_OPENING,  /* its first process gets ready (trusted until its first cell) */
+    SESS_WAITING,  /* between cells: a cell may be asked for */
+    SESS_ASKED,    /* a cell is asked for; its process is not made yet */
+    SESS_RUNNING,  /* the cell runs, under the request's limits */
+    SESS_STOPPING, /* it said its code ended: being stopped, then looked at */
+    SESS_SETTLING, /* its status is out: the supervisor says keep or not */
+    SESS_ROLLING,  /* killed to roll it back: its status goes out when reaped */
+    SESS_ENDING,   /* over: its processes killed; freed once its uid is empty */
+};
+
+enum next_phase {
+    NEXT_NONE,
+    NEXT_FORKING, /* |from| is told to fork; its clone may be let through once */
+    NEXT_FORKED,  /* let through: the child is looked for */
+    NEXT_HOLDING, /* found: it and |from| are being stopped */
+    NEXT_FAILING, /* no child: |from| is being stopped */
+    NEXT_MADE,    /* both seen stopped: a cell can be handed out */
+    NEXT_FAILED,  /* tried again when a cell is asked for */
+};
+
+static const char *const sess_names[] = {"opening",  "waiting",  "asked",   "running",
+                                         "stopping", "settling", "rolling", "ending"};
 
 struct session_rec {
     struct session_rec *next;
-    int chan;     /* to the supervisor; -1 once it is gone */
-    int listener; /* the session's seccomp notifications; -1 until sent */
+    uint64_t id;
+    enum sess_phase phase;
+    enum next_phase making;
+    int chan;     /* to the supervisor */
+    int listener; /* the session's seccomp notifications; -1 until READY */
     int ws_fd;    /* the workspace the state and the cells see */
     int saved_fd; /* the files as of the last kept cell (the supervisor's) */
     unsigned slot;
     uid_t uid;
     gid_t gid;
+    bool own_uid; /* the uid is the session's alone: it can be swept */
     char name[WIRE_NAME_MAX];
     uint64_t memory;
     uint64_t idle_ns, lifetime_ns;
     uint64_t opened_ns, idle_since_ns;
-    uint64_t recheck_ns;      /* a done cell with a thread: look again then */
-    struct worker_rec *state; /* NULL once it died */
-    struct worker_rec *cell;  /* the cell asked for or running */
-    unsigned procs;           /* its processes not yet reaped */
-    unsigned dying;           /* ... of which states killed once a cell was kept */
+    uint64_t recheck_ns; /* look again then (STOPPING, FORKED, ENDING) */
+    uint64_t fork_by_ns; /* the fork's wall budget runs out then */
+    uint64_t done_ns;    /* the cell said it was done then */
+    uint64_t ended_ns;   /* ENDING since then */
+    uint64_t warm_by_ns; /* HOLDING: the next cell is stopped then, ready or not */
+    uint64_t charge_ns;  /* CPU the next cell's fork cost |from|: the cell's */
+    /* The processes by role; a process killed leaves its role and is only
+     * counted until it is reaped. */
+    struct worker_rec *state;     /* stopped between cells */
+    struct worker_rec *candidate; /* a cell that may be kept: stopped, settling */
+    struct worker_rec *coming;    /* the next cell's process (|making|) */
+    struct worker_rec *from;      /* what |coming| is forked from */
+    struct worker_rec *cell;      /* the cell handed out */
+    uint64_t coming_of;           /* the id of the process |coming| is a fork of */
+    bool forked;                  /* |coming|'s fork was let through */
+    /* A fork let through whose child is not wanted any more and was not
+     * found yet: killed when found; looked for until its parent (by id) is
+     * reaped. Two at once cannot be kept track of: the session ends. */
+    struct worker_rec *stray;
+    uint64_t stray_from, stray_look_ns;
+    bool lost_track;
+    unsigned procs; /* its processes not yet reaped */
+    /* The cell asked for (WIRE_CELL), and how it ended. */
     uint32_t rollback;
-    bool ready;       /* WIRE_SESSION sent */
-    bool pending;     /* a cell asked for and not yet handed over */
-    bool fork_failed; /* the last fork made ahead failed: wait for a cell */
-    bool permit;      /* the state may fork, once */
-    bool ending;      /* freed once its processes are reaped */
+    uint64_t cpu_ms, wall_ms;
+    int32_t cell_status;
+    uint32_t cell_flags;
+    char fork_why[WIRE_TEXT_MAX];
+    /* The pages the last kept cell wrote: what the next one copies while
+     * it waits (worker.h). */
+    struct prefault plan;
+    uint64_t kept; /* cells kept */
 };
+
+/* Room for the fork command being sent (4 KiB: not on the stack). */
+static struct session_fork_msg fork_msg;
 
 static struct seccomp_notif *notif;
 static struct seccomp_notif_resp *notif_resp;
+
+static void start_making(struct tmpl *t, struct session_rec *s, struct worker_rec *from);
+static void end_session(struct tmpl *t, struct session_rec *s, const char *why);
 
 uint64_t session_memory(const struct session_rec *s)
 {
@@ -94,20 +215,19 @@ static void send_text(struct session_rec *s, uint32_t type, const char *why)
     struct wire_fail m = {.hdr = {type, WIRE_VERSION}};
 
     fmt(m.text, sizeof(m.text), "%s", why);
-    if (s->chan >= 0 && !s->ending)
+    if (s->chan >= 0)
         (void)wire_send(s->chan, &m, sizeof(m), NULL, 0);
 }
 
-/* Numbers from /proc/PID/status ("Threads:", "PPid:", "VmHWM:", ...), in
- * one read: out[i] for fields[i], -1 where there is none. */
-static void proc_fields(const struct tmpl *t, pid_t pid, const char *const *fields, long *out,
-                        int n)
+/* --- what the kernel says of a process ---------------------------------- */
+
+/* The line after |field| in /proc/PID/status (our own pid namespace's, see
+ * keeper.h), in |out|; false when there is none. */
+static bool status_line(const struct tmpl *t, pid_t pid, const char *field, char *out, size_t cap)
 {
     char path[32], buf[4096];
     ssize_t got = -1;
 
-    for (int i = 0; i < n; i++)
-        out[i] = -1;
     fmt(path, sizeof(path), "%d/status", (int)pid);
     int fd = openat(t->proc_fd, path, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
@@ -115,62 +235,302 @@ static void proc_fields(const struct tmpl *t, pid_t pid, const char *const *fiel
         close(fd);
     }
     if (got <= 0)
-        return;
+        return false;
     buf[got] = '\0';
     for (char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        for (int i = 0; i < n; i++)
-            if (strncmp(p, fields[i], strlen(fields[i])) == 0)
-                out[i] = strtol(p + strlen(fields[i]), NULL, 10);
+        if (strncmp(p, field, strlen(field)) == 0) {
+            p += strlen(field);
+            size_t n = strcspn(p, "\n");
+            fmt(out, cap, "%.*s", (int)n, p);
+            return true;
+        }
+    return false;
 }
 
-/* The last number of a /proc/PID/status line (NSpid:, NStgid:): a pid as
- * the process's own pid namespace numbers it. -1 when there is none. */
-static long proc_inner(const struct tmpl *t, pid_t pid, const char *field)
+static long status_number(const struct tmpl *t, pid_t pid, const char *field)
 {
-    char path[32], buf[4096];
+    char line[128];
+
+    return status_line(t, pid, field, line, sizeof(line)) ? strtol(line, NULL, 10) : -1;
+}
+
+/* The last number of a status line: a pid as its own namespace sees it. */
+static long status_inner(const struct tmpl *t, pid_t pid, const char *field)
+{
+    char line[128];
+
+    if (!status_line(t, pid, field, line, sizeof(line)))
+        return -1;
+    char *p = line + strlen(line);
+    while (p > line && (p[-1] == ' ' || p[-1] == '\t'))
+        *--p = '\0';
+    while (p > line && p[-1] >= '0' && p[-1] <= '9')
+        p--;
+    return *p ? strtol(p, NULL, 10) : -1;
+}
+
+static uint64_t cpu_ns(pid_t pid)
+{
+    clockid_t c;
+    struct timespec ts;
+
+    if (clock_getcpuclockid(pid, &c) != 0 || clock_gettime(c, &ts) < 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+bool known_child(const struct tmpl *t, pid_t pid)
+{
+    if (pid == t->keeper.pid || pid == t->sweeper.pid)
+        return true;
+    for (const struct worker_rec *w = t->workers; w; w = w->next)
+        if (w->pid == pid)
+            return true;
+    return false;
+}
+
+/* Whether process |pid| holds the socket whose inode is |ino|. */
+static bool holds_socket(const struct tmpl *t, pid_t pid, ino_t ino)
+{
+    char path[32];
+    bool found = false;
+
+    fmt(path, sizeof(path), "%d/fd", (int)pid);
+    int fd = openat(t->proc_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        struct stat st;
+        found = e->d_name[0] != '.' && fstatat(dirfd(d), e->d_name, &st, 0) == 0 &&
+                S_ISSOCK(st.st_mode) && st.st_ino == ino;
+    }
+    closedir(d);
+    return found;
+}
+
+/* The child of the fork let through for |w| (the next cell, or one no
+ * longer wanted): a child of ours that we did not make (the kernel keeps
+ * the list; CLONE_PARENT made it ours) and that is the session's: of its
+ * uid, when the session has one of its own, else holding |w|'s channel,
+ * which it inherited. A fork is let through once, so there is one such
+ * child at most. 0 when there is none (yet). */
+static pid_t child_of_fork(const struct tmpl *t, const struct session_rec *s,
+                           const struct worker_rec *w)
+{
+    char path[64], buf[8192];
     ssize_t got = -1;
 
-    fmt(path, sizeof(path), "%d/status", (int)pid);
+    fmt(path, sizeof(path), "%d/task/%d/children", (int)t->pid, (int)t->pid);
     int fd = openat(t->proc_fd, path, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         got = read_full(fd, buf, sizeof(buf) - 1);
         close(fd);
     }
     if (got <= 0)
-        return -1;
+        return 0;
     buf[got] = '\0';
-    char *line = strstr(buf, field);
-    if (!line)
+    for (char *p = buf, *end; *p; p = end) {
+        long pid = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        if (pid <= 0 || known_child(t, (pid_t)pid))
+            continue;
+        if (s->own_uid ? status_number(t, (pid_t)pid, "Uid:") == (long)s->uid
+                       : holds_socket(t, (pid_t)pid, w->chan_ino))
+            return (pid_t)pid;
+    }
+    return 0;
+}
+
+/* No process holds a write end of the cell's stdout or stderr any more:
+ * what it wrote is all there will be. */
+static bool output_closed(const struct worker_rec *w)
+{
+    struct pollfd p[2] = {{.fd = w->out_watch[0]}, {.fd = w->out_watch[1]}};
+
+    return poll(p, 2, 0) == 2 && (p[0].revents & POLLHUP) && (p[1].revents & POLLHUP);
+}
+
+/* The cell holds its standard streams on /dev/null and its own channel,
+ * nothing else: no descriptor through which a later cell could change
+ * what a rollback cannot put back (an offset, a pipe's content). */
+static bool only_its_own_descriptors(const struct tmpl *t, const struct worker_rec *w)
+{
+    char path[32];
+    bool clean = true;
+    int seen = 0;
+
+    fmt(path, sizeof(path), "%d/fd", (int)w->pid);
+    int fd = openat(t->proc_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    for (struct dirent *e; clean && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        struct stat st;
+        int n = atoi(e->d_name);
+        if (fstatat(dirfd(d), e->d_name, &st, 0) < 0)
+            clean = false;
+        else if (n == FD_STDIN || n == FD_STDOUT || n == FD_STDERR)
+            clean = S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3);
+        else if (n == FD_READY)
+            clean = S_ISSOCK(st.st_mode) && st.st_ino == w->chan_ino;
+        else
+            clean = false;
+        seen++;
+    }
+    closedir(d);
+    return clean && seen == 4;
+}
+
+/* --- processes ------------------------------------------------------------ */
+
+static void proc_stop(struct worker_rec *w)
+{
+    if (w && w->pid && !w->dead && !w->stop_sent) {
+        w->stop_sent = true;
+        kill(w->pid, SIGSTOP);
+    }
+}
+
+static void proc_continue(struct worker_rec *w)
+{
+    w->stop_sent = w->stop_seen = false;
+    kill(w->pid, SIGCONT);
+}
+
+/* Kills the process in |*role| and takes it out of the role: it is counted
+ * (procs) until it is reaped. A process never born is forgotten now. */
+static void release(struct tmpl *t, struct worker_rec **role)
+{
+    struct worker_rec *w = *role;
+
+    *role = NULL;
+    if (!w)
+        return;
+    if (!w->pid) {
+        struct worker_rec **pp = &t->workers;
+        while (*pp && *pp != w)
+            pp = &(*pp)->next;
+        if (*pp)
+            *pp = w->next;
+        forget_worker(t, w);
+        return;
+    }
+    if (!w->dead)
+        kill(w->pid, SIGKILL);
+}
+
+/* |w|, a process record of |s| not yet born, gets the child of its fork,
+ * which is then killed: it is counted until it is reaped. */
+static void kill_found(struct session_rec *s, struct worker_rec *w, pid_t pid)
+{
+    w->pid = pid;
+    s->procs++;
+    kill(pid, SIGKILL);
+}
+
+/* The coming cell is given up, and |from| with it (the caller kills or
+ * stops |from|). A fork already let through whose child is not found yet
+ * leaves that child to be found and killed (the stray), looked for until
+ * its parent has been reaped: nothing a session's process makes goes
+ * unseen. */
+static void drop_coming(struct tmpl *t, struct session_rec *s)
+{
+    struct worker_rec *w = s->coming;
+
+    if (w && !w->pid && s->forked) {
+        pid_t pid = child_of_fork(t, s, w);
+        if (pid)
+            kill_found(s, w, pid);
+        else if (!s->stray && s->from) {
+            s->stray = w;
+            s->stray_from = s->from->id;
+            s->stray_look_ns = now_ns() + LOOK_NS;
+            s->coming = NULL;
+        } else
+            s->lost_track = true; /* the tick ends the session */
+    }
+    release(t, &s->coming);
+    if (s->from)
+        disarm_limits(s->from);
+    s->from = NULL;
+    s->coming_of = 0;
+    s->forked = false;
+    s->making = NEXT_NONE;
+}
+
+/* The stray, looked for again; |last|: its parent is gone, so the fork is
+ * over and what is not there now never will be. */
+static void look_for_stray(struct tmpl *t, struct session_rec *s, bool last)
+{
+    struct worker_rec *w = s->stray;
+    pid_t pid = w ? child_of_fork(t, s, w) : 0;
+
+    if (!w)
+        return;
+    if (pid)
+        kill_found(s, w, pid);
+    if (pid || last) {
+        s->stray = NULL;
+        release(t, &w);
+    } else
+        s->stray_look_ns = now_ns() + LOOK_NS;
+}
+
+/* Kills every process of the session's uid in our pid namespace, then
+ * asks the kernel whether the uid still has any process at all, from a
+ * child that is that uid and nothing more (vfork: the template waits the
+ * microseconds it takes). kill(-1)'s answer cannot tell: it succeeds when
+ * it found anyone, those it may not signal included. The kernel's count of
+ * the uid's processes can: with RLIMIT_NPROC at 2 the child can fork one
+ * more only if it is the uid's only process (the count holds every task
+ * of the uid, threads and processes not yet reaped included, in any pid
+ * namespace). Returns 1 when some are left, 0 when none is, or -1 when it
+ * could not look. */
+static int sweep_uid(uid_t uid, gid_t gid)
+{
+    int st;
+    pid_t pid = vfork();
+
+    if (pid == 0) {
+        /* The system calls themselves: glibc's wrappers would talk to
+         * threads this child does not have. Taking the uid drops every
+         * capability, so the limit below binds. */
+        struct rlimit two = {2, 2};
+        if (syscall(SYS_setgroups, 0, NULL) != 0 || syscall(SYS_setresgid, gid, gid, gid) != 0 ||
+            syscall(SYS_setresuid, uid, uid, uid) != 0 ||
+            syscall(SYS_prlimit64, 0, RLIMIT_NPROC, &two, NULL) != 0)
+            _exit(3);
+        /* kill(-1) reaches the processes of |uid| alone, and only those of
+         * our pid namespace. */
+        (void)kill(-1, SIGKILL);
+        pid_t probe = vfork();
+        if (probe == 0)
+            _exit(0);
+        if (probe < 0)
+            _exit(errno == EAGAIN ? 1 : 3);
+        while (waitpid(probe, NULL, 0) < 0 && errno == EINTR)
+            ;
+        _exit(0);
+    }
+    if (pid < 0)
         return -1;
-    line += strlen(field);
-    char *end = line + strcspn(line, "\n");
-    while (end > line && (end[-1] < '0' || end[-1] > '9'))
-        end--;
-    char *p = end;
-    while (p > line && p[-1] >= '0' && p[-1] <= '9')
-        p--;
-    return p < end ? strtol(p, NULL, 10) : -1;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(st) && WEXITSTATUS(st) <= 1 ? WEXITSTATUS(st) : -1;
 }
 
-static long proc_status(const struct tmpl *t, pid_t pid, const char *field)
-{
-    long v;
-
-    proc_fields(t, pid, &field, &v, 1);
-    return v;
-}
-
-static void unlink_worker(struct tmpl *t, struct worker_rec *w)
-{
-    struct worker_rec **pp = &t->workers;
-
-    while (*pp && *pp != w)
-        pp = &(*pp)->next;
-    if (*pp)
-        *pp = w->next;
-}
-
-static void free_session(struct tmpl *t, struct session_rec *s)
+static void free_session(struct tmpl *t, struct session_rec *s, bool release_uid)
 {
     struct session_rec **pp = &t->sessions;
 
@@ -182,50 +542,65 @@ static void free_session(struct tmpl *t, struct session_rec *s)
     close_fd(&s->listener);
     close_fd(&s->ws_fd);
     close_fd(&s->saved_fd);
-    uids_release(&t->uids, s->slot);
+    prefault_free(&s->plan);
+    if (release_uid)
+        uids_release(&t->uids, s->slot);
     free(s);
 }
 
-/* A cell asked for whose process never said hello: nothing to reap. */
-static void drop_unborn_cell(struct tmpl *t, struct session_rec *s)
+/* An ended session is freed once its processes are reaped and no process
+ * holds its uid; its channel's end then tells the supervisor. */
+static void maybe_free(struct tmpl *t, struct session_rec *s)
 {
-    struct worker_rec *w = s->cell;
-
-    if (!w || w->pid)
+    if (s->phase != SESS_ENDING || s->procs > 0)
         return;
-    s->cell = NULL;
-    s->permit = false;
-    unlink_worker(t, w);
-    forget_worker(t, w);
-}
-
-static void kill_quietly(struct worker_rec *w)
-{
-    if (w && w->pid && !w->dead) {
-        w->quiet = true;
-        kill(w->pid, SIGKILL);
+    int found = s->own_uid ? sweep_uid(s->uid, s->gid) : 0;
+    if (found > 0 && now_ns() < s->ended_ns + SWEEP_GIVE_UP_NS) {
+        /* Killed: reaped by us (our children) or the keeper; look again. */
+        s->recheck_ns = now_ns() + RECHECK_NS;
+        return;
     }
+    /* A uid that could not be looked at, or that a process outside our
+     * namespace still holds, is not handed out again. */
+    free_session(t, s, found == 0);
 }
 
-/* The session is over: say why (unless the supervisor ended it), kill its
- * processes, and free it once they are reaped. */
 static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
 {
+    if (s->phase == SESS_ENDING)
+        return;
     if (why)
         send_text(s, WIRE_ENDED, why);
-    /* The channel stays open (and unread) until the last process of the
-     * session is reaped: its end tells the supervisor nothing is left. */
-    s->ending = true;
-    drop_unborn_cell(t, s);
-    kill_quietly(s->state);
-    /* A cell running is stopped as by its deadline: its status says so. */
-    if (s->cell && s->cell->announced)
+    s->phase = SESS_ENDING;
+    s->ended_ns = now_ns();
+    s->recheck_ns = 0;
+    drop_coming(t, s);
+    /* Whatever a fork let through made is of the session's uid: the sweep
+     * of the uid finds it (maybe_free). */
+    if (s->stray)
+        release(t, &s->stray);
+    release(t, &s->state);
+    release(t, &s->candidate);
+    /* The cell out is killed as by its deadline; its status says the
+     * session ended (it stays the cell until it is reaped). */
+    if (s->cell && !s->cell->dead)
         kill(s->cell->pid, SIGKILL);
-    else
-        kill_quietly(s->cell);
-    if (s->procs == 0)
-        free_session(t, s);
+    maybe_free(t, s);
 }
+
+/* A session's process said what it may not say now. */
+static void broke_the_rule(struct tmpl *t, struct session_rec *s, const char *who, char what)
+{
+    char why[WIRE_TEXT_MAX];
+
+    fmt(why, sizeof(why),
+        "the session ended: its %s sent a message it may not send while the session is %s "
+        "('%c'); nothing a session's process says is taken on trust",
+        who, sess_names[s->phase], what >= 0x20 && what < 0x7f ? what : '?');
+    end_session(t, s, why);
+}
+
+/* --- opening ---------------------------------------------------------------- */
 
 void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
 {
@@ -237,16 +612,24 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         return;
     }
     *s = (struct session_rec){.chan = chan, .listener = -1, .ws_fd = -1, .saved_fd = -1};
+    s->id = ++t->next_id;
     s->memory = m->memory_bytes;
     s->idle_ns = m->idle_ms * 1000000ULL;
     s->lifetime_ns = m->lifetime_ms * 1000000ULL;
     s->opened_ns = s->idle_since_ns = now_ns();
-    if (!t->root || !t->seccomp) {
+    s->own_uid = t->uids.per_run;
+    if (!t->root || !t->seccomp || !t->pid_ns || !t->proc_ok) {
         fmt(why, sizeof(why), "%s",
-            !t->root ? "sessions need the private root (the mount namespace): each keeps a "
-                       "second workspace mounted nowhere"
-                     : "sessions need the seccomp layer: it is what lets only the sandbox fork "
-                       "a session's state");
+            !t->root      ? "sessions need the private root (the mount namespace): each keeps a "
+                            "second workspace mounted nowhere"
+            : !t->seccomp ? "sessions need the seccomp layer: it is what lets only the sandbox "
+                            "fork a session's state"
+            : !t->pid_ns  ? "sessions need a pid namespace (no process of a session may outlive "
+                            "the sandbox): "
+                          : "sessions need /proc of the sandbox's own pid namespace: ");
+        if (t->root && t->seccomp)
+            fmt(why + strlen(why), sizeof(why) - strlen(why), "%s",
+                !t->pid_ns ? t->pidns_why : t->proc_why);
         goto refuse;
     }
     if (!t->session_policy_built) {
@@ -281,6 +664,26 @@ refuse:
     free(s);
 }
 
+/* The first state is confined and hands over its listener. It has run
+ * nothing of the tenant's yet: this once, what it sends is taken. */
+static void state_ready(struct tmpl *t, struct session_rec *s, int listener)
+{
+    struct wire_session m = {.hdr = {WIRE_SESSION, WIRE_VERSION},
+                             .pid = s->state->pid,
+                             .uid = t->jail.switch_user ? s->uid : 0,
+                             .gid = t->jail.switch_user ? s->gid : 0};
+
+    s->listener = listener;
+    if (wire_send(s->chan, &m, sizeof(m), NULL, 0) < 0) {
+        end_session(t, s, NULL);
+        return;
+    }
+    s->phase = SESS_WAITING;
+    start_making(t, s, s->state); /* the first cell, made ahead */
+}
+
+/* --- making the next cell ------------------------------------------------- */
+
 /* Both ends of a SOCK_SEQPACKET pair whose first end hears who sent what. */
 static int channel_pair(int sv[2])
 {
@@ -294,94 +697,223 @@ static int channel_pair(int sv[2])
     return 0;
 }
 
-/* A cell could not be made: the supervisor hears it if it asked for one;
- * otherwise (made ahead) the next one it asks for tries again. */
-static void cell_failed(struct session_rec *s, const char *why)
+static void made(struct tmpl *t, struct session_rec *s);
+
+/* The next cell cannot be made now: a cell asked for hears why; otherwise
+ * the next one asked for tries again. */
+static void give_up_making(struct session_rec *s, const char *why)
 {
-    if (s->pending) {
-        s->pending = false;
-        send_text(s, WIRE_FAIL, why);
-    } else
-        s->fork_failed = true; /* asked for, it is tried again and says why */
+    if (why != s->fork_why)
+        fmt(s->fork_why, sizeof(s->fork_why), "%s", why);
+    s->making = NEXT_FAILED;
+    if (s->phase == SESS_ASKED) {
+        s->phase = SESS_WAITING;
+        send_text(s, WIRE_FAIL, s->fork_why);
+    }
 }
 
-/* Makes the cell's pipes, wakes the state and tells it to fork. The cell
- * is made ahead, as soon as the state is alone: it waits, stopped, until
- * a cell is asked for, so the fork is not on the cell's way. */
-static void start_cell(struct tmpl *t, struct session_rec *s)
+/* No child came of the fork: |from| is stopped, then it is FAILED. A fork
+ * let through keeps its record until then: once |from| is seen stopped its
+ * clone is over, and a child the kernel lists then is killed (made()). */
+static void fork_failed(struct tmpl *t, struct session_rec *s, const char *why)
 {
-    int chan[2] = {-1, -1}, req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
-    int status[2] = {-1, -1};
-    struct worker_rec *w = calloc(1, sizeof(*w));
-    char why[WIRE_TEXT_MAX];
+    fmt(s->fork_why, sizeof(s->fork_why), "%s", why);
+    if (!s->coming || s->coming->pid || !s->forked)
+        release(t, &s->coming); /* never forked, or a child not to keep */
+    s->making = NEXT_FAILING;
+    proc_stop(s->from);
+    if (s->from->stop_seen)
+        made(t, s);
+}
 
-    if (!w) {
-        cell_failed(s, "template: out of memory");
+/* |from| is told to fork the next cell, with the cell's pipes; it runs
+ * for that alone, within the fork's budget. */
+static void start_making(struct tmpl *t, struct session_rec *s, struct worker_rec *from)
+{
+    int chan[2] = {-1, -1};
+    struct worker_rec *w = worker_new(t);
+    char why[WIRE_TEXT_MAX];
+    struct stat st;
+
+    if (!from || from->dead || s->phase == SESS_ENDING) {
+        free(w);
         return;
     }
-    for (int i = 0; i < WFD_COUNT; i++)
-        w->sup_fds[i] = -1;
-    w->ready_fd = w->status_fd = -1;
-    if (channel_pair(chan) < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 ||
-        pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0 ||
-        (w->sup_fds[WFD_WORKSPACE] = fcntl(s->ws_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
-        fmt(why, sizeof(why), "template: making a cell's pipes: %s", strerror(errno));
-        goto fail;
+    if (!w) {
+        give_up_making(s, "template: out of memory");
+        return;
     }
-    const int theirs[SESSION_FORK_FDS] = {chan[1], req[1], out[1], err[1]};
-    char cmd = SESSION_FORK;
-    s->permit = true;
-    kill(s->state->pid, SIGCONT);
-    if (wire_send(s->state->ready_fd, &cmd, 1, theirs, SESSION_FORK_FDS) < 0) {
-        s->permit = false;
-        kill(s->state->pid, SIGSTOP);
-        fmt(why, sizeof(why), "the session's process does not listen");
-        goto fail;
+    if (channel_pair(chan) < 0 || fstat(chan[1], &st) < 0) {
+        fmt(why, sizeof(why), "template: making a cell's channel: %s", strerror(errno));
+        close_fds(chan, 2);
+        free(w); /* never linked: nothing of it is counted */
+        give_up_making(s, why);
+        return;
     }
-    close_fds((int[]){chan[1], req[1], out[1], err[1]}, SESSION_FORK_FDS);
     w->session = s;
     w->slot = s->slot;
     w->uid = s->uid;
     w->gid = s->gid;
+    w->chan_ino = st.st_ino;
     fmt(w->name, sizeof(w->name), "%s", s->name);
     w->ready_fd = chan[0];
+    w->next = t->workers;
+    t->workers = w;
+    t->n_workers++;
+    s->coming = w;
+    s->from = from;
+    s->coming_of = from->id;
+    s->forked = false;
+    s->making = NEXT_FORKING;
+    s->fork_by_ns = now_ns() + FORK_WALL_BUDGET_NS;
+    /* Its fork's CPU is counted from here, and bounded. */
+    from->cont_cpu_ns = cpu_ns(from->pid);
+    disarm_limits(from);
+    struct wire_started budget = {.cpu_used_ns = from->cont_cpu_ns,
+                                  .cpu_limit_ns = FORK_CPU_BUDGET_NS};
+    arm_cpu_limit(from, &budget);
+    proc_continue(from);
+    /* Its channel alone goes through |from|; its pipes are made when it is
+     * handed out and go to the cell itself (announce). */
+    struct session_fork_msg *m = &fork_msg;
+    const struct prefault *plan = s->plan.recorded == 1 ? &s->plan : &t->prefault;
+    m->cmd = SESSION_FORK;
+    m->n_ranges = 0;
+    for (size_t i = 0; plan->recorded == 1 && i < plan->n && i < CELL_PLAN_MAX_RANGES; i++) {
+        m->ranges[i][0] = plan->ranges[i][0];
+        m->ranges[i][1] = plan->ranges[i][1];
+        m->n_ranges++;
+    }
+    int rc =
+        wire_send(from->ready_fd, m,
+                  offsetof(struct session_fork_msg, ranges) + m->n_ranges * sizeof(m->ranges[0]),
+                  &chan[1], 1);
+    close(chan[1]);
+    if (rc < 0)
+        fork_failed(t, s, "the session's process does not listen");
+}
+
+/* The fork was let through: is its child there? (Ours by CLONE_PARENT; in
+ * the kernel's list of our children once the clone has returned, and it
+ * has once |from| or the child says anything.) */
+static bool look_for_child(struct tmpl *t, struct session_rec *s)
+{
+    pid_t pid = s->making == NEXT_FORKED ? child_of_fork(t, s, s->coming) : 0;
+
+    if (!pid)
+        return false;
+    struct worker_rec *w = s->coming;
+    w->pid = pid;
+    s->procs++;
+    s->recheck_ns = 0;
+    w->sup_fds[WFD_PIDFD] = pidfd_open(pid, 0);
+    if (w->sup_fds[WFD_PIDFD] < 0) {
+        char why[128];
+        fmt(why, sizeof(why), "template: pidfd_open of a cell: %s", strerror(errno));
+        end_session(t, s, why);
+        return true;
+    }
+    s->making = NEXT_HOLDING;
+    proc_stop(s->from);
+    /* The cell copies the pages a run writes while it waits (its CPU is
+     * the cell's, counted from its birth): it is stopped when it says it
+     * is ready, or after a moment whatever it says. */
+    if (w->hello)
+        proc_stop(w);
+    else
+        s->warm_by_ns = now_ns() + WARM_GRACE_NS;
+    return true;
+}
+
+/* HOLDING or FAILING, and what it waits for is seen stopped. */
+static void announce(struct tmpl *t, struct session_rec *s);
+
+static void made(struct tmpl *t, struct session_rec *s)
+{
+    struct worker_rec *from = s->from;
+    /* The next cell is stopped too, unless it is asked for already: then
+     * it is handed out as it is (what it does until then is the cell's,
+     * counted from its birth); |from| is stopped in any case. */
+    bool coming_ready = s->coming && (s->coming->stop_seen || s->phase == SESS_ASKED);
+
+    if (!from->stop_seen || (s->making == NEXT_HOLDING && !coming_ready))
+        return;
+    disarm_limits(from);
+    uint64_t now_cpu = cpu_ns(from->pid);
+    s->charge_ns = now_cpu > from->cont_cpu_ns ? now_cpu - from->cont_cpu_ns : 0;
+    s->from = NULL;
+    if (s->making == NEXT_FAILING) {
+        struct worker_rec *w = s->coming;
+        pid_t pid = w && !w->pid ? child_of_fork(t, s, w) : 0;
+        if (pid)
+            kill_found(s, w, pid); /* it said the fork failed: no cell of it */
+        release(t, &s->coming);
+        s->coming_of = 0;
+        give_up_making(s, s->fork_why);
+        return;
+    }
+    s->making = NEXT_MADE;
+    if (s->phase == SESS_ASKED)
+        announce(t, s);
+}
+
+/* --- a cell ------------------------------------------------------------------ */
+
+/* The pipes of the cell |w| about to run: the supervisor's ends in its
+ * sup_fds, the cell's sent to it on its channel. They are made now, not
+ * when the cell was forked: a write end the template held meanwhile would
+ * be in every process it forks meanwhile, for a moment each, and the cell's
+ * output would not be the cell's alone to end. Returns 0 or -errno. */
+static int cell_pipes(struct session_rec *s, struct worker_rec *w)
+{
+    int req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
+    int rc = 0;
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 || pipe2(out, O_CLOEXEC) < 0 ||
+        pipe2(err, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0 ||
+        (w->sup_fds[WFD_WORKSPACE] = fcntl(s->ws_fd, F_DUPFD_CLOEXEC, 0)) < 0 ||
+        (w->out_watch[0] = fcntl(out[0], F_DUPFD_CLOEXEC, 0)) < 0 ||
+        (w->out_watch[1] = fcntl(err[0], F_DUPFD_CLOEXEC, 0)) < 0)
+        rc = -errno;
+    else {
+        char go = CELL_GO;
+        rc = wire_send(w->ready_fd, &go, 1, (const int[]){req[1], out[1], err[1]}, CELL_FDS);
+    }
+    close_fd(&req[1]);
+    close_fd(&out[1]);
+    close_fd(&err[1]);
     w->status_fd = status[1];
     w->sup_fds[WFD_REQUEST] = req[0];
     w->sup_fds[WFD_STDOUT] = out[0];
     w->sup_fds[WFD_STDERR] = err[0];
     w->sup_fds[WFD_STATUS] = status[0];
-    w->next = t->workers;
-    t->workers = w;
-    t->n_workers++;
-    s->cell = w;
-    return;
-
-fail:
-    close_fds(chan, 2);
-    close_fds(req, 2);
-    close_fds(out, 2);
-    close_fds(err, 2);
-    close_fds(status, 2);
-    close_fd(&w->sup_fds[WFD_WORKSPACE]);
-    free(w);
-    cell_failed(s, why);
+    return rc;
 }
 
-/* A cell can be made when the state is alone (a state before it may still
- * be dying: its teardown and the fork go on side by side). */
-static void maybe_start_cell(struct tmpl *t, struct session_rec *s)
+/* Hands the made cell to the supervisor under the request's limits, and
+ * lets it run. */
+static void announce(struct tmpl *t, struct session_rec *s)
 {
-    if ((s->pending || !s->fork_failed) && !s->ending && s->ready && s->state && !s->cell &&
-        s->procs - s->dying == 1)
-        start_cell(t, s);
-}
-
-/* Hands the cell, made and stopped, to the supervisor, and lets it run. */
-static void announce_cell(struct tmpl *t, struct session_rec *s, struct worker_rec *w)
-{
+    struct worker_rec *w = s->coming;
     struct wire_worker m = {.hdr = {WIRE_WORKER, WIRE_VERSION}, .pid = w->pid};
     int fds[WFD_SESSION_COUNT];
+    char why[WIRE_TEXT_MAX];
 
+    int rc = cell_pipes(s, w);
+    if (rc < 0) {
+        /* The cell goes; the next one asked for is made afresh. */
+        fmt(why, sizeof(why), "template: making a cell's pipes: %s", strerror(-rc));
+        release(t, &s->coming);
+        s->making = NEXT_NONE;
+        give_up_making(s, why);
+        return;
+    }
+    s->coming = NULL;
+    s->coming_of = 0;
+    s->making = NEXT_NONE;
+    s->cell = w;
+    s->cell_flags = 0;
+    s->cell_status = 0;
     if (t->jail.switch_user) {
         m.uid = w->uid;
         m.gid = w->gid;
@@ -389,19 +921,363 @@ static void announce_cell(struct tmpl *t, struct session_rec *s, struct worker_r
     fmt(m.workspace, sizeof(m.workspace), "%s", w->name);
     memcpy(fds, w->sup_fds, sizeof(w->sup_fds));
     fds[WFD_SAVED] = s->saved_fd;
-    s->pending = false;
-    if (wire_send(s->chan, &m, sizeof(m), fds, WFD_SESSION_COUNT) < 0)
-        kill(w->pid, SIGKILL);
+    rc = wire_send(s->chan, &m, sizeof(m), fds, WFD_SESSION_COUNT);
     close_fds(w->sup_fds, WFD_COUNT);
     w->announced = true;
-    kill(w->pid, SIGCONT);
+    w->started = true; /* the tenant's process: anything may have run */
+    s->phase = SESS_RUNNING;
+    if (rc < 0) {
+        end_session(t, s, NULL); /* the supervisor is gone */
+        return;
+    }
+    /* Its CPU time from its birth, the fork's cost included. */
+    uint64_t cpu = s->cpu_ms * 1000000ULL;
+    struct wire_started limits = {
+        .cpu_used_ns = 0,
+        .cpu_limit_ns = cpu > s->charge_ns ? cpu - s->charge_ns : 1,
+        .wall_limit_ns = s->wall_ms * 1000000ULL,
+    };
+    arm_cpu_limit(w, &limits);
+    proc_continue(w);
 }
+
+static void cell_asked(struct tmpl *t, struct session_rec *s, const struct wire_cell *c)
+{
+    s->rollback = c->rollback;
+    s->cpu_ms = c->cpu_ms ? c->cpu_ms : 1;
+    s->wall_ms = c->wall_ms ? c->wall_ms : 1;
+    s->phase = SESS_ASKED;
+    if (s->making == NEXT_MADE)
+        announce(t, s);
+    else if (s->making == NEXT_HOLDING)
+        made(t, s); /* once |from| is seen stopped */
+    else if (s->making == NEXT_FAILED || s->making == NEXT_NONE)
+        start_making(t, s, s->state);
+}
+
+/* The cell, stopped and seen stopped, may be kept: its status says so, and
+ * the supervisor settles. Meanwhile the next cell is forked from it. */
+static void keep_candidate(struct tmpl *t, struct session_rec *s, long hwm_kb)
+{
+    struct worker_rec *w = s->cell;
+    struct wire_status st = {
+        .magic = WIRE_STATUS_MAGIC,
+        .wait_status = W_EXITCODE(s->cell_status & 0xff, 0),
+        .started = 1,
+        .flags = WIRE_STATUS_KEPT,
+        .utime_us = (int64_t)(cpu_ns(w->pid) / 1000),
+        .maxrss_kb = hwm_kb,
+        .cell_status = s->cell_status,
+    };
+
+    disarm_limits(w);
+    (void)write_full(w->status_fd, &st, sizeof(st));
+    close_fd(&w->status_fd);
+    close_fds(w->out_watch, 2);
+    /* Off the answer's path: which pages it wrote, for the cells after it
+     * (learnt again now and then: reading a state's page map takes a
+     * millisecond or more). */
+    if (s->kept++ % CELL_PLAN_EVERY == 0) {
+        prefault_free(&s->plan);
+        (void)prefault_record(t->proc_fd, w->pid, CELL_PLAN_MAX_PAGES, &s->plan);
+    }
+    s->candidate = w;
+    s->cell = NULL;
+    s->phase = SESS_SETTLING;
+    start_making(t, s, w);
+}
+
+/* The cell said its code ended, and the kernel says it is stopped: what
+ * is it left with? */
+static void cell_looked_at(struct tmpl *t, struct session_rec *s)
+{
+    static const char *const fields[] = {"Threads:", "VmHWM:"};
+    struct worker_rec *w = s->cell;
+    long got[2];
+
+    for (int i = 0; i < 2; i++)
+        got[i] = status_number(t, w->pid, fields[i]);
+    s->recheck_ns = 0;
+    if (got[0] != 1 && now_ns() < s->done_ns + THREAD_GRACE_NS) {
+        s->recheck_ns = now_ns() + RECHECK_NS;
+        return;
+    }
+    uint32_t flags = 0;
+    if (got[0] != 1)
+        flags |= WIRE_STATUS_THREADS_LEFT;
+    if (!output_closed(w))
+        flags |= WIRE_STATUS_OUTPUT_OPEN;
+    if (!only_its_own_descriptors(t, w))
+        flags |= WIRE_STATUS_FDS_LEFT;
+    bool wanted = s->cell_status == 0 || s->rollback != SBX_ROLLBACK_ON_ERROR;
+    if (!flags && wanted) {
+        keep_candidate(t, s, got[1]);
+        return;
+    }
+    s->cell_flags = WIRE_STATUS_ROLLED_BACK | flags;
+    s->phase = SESS_ROLLING;
+    kill(w->pid, SIGKILL); /* its status goes out when it is reaped */
+}
+
+static void settle(struct tmpl *t, struct session_rec *s, bool keep)
+{
+    if (keep) {
+        if (!s->candidate) {
+            end_session(t, s, "template: a cell was kept that could not be");
+            return;
+        }
+        release(t, &s->state); /* the state it replaces */
+        s->state = s->candidate;
+        s->candidate = NULL;
+    } else if (s->candidate) {
+        /* What was made or is being made of it goes with it. */
+        if (s->coming_of == s->candidate->id)
+            drop_coming(t, s);
+        release(t, &s->candidate);
+        start_making(t, s, s->state);
+    }
+    s->phase = SESS_WAITING;
+    s->idle_since_ns = now_ns();
+}
+
+/* --- what the kernel reports ----------------------------------------------- */
+
+void session_stopped(struct tmpl *t, struct worker_rec *w)
+{
+    struct session_rec *s = w->session;
+
+    if (s->phase == SESS_STOPPING && w == s->cell)
+        cell_looked_at(t, s);
+    if ((s->making == NEXT_HOLDING || s->making == NEXT_FAILING) &&
+        (w == s->from || w == s->coming))
+        made(t, s);
+}
+
+void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const struct rusage *ru)
+{
+    struct session_rec *s = w->session;
+    char why[WIRE_TEXT_MAX];
+    const char *end = NULL;
+
+    s->procs--;
+    w->dead = true;
+    if (w == s->from && s->making != NEXT_NONE && w->cpu_killed) {
+        fmt(why, sizeof(why),
+            "the session ended: its process did not fork the next cell within %llu ms of CPU",
+            (unsigned long long)(FORK_CPU_BUDGET_NS / 1000000ULL));
+        end = why;
+    }
+    if (w == s->cell) {
+        struct wire_status st = status_of(w, wait_status, ru);
+        if (s->phase == SESS_ROLLING) {
+            /* It ended by itself; we killed it to roll it back. */
+            st.wait_status = W_EXITCODE(s->cell_status & 0xff, 0);
+            st.flags |= s->cell_flags;
+        }
+        st.cell_status = s->cell_status;
+        if (s->phase == SESS_ENDING)
+            st.flags |= WIRE_STATUS_SESSION_ENDED;
+        (void)write_full(w->status_fd, &st, sizeof(st));
+        s->cell = NULL;
+        s->recheck_ns = 0;
+        if (s->phase != SESS_ENDING) {
+            s->phase = SESS_SETTLING;
+            start_making(t, s, s->state);
+        }
+    } else if (w == s->state) {
+        s->state = NULL;
+        if (!end) {
+            fmt(why, sizeof(why), "the session's process died (%s %d)",
+                WIFSIGNALED(wait_status) ? "signal" : "exit status",
+                WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : WEXITSTATUS(wait_status));
+            end = why;
+        }
+    } else if (w == s->candidate) {
+        s->candidate = NULL;
+        if (!end)
+            end = "the session ended: the cell's process died as it was being kept";
+    } else if (w == s->coming) {
+        s->coming = NULL;
+        if (s->making == NEXT_HOLDING)
+            fork_failed(t, s, "the next cell's process died before it was handed out");
+        else if (s->making == NEXT_MADE) {
+            s->coming_of = 0;
+            give_up_making(s, "the next cell's process died before it was handed out");
+        }
+    }
+    if (w == s->from && !end && s->making != NEXT_NONE)
+        end = "the session ended: its process died while it forked the next cell";
+    if (s->stray && w->id == s->stray_from)
+        look_for_stray(t, s, true); /* its fork is over: the child is there or never will be */
+    forget_worker(t, w);
+    if (end && s->phase != SESS_ENDING)
+        end_session(t, s, end);
+    else
+        maybe_free(t, s);
+}
+
+/* --- what the session's processes say -------------------------------------- */
+
+/* One message from |w|'s channel: its bytes in |buf| (|n|), the sender's
+ * pid as the kernel gave it, a descriptor attached (or -1). Returns the
+ * length, 0 at its end, -EAGAIN when there is none. */
+static ssize_t hear(struct worker_rec *w, char *buf, size_t cap, pid_t *from, int *fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } c;
+    struct iovec iov = {.iov_base = buf, .iov_len = cap};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf, .msg_controllen = sizeof(c.buf)};
+    ssize_t n = recvmsg(w->ready_fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+    *from = 0;
+    *fd = -1;
+    if (n < 0)
+        return errno == EINTR || errno == EAGAIN ? -EAGAIN : 0;
+    for (struct cmsghdr *h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h)) {
+        if (h->cmsg_level != SOL_SOCKET)
+            continue;
+        if (h->cmsg_type == SCM_CREDENTIALS && h->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+            struct ucred cr;
+            memcpy(&cr, CMSG_DATA(h), sizeof(cr));
+            *from = cr.pid;
+        } else if (h->cmsg_type == SCM_RIGHTS) {
+            size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < k; i++) {
+                int got;
+                memcpy(&got, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+                if (*fd < 0 && i == 0)
+                    *fd = got;
+                else
+                    close(got);
+            }
+        }
+    }
+    /* A message cut to the buffer is not a message we know. */
+    if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
+        return (ssize_t)cap + 1;
+    return n;
+}
+
+/*
+ * Each message, what the worst sender can do with it, and what it may do:
+ *
+ *   READY + listener, the first state, while OPENING: taken (it has run
+ *     nothing of the tenant's yet). At any other time it ends the session.
+ *   FORK_FAILED, from the process told to fork, while FORKING or FORKED: a
+ *     hint to look at the kernel's list of our children; a child there is
+ *     the next cell whatever the message says. A lie costs the tenant its
+ *     own next cell.
+ *   FORKED, from the state or the kept cell, at any time: a hint to look
+ *     for the child now, acted on only while a fork it was let make is not
+ *     found yet (it may come late: the process can be stopped before it
+ *     says it). At worst a moment of the template's time per message, as
+ *     any message is.
+ *   HELLO, once, from the next cell's process (the sender's pid must be
+ *     the child the kernel lists): a hint to look for it sooner.
+ *   DONE + status, from the running cell: it is stopped and looked at; it
+ *     can end its cell early (as sys.exit could), never extend it, and its
+ *     status can only choose between keep and roll back, as the code's own
+ *     exit could.
+ *   Anything else, from anyone, at any time: the session ends.
+ */
+void session_said(struct tmpl *t, struct worker_rec *w)
+{
+    struct session_rec *s = w->session;
+    char buf[WIRE_TEXT_MAX];
+    pid_t from;
+    int fd;
+    ssize_t n = hear(w, buf, sizeof(buf) - 1, &from, &fd);
+
+    if (n == -EAGAIN)
+        return;
+    if (n <= 0) {
+        close_fd(&w->ready_fd);
+        /* The last holder of an unborn cell's channel let go: no child is
+         * coming of it, unless the kernel lists one. */
+        if (w == s->coming && !w->pid &&
+            (s->making == NEXT_FORKING || (s->making == NEXT_FORKED && !look_for_child(t, s))))
+            fork_failed(t, s, "the session's process did not fork the cell");
+        return;
+    }
+    buf[n < (ssize_t)sizeof(buf) ? n : (ssize_t)sizeof(buf) - 1] = '\0';
+    /* A process killed (out of its role, not yet reaped) is not heard; a
+     * stray's word is a hint to look for it now. */
+    if (s->phase == SESS_ENDING || w->dead ||
+        (w != s->state && w != s->candidate && w != s->coming && w != s->cell)) {
+        close_fd(&fd);
+        if (w == s->stray && s->phase != SESS_ENDING)
+            look_for_stray(t, s, false);
+        return;
+    }
+    if (w == s->state && s->phase == SESS_OPENING && n == 1 && buf[0] == SESSION_READY && fd >= 0 &&
+        from == w->pid) {
+        state_ready(t, s, fd);
+        return;
+    }
+    close_fd(&fd);
+    if ((w == s->from || w == s->state || w == s->candidate) && n == 1 &&
+        buf[0] == SESSION_FORKED && from == w->pid) {
+        /* A hint, maybe late (the process may be stopped before it says
+         * it): found or not, the kernel's list decides. */
+        if (w == s->from && s->making == NEXT_FORKED)
+            look_for_child(t, s);
+        return;
+    }
+    if (w == s->from && (s->making == NEXT_FORKING || s->making == NEXT_FORKED) &&
+        buf[0] == SESSION_FORK_FAILED && from == w->pid) {
+        if (!look_for_child(t, s)) {
+            char why[WIRE_TEXT_MAX];
+            fmt(why, sizeof(why), "the session's process could not fork the cell: %.*s", 200,
+                buf + 1);
+            utf8_terminate(why);
+            fork_failed(t, s, why);
+        }
+        return;
+    }
+    if (w == s->coming && n == 1 && buf[0] == CELL_HELLO && !w->hello) {
+        if (!w->pid)
+            look_for_child(t, s);
+        if (w->pid && from == w->pid) {
+            w->hello = true;
+            s->warm_by_ns = 0;
+            proc_stop(w);
+            return;
+        }
+    }
+    if (w == s->cell && n == 1 && buf[0] == CELL_HELLO && !w->hello && from == w->pid) {
+        w->hello = true; /* read late: it was said before the cell ran */
+        return;
+    }
+    if (w == s->cell && s->phase == SESS_RUNNING && n == 1 + sizeof(int32_t) &&
+        buf[0] == CELL_DONE && from == w->pid) {
+        memcpy(&s->cell_status, buf + 1, sizeof(int32_t));
+        s->done_ns = now_ns();
+        s->phase = SESS_STOPPING;
+        proc_stop(w);
+        if (w->stop_seen)
+            cell_looked_at(t, s);
+        return;
+    }
+    broke_the_rule(t, s,
+                   w == s->cell        ? "cell"
+                   : w == s->coming    ? "next cell's process"
+                   : w == s->candidate ? "kept cell"
+                   : w == s->state     ? "state"
+                                       : "process",
+                   buf[0]);
+}
+
+/* --- the supervisor's requests ----------------------------------------------- */
 
 static void on_channel(struct tmpl *t, struct session_rec *s)
 {
     union {
         struct wire_hdr h;
         struct wire_cell cell;
+        struct wire_settle settle;
     } m;
     int fds[1];
     int nfds = 0;
@@ -414,293 +1290,73 @@ static void on_channel(struct tmpl *t, struct session_rec *s)
         end_session(t, s, NULL); /* the supervisor closed it */
         return;
     }
-    if (n != (ssize_t)sizeof(m.cell) || m.h.type != WIRE_CELL || s->pending ||
-        (s->cell && s->cell->announced) || m.cell.rollback > SBX_ROLLBACK_NEVER) {
-        end_session(t, s, "template: a cell asked for out of turn");
+    if (n == (ssize_t)sizeof(m.cell) && m.h.type == WIRE_CELL && s->phase == SESS_WAITING &&
+        m.cell.rollback <= SBX_ROLLBACK_NEVER) {
+        cell_asked(t, s, &m.cell);
         return;
     }
-    s->rollback = m.cell.rollback;
-    s->pending = true;
-    s->fork_failed = false;
-    if (s->cell && s->cell->pid)
-        announce_cell(t, s, s->cell); /* made ahead, waiting */
-    else
-        maybe_start_cell(t, s); /* or made as soon as the state is alone */
+    if (n == (ssize_t)sizeof(m.settle) && m.h.type == WIRE_SETTLE && s->phase == SESS_SETTLING &&
+        m.settle.keep <= 1) {
+        settle(t, s, m.settle.keep == 1);
+        return;
+    }
+    end_session(t, s, "template: the supervisor asked out of turn");
 }
 
-/* The listener. A fork by one of the session's processes: allowed only to
- * the state, asked to fork, with one thread. A call about a process by pid
- * (a signal, a priority, an affinity; see policy_self_arg): allowed only
- * about the caller's own (the listener tells us the calling thread; its
- * process is its Tgid), by the numbers of its own pid namespace (NSpid,
- * NStgid), which are what it passes. Anything else fails EPERM. The arguments
- * looked at are registers, which the caller cannot change while it waits;
- * the notification is checked to be alive after /proc was read, so that
- * the pid read is still the caller's. */
+/* --- the listener ------------------------------------------------------------- */
+
+/* A call about a process by pid (a signal, a priority, an affinity; see
+ * policy_self_arg) is let through only about the caller's own process or
+ * thread, by the numbers of its own pid namespace; kill(0, sig), which
+ * names the caller's process group, is done here as a signal to the
+ * caller's process alone (a cell leads its own group, but a process whose
+ * memory the tenant wrote need not); the session's fork only to the
+ * process told to fork, its only thread, once. Anything else: EPERM. The
+ * arguments are registers, which the caller cannot change while it waits,
+ * and the notification is checked to be alive after /proc was read, so
+ * that the pid read is still the caller's (and, being our child or our
+ * child's, cannot be another's until we reap it). */
 static void on_notification(struct tmpl *t, struct session_rec *s)
 {
     memset(notif, 0, sizeof(*notif));
     if (seccomp_notify_receive(s->listener, notif) < 0)
         return; /* the caller is gone already */
-    struct worker_rec *st = s->state;
+    pid_t tid = (pid_t)notif->pid;
+    int nr = notif->data.nr;
     bool allow = false;
-    if (notif->data.nr == SYS_clone)
-        allow = s->permit && st && !st->dead && (pid_t)notif->pid == st->pid &&
+    int emulate = -1; /* a signal to send the caller's process ourselves */
+    long tgid = status_number(t, tid, "Tgid:");
+
+    if (nr == SYS_clone) {
+        struct worker_rec *f = s->from;
+        allow = s->making == NEXT_FORKING && f && !f->dead && tid == f->pid &&
                 notif->data.args[0] == POLICY_SESSION_FORK &&
-                proc_status(t, st->pid, "Threads:") == 1;
-    else if (policy_self_arg(notif->data.nr) >= 0) {
-        /* Its own process, by its pid or the calling thread's id. */
-        long pid = (long)(int)notif->data.args[policy_self_arg(notif->data.nr)];
-        pid_t tid = (pid_t)notif->pid;
+                status_number(t, f->pid, "Threads:") == 1;
+    } else if (nr == SYS_kill && notif->data.args[0] == 0) {
+        emulate = (int)notif->data.args[1];
+    } else if (policy_self_arg(nr) >= 0) {
+        long pid = (long)(int)notif->data.args[policy_self_arg(nr)];
         allow = pid > 0 &&
-                (pid == proc_inner(t, tid, "\nNSpid:") || pid == proc_inner(t, tid, "\nNStgid:"));
+                (pid == status_inner(t, tid, "NStgid:") || pid == status_inner(t, tid, "NSpid:"));
     }
-    allow = allow && seccomp_notify_id_valid(s->listener, notif->id) == 0;
+    bool valid = seccomp_notify_id_valid(s->listener, notif->id) == 0;
     memset(notif_resp, 0, sizeof(*notif_resp));
     notif_resp->id = notif->id;
-    if (allow) {
+    if (valid && emulate >= 0 && tgid > 0)
+        notif_resp->error = kill((pid_t)tgid, emulate) == 0 ? 0 : -errno;
+    else if (valid && allow) {
         notif_resp->flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
-        if (notif->data.nr == SYS_clone)
-            s->permit = false;
+        if (nr == SYS_clone) {
+            s->making = NEXT_FORKED; /* the permit is spent */
+            s->forked = true;
+            s->recheck_ns = now_ns() + LOOK_NS;
+        }
     } else
         notif_resp->error = -EPERM;
     (void)seccomp_notify_respond(s->listener, notif_resp);
 }
 
-/* The CPU time of a living process, from its clock. */
-static int64_t cpu_us(pid_t pid)
-{
-    clockid_t c;
-    struct timespec ts;
-
-    if (clock_getcpuclockid(pid, &c) != 0 || clock_gettime(c, &ts) < 0)
-        return 0;
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static void stop_timers(struct worker_rec *w)
-{
-    if (w->has_timer)
-        timer_delete(w->timer);
-    if (w->has_wall_timer)
-        timer_delete(w->wall_timer);
-    w->has_timer = w->has_wall_timer = false;
-}
-
-/* The cell |w| ended by itself and is kept: it is the state now. Its peak
- * memory, |hwm_kb|, was read with its threads. */
-static void keep_cell(struct session_rec *s, struct worker_rec *w, long hwm_kb)
-{
-    struct wire_status st = {
-        .magic = WIRE_STATUS_MAGIC,
-        .wait_status = W_EXITCODE(w->exit_status & 0xff, 0),
-        .started = w->started,
-        .flags = WIRE_STATUS_KEPT,
-        .utime_us = cpu_us(w->pid),
-        .maxrss_kb = hwm_kb,
-    };
-    stop_timers(w);
-    kill(w->pid, SIGSTOP); /* first: nothing runs between cells */
-    (void)write_full(w->status_fd, &st, sizeof(st));
-    close_fd(&w->status_fd);
-    if (s->state && !s->state->dead)
-        s->dying++;
-    kill_quietly(s->state);
-    s->state = w;
-    s->cell = NULL;
-    w->done = w->started = false;
-    s->idle_since_ns = now_ns();
-}
-
-/* The cell |w| said CELL_DONE: keep it or roll it back. */
-static void cell_done(struct tmpl *t, struct session_rec *s, struct worker_rec *w)
-{
-    static const char *const fields[] = {"Threads:", "VmHWM:"};
-    bool wanted = w->exit_status == 0 || s->rollback != SBX_ROLLBACK_ON_ERROR;
-    long got[2];
-
-    proc_fields(t, w->pid, fields, got, 2);
-    long threads = got[0];
-
-    s->recheck_ns = 0;
-    if (threads != 1 && wanted && now_ns() < s->idle_since_ns + THREAD_GRACE_NS) {
-        s->recheck_ns = now_ns() + RECHECK_NS;
-        return;
-    }
-    if (wanted && threads == 1) {
-        keep_cell(s, w, got[1]);
-        maybe_start_cell(t, s); /* the next cell, from the new state */
-        return;
-    }
-    w->rolled_back = true;
-    w->threads_left = wanted && threads != 1;
-    kill(w->pid, SIGKILL); /* its status goes out when it is reaped */
-}
-
-/* "Here I am": the cell's pid, from the kernel, and is it the fork we let
- * happen (our child, of this session's uid, not one we know)? */
-static void cell_hello(struct tmpl *t, struct session_rec *s, struct worker_rec *w, pid_t pid)
-{
-    for (struct worker_rec *o = t->workers; o; o = o->next)
-        if (o->pid == pid)
-            return;
-    if (pid <= 0 || proc_status(t, pid, "PPid:") != t->pid)
-        return;
-    w->pid = pid;
-    s->procs++;
-    kill(s->state->pid, SIGSTOP);
-    w->sup_fds[WFD_PIDFD] = pidfd_open(pid, 0);
-    if (w->sup_fds[WFD_PIDFD] < 0) {
-        kill(pid, SIGKILL);
-        return; /* its status will say it was killed before it started */
-    }
-    if (s->pending)
-        announce_cell(t, s, w);
-    else
-        kill(pid, SIGSTOP); /* until a cell is asked for */
-}
-
-void session_said(struct tmpl *t, struct worker_rec *w)
-{
-    struct session_rec *s = w->session;
-    char buf[WIRE_TEXT_MAX];
-    union {
-        char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } c;
-    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf) - 1};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf, .msg_controllen = sizeof(c.buf)};
-    ssize_t n = recvmsg(w->ready_fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    pid_t from = 0;
-    int fd = -1;
-
-    if (n < 0 && (errno == EINTR || errno == EAGAIN))
-        return;
-    for (struct cmsghdr *h = n >= 0 ? CMSG_FIRSTHDR(&msg) : NULL; h; h = CMSG_NXTHDR(&msg, h)) {
-        if (h->cmsg_level != SOL_SOCKET)
-            continue;
-        if (h->cmsg_type == SCM_CREDENTIALS && h->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
-            struct ucred cr;
-            memcpy(&cr, CMSG_DATA(h), sizeof(cr));
-            from = cr.pid;
-        } else if (h->cmsg_type == SCM_RIGHTS) {
-            size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < k; i++) {
-                int got;
-                memcpy(&got, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
-                if (fd < 0 && i == 0)
-                    fd = got;
-                else
-                    close(got);
-            }
-        }
-    }
-    if (n <= 0 || w->quiet) {
-        close_fd(&fd);
-        if (n == 0 || (n < 0 && errno != EINTR)) {
-            close_fd(&w->ready_fd);
-            /* A cell that never said hello and whose channel ended will not
-             * come: no process of it is ours to reap. */
-            if (w == s->cell && !w->pid) {
-                drop_unborn_cell(t, s);
-                cell_failed(s, "the session's process did not make the cell");
-            }
-        }
-        return;
-    }
-    buf[n] = '\0';
-    if (w == s->state && !s->ready && buf[0] == SESSION_READY && fd >= 0 && from == w->pid) {
-        s->listener = fd;
-        s->ready = true;
-        kill(w->pid, SIGSTOP);
-        struct wire_session m = {.hdr = {WIRE_SESSION, WIRE_VERSION},
-                                 .pid = w->pid,
-                                 .uid = t->jail.switch_user ? s->uid : 0,
-                                 .gid = t->jail.switch_user ? s->gid : 0};
-        if (wire_send(s->chan, &m, sizeof(m), NULL, 0) < 0)
-            end_session(t, s, NULL);
-        else
-            maybe_start_cell(t, s); /* the first cell, made ahead */
-        return;
-    }
-    close_fd(&fd);
-    if (w == s->state && buf[0] == SESSION_FORK_FAILED) {
-        if (!s->ready) {
-            end_session(t, s, buf + 1); /* it could not get ready */
-            return;
-        }
-        drop_unborn_cell(t, s);
-        kill(w->pid, SIGSTOP);
-        cell_failed(s, buf + 1);
-        return;
-    }
-    if (w != s->cell)
-        return;
-    if (buf[0] == CELL_HELLO && !w->pid) {
-        cell_hello(t, s, w, from);
-        return;
-    }
-    if (from != w->pid || !w->pid)
-        return;
-    if (buf[0] == WORKER_STARTED && !w->started) {
-        struct wire_started st;
-        w->started = true;
-        if (n != 1 + (ssize_t)sizeof(st)) {
-            w->limit_lost = true;
-            kill(w->pid, SIGKILL);
-            return;
-        }
-        memcpy(&st, buf + 1, sizeof(st));
-        arm_cpu_limit(w, &st);
-    } else if (buf[0] == CELL_DONE && w->started && !w->done && n == 1 + sizeof(int32_t)) {
-        w->done = true;
-        memcpy(&w->exit_status, buf + 1, sizeof(int32_t));
-        s->idle_since_ns = now_ns(); /* the thread grace counts from here */
-        cell_done(t, s, w);
-    }
-}
-
-void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const struct rusage *ru)
-{
-    struct session_rec *s = w->session;
-    const char *end = NULL;
-    char why[128];
-
-    s->procs--;
-    if (w == s->cell) {
-        struct wire_status st = status_of(w, wait_status, ru);
-        if (w->rolled_back) {
-            /* It ended by itself; we killed it to roll it back. */
-            st.wait_status = W_EXITCODE(w->exit_status & 0xff, 0);
-            st.flags |= WIRE_STATUS_ROLLED_BACK | (w->threads_left ? WIRE_STATUS_THREADS_LEFT : 0);
-        }
-        if (!w->quiet)
-            (void)write_full(w->status_fd, &st, sizeof(st));
-        s->cell = NULL;
-        s->recheck_ns = 0;
-        s->idle_since_ns = now_ns();
-        if (!s->state && !s->ending)
-            end = "the session's process died while a cell ran, which did not last";
-    } else if (w != s->state) {
-        s->dying--; /* a state killed once a cell was kept */
-    } else {
-        s->state = NULL;
-        if (!s->ending) {
-            fmt(why, sizeof(why), "the session's process died (%s %d)",
-                WIFSIGNALED(wait_status) ? "signal" : "exit status",
-                WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : WEXITSTATUS(wait_status));
-            end = why;
-        }
-    }
-    forget_worker(t, w);
-    if (end)
-        end_session(t, s, end); /* frees it when nothing is left */
-    else if (s->ending && s->procs == 0)
-        free_session(t, s);
-    else
-        maybe_start_cell(t, s);
-}
+/* --- the loop's side --------------------------------------------------------- */
 
 size_t sessions_fd_count(const struct tmpl *t)
 {
@@ -711,62 +1367,71 @@ size_t sessions_fd_count(const struct tmpl *t)
     return n;
 }
 
-size_t sessions_poll_fds(struct tmpl *t, struct pollfd *pfd, size_t n, size_t cap)
+size_t sessions_poll_fds(struct tmpl *t, struct pollfd *pfd, uint64_t *ids, size_t n, size_t cap)
 {
     for (struct session_rec *s = t->sessions; s && n + 2 <= cap; s = s->next) {
-        pfd[n++] = (struct pollfd){.fd = s->ending ? -1 : s->chan, .events = POLLIN};
-        pfd[n++] = (struct pollfd){.fd = s->listener, .events = POLLIN};
+        bool open = s->phase != SESS_ENDING;
+        ids[n] = s->id;
+        pfd[n++] = (struct pollfd){.fd = open ? s->chan : -1, .events = POLLIN};
+        ids[n] = s->id;
+        pfd[n++] = (struct pollfd){.fd = open ? s->listener : -1, .events = POLLIN};
     }
     return n;
 }
 
-void sessions_handle(struct tmpl *t, const struct pollfd *pfd, size_t from, size_t n)
+void sessions_handle(struct tmpl *t, const struct pollfd *pfd, const uint64_t *ids, size_t from,
+                     size_t n)
 {
     for (size_t i = from; i < n; i++) {
         if (!pfd[i].revents || pfd[i].fd < 0)
             continue;
-        /* Handling one may have ended another: look each up again. */
-        for (struct session_rec *s = t->sessions; s; s = s->next) {
-            if (s->chan == pfd[i].fd && (i - from) % 2 == 0) {
-                on_channel(t, s);
-                break;
-            }
-            if (s->listener == pfd[i].fd && (i - from) % 2 == 1) {
-                if (pfd[i].revents & POLLIN)
-                    on_notification(t, s);
-                break;
-            }
-        }
+        /* Handling one may have ended another: look each up again, by the
+         * id it was polled for (a descriptor number may be another's now). */
+        struct session_rec *s = t->sessions;
+        while (s && s->id != ids[i])
+            s = s->next;
+        if (!s || s->phase == SESS_ENDING)
+            continue;
+        if ((i - from) % 2 == 0 && s->chan == pfd[i].fd)
+            on_channel(t, s);
+        else if ((i - from) % 2 == 1 && s->listener == pfd[i].fd && (pfd[i].revents & POLLIN))
+            on_notification(t, s);
     }
+}
+
+static uint64_t soonest(uint64_t a, uint64_t b)
+{
+    return !a ? b : !b ? a : a < b ? a : b;
 }
 
 static uint64_t next_deadline(const struct session_rec *s)
 {
-    if (s->ending || !s->ready)
-        return 0;
-    if (s->recheck_ns)
-        return s->recheck_ns;
-    if (s->cell && s->cell->announced)
-        return 0; /* a cell runs (one made ahead does not count) */
-    uint64_t idle = s->idle_since_ns + s->idle_ns;
-    uint64_t life = s->opened_ns + s->lifetime_ns;
-    return idle < life ? idle : life;
+    uint64_t d = soonest(s->recheck_ns, s->stray ? s->stray_look_ns : 0);
+
+    if (s->lost_track)
+        return 1;
+    if (s->phase == SESS_ENDING || s->phase == SESS_OPENING)
+        return d;
+    if (s->making >= NEXT_FORKING && s->making <= NEXT_FAILING)
+        d = soonest(d, s->fork_by_ns);
+    if (s->making == NEXT_HOLDING)
+        d = soonest(d, s->warm_by_ns);
+    if (s->phase == SESS_WAITING)
+        d = soonest(d, soonest(s->idle_since_ns + s->idle_ns, s->opened_ns + s->lifetime_ns));
+    return d;
 }
 
 int sessions_timeout_ms(struct tmpl *t)
 {
-    uint64_t soonest = 0, now = now_ns();
+    uint64_t first = 0, now = now_ns();
 
-    for (struct session_rec *s = t->sessions; s; s = s->next) {
-        uint64_t d = next_deadline(s);
-        if (d && (!soonest || d < soonest))
-            soonest = d;
-    }
-    if (!soonest)
+    for (struct session_rec *s = t->sessions; s; s = s->next)
+        first = soonest(first, next_deadline(s));
+    if (!first)
         return -1;
-    if (soonest <= now)
+    if (first <= now)
         return 0;
-    uint64_t ms = (soonest - now + 999999) / 1000000;
+    uint64_t ms = (first - now + 999999) / 1000000;
     return ms > 60000 ? 60000 : (int)ms;
 }
 
@@ -779,33 +1444,49 @@ void sessions_tick(struct tmpl *t)
         uint64_t d = next_deadline(s);
         if (!d || d > now)
             continue;
-        if (s->recheck_ns && s->cell && s->cell->done && !s->cell->rolled_back) {
-            cell_done(t, s, s->cell);
+        if (s->lost_track && s->phase != SESS_ENDING) {
+            end_session(t, s, "the session ended: the sandbox lost track of a process it let fork");
             continue;
         }
-        if (s->cell && s->cell->announced)
-            continue;
+        if (s->stray && s->stray_look_ns <= now)
+            look_for_stray(t, s, false);
+        if (s->making == NEXT_HOLDING && s->warm_by_ns && s->warm_by_ns <= now) {
+            s->warm_by_ns = 0;
+            proc_stop(s->coming);
+        }
+        if (s->recheck_ns && s->recheck_ns <= now) {
+            s->recheck_ns = 0;
+            if (s->phase == SESS_ENDING) {
+                maybe_free(t, s); /* may free it */
+                continue;
+            }
+            if (s->phase == SESS_STOPPING && s->cell && s->cell->stop_seen)
+                cell_looked_at(t, s);
+            if (s->making == NEXT_FORKED && !look_for_child(t, s))
+                s->recheck_ns = now + LOOK_NS;
+        }
         char why[160];
-        if (now >= s->opened_ns + s->lifetime_ns)
+        if (s->making >= NEXT_FORKING && s->making <= NEXT_FAILING && now >= s->fork_by_ns) {
+            fmt(why, sizeof(why),
+                "the session ended: its process did not fork the next cell within %llu s",
+                (unsigned long long)(FORK_WALL_BUDGET_NS / 1000000000ULL));
+            end_session(t, s, why);
+        } else if (s->phase == SESS_WAITING && now >= s->opened_ns + s->lifetime_ns) {
             fmt(why, sizeof(why), "the session ended: its lifetime (%llu s) is over",
                 (unsigned long long)(s->lifetime_ns / 1000000000ULL));
-        else
+            end_session(t, s, why);
+        } else if (s->phase == SESS_WAITING && now >= s->idle_since_ns + s->idle_ns) {
             fmt(why, sizeof(why), "the session ended: no cell for %llu s",
                 (unsigned long long)(s->idle_ns / 1000000000ULL));
-        end_session(t, s, why);
+            end_session(t, s, why);
+        }
     }
 }
 
 void sessions_shutdown(struct tmpl *t)
 {
-    /* After shutdown_workers has killed and reaped every process. */
-    while (t->sessions) {
-        struct session_rec *s = t->sessions;
-        t->sessions = s->next;
-        close_fd(&s->chan);
-        close_fd(&s->listener);
-        close_fd(&s->ws_fd);
-        close_fd(&s->saved_fd);
-        free(s);
-    }
+    /* After shutdown_workers has killed and reaped every process (and the
+     * keeper takes whatever else is left when we exit). */
+    while (t->sessions)
+        free_session(t, t->sessions, false);
 }

@@ -35,11 +35,12 @@ struct session_rec;
  * process (sessions.c). */
 struct worker_rec {
     struct worker_rec *next;
+    uint64_t id; /* unique in this template: what a poll slot names it by */
     pid_t pid;
     unsigned slot; /* its ids (uids.h) */
     uid_t uid;
     gid_t gid;
-    int ready_fd;           /* read end of the worker's ready pipe */
+    int ready_fd;           /* read end of the worker's ready pipe (a session's: its channel) */
     int status_fd;          /* write end of the supervisor's status pipe */
     int sup_fds[WFD_COUNT]; /* the supervisor's ends, held until announced */
     bool announced;         /* a WORKER or FAIL message was sent for it */
@@ -53,13 +54,15 @@ struct worker_rec {
     timer_t timer, wall_timer;
     char name[WIRE_NAME_MAX];
     /* A session's process (sessions.c): the slot is the session's, and what
-     * it says comes over a socket that sessions.c reads. */
+     * it says comes over a socket that sessions.c reads. What sessions.c
+     * records of it is what the kernel said, never what it said itself. */
     struct session_rec *session;
-    bool quiet;          /* no status is sent when it is reaped */
-    bool done;           /* a cell that said CELL_DONE */
-    bool rolled_back;    /* ... and was killed for it: its status says so */
-    bool threads_left;   /* ... because it left a thread running */
-    int32_t exit_status; /* what it said with CELL_DONE */
+    bool stop_sent;       /* SIGSTOP sent since it was last let run */
+    bool stop_seen;       /* ... and the kernel has reported it stopped */
+    bool hello;           /* it said hello (once, a new cell's first word) */
+    ino_t chan_ino;       /* its end of its channel, the one socket it may keep */
+    int out_watch[2];     /* a cell out: read ends of its stdout and stderr, to see them hang up */
+    uint64_t cont_cpu_ns; /* its CPU clock when it was last let run to fork */
 };
 
 struct tmpl {
@@ -78,6 +81,7 @@ struct tmpl {
     bool pid_ns;
     bool keeper_gone; /* it died: so did the namespace; the template stops */
     char pidns_why[WIRE_LAYER_DETAIL_MAX];
+    uint64_t next_id;
     struct worker_rec *workers;
     unsigned n_workers;
     char **warm;
@@ -127,28 +131,40 @@ void pool_run(struct tmpl *t);
 struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *session, char *why,
                                  size_t whylen);
 
-/* Arms the CPU and wall limits of |w|, whose code starts now. */
+/* Arms the CPU and wall limits of |w|, whose code starts now: a timer at
+ * st->cpu_used_ns + st->cpu_limit_ns on its CPU clock, and (when
+ * st->wall_limit_ns) one that long from now. */
 void arm_cpu_limit(struct worker_rec *w, const struct wire_started *st);
+/* Deletes them. */
+void disarm_limits(struct worker_rec *w);
+
+/* A new worker record, its descriptors -1, its id its own. */
+struct worker_rec *worker_new(struct tmpl *t);
 
 /* The status of a process reaped, for its supervisor. */
 struct wire_status status_of(const struct worker_rec *w, int wait_status, const struct rusage *ru);
 
 /* Sessions (sessions.c). */
 void session_open(struct tmpl *t, const struct wire_session_open *m, int chan);
-/* Adds the descriptors the sessions wait on to |pfd| (at most |cap|),
- * returning the new count; and handles what they have. */
-size_t sessions_poll_fds(struct tmpl *t, struct pollfd *pfd, size_t n, size_t cap);
-void sessions_handle(struct tmpl *t, const struct pollfd *pfd, size_t from, size_t n);
+/* Adds the descriptors the sessions wait on to |pfd| (at most |cap|), the
+ * session each belongs to in |ids|, returning the new count; and handles
+ * what they have (a session that ended meanwhile is not there to find). */
+size_t sessions_poll_fds(struct tmpl *t, struct pollfd *pfd, uint64_t *ids, size_t n, size_t cap);
+void sessions_handle(struct tmpl *t, const struct pollfd *pfd, const uint64_t *ids, size_t from,
+                     size_t n);
 /* How long poll may sleep before a session's timer (ms; -1: none). */
 int sessions_timeout_ms(struct tmpl *t);
-/* Ends sessions whose time is up; rechecks cells waiting on a thread. */
+/* Ends sessions whose time is up; looks again where it waits on the
+ * kernel (a thread to leave, a child to find, a uid to empty). */
 void sessions_tick(struct tmpl *t);
-/* |w|, a session's process, was reaped with |wait_status|. */
+/* |w|, a session's process, was reaped with |wait_status| (and unlinked). */
 void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const struct rusage *ru);
+/* |w|, a session's process, is stopped: the kernel said so. */
+void session_stopped(struct tmpl *t, struct worker_rec *w);
 /* The number of sessions' descriptors poll may need. */
 size_t sessions_fd_count(const struct tmpl *t);
 void sessions_shutdown(struct tmpl *t);
-/* |w|, a session's process, has something on its socket. */
+/* |w|, a session's process, has something on its channel. */
 void session_said(struct tmpl *t, struct worker_rec *w);
 /* For spawn_process: the session's memory ceiling; and taking its first
  * state process |w| and workspace |ws_fd| (which becomes the session's). */
@@ -156,6 +172,9 @@ uint64_t session_memory(const struct session_rec *s);
 void session_adopt(struct session_rec *s, struct worker_rec *w, int ws_fd);
 /* Closes what |w| holds and frees it (unlinked already). */
 void forget_worker(struct tmpl *t, struct worker_rec *w);
+/* Whether |pid| is a process the template knows (a worker, a session's,
+ * the keeper, the sweeper). */
+bool known_child(const struct tmpl *t, pid_t pid);
 
 /* The report the supervisor gets at start: versions, and each layer as
  * active or not with the reason. */

@@ -514,5 +514,5 @@ int pyrun_cell(char *code, size_t len)
     if (flush_stream("stdout") < 0 && status == 0)
         status = 120;
     flush_stream("stderr");
-    return status & 0xff;
+    return status;
 }

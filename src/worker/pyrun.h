@@ -26,7 +26,8 @@ _Noreturn void pyrun_main(char *code, size_t len);
 
 /* A session's cell: as pyrun_main, but returns the exit status instead of
  * ending the process (an uncaught MemoryError still ends it), without
- * waiting for threads or running exit hooks. */
+ * waiting for threads or running exit hooks. The status is the code's
+ * whole one (sys.exit(256) is 256, not the kernel's 0). */
 int pyrun_cell(char *code, size_t len);
 
 /* The pending Python exception as "|what|: Type: message" in |err|; clears

@@ -14,7 +14,34 @@
 /* Input files are copied from the request socket in pieces of this size. */
 #define FILE_COPY_CHUNK 65536
 
-static int read_input_files(int fd, int ws_fd, uint32_t n, char *why, size_t cap)
+/* |name| beneath |ws_fd| made afresh: with |replace|, whatever is there (a
+ * file, a link, a FIFO; not a directory) goes first. A session's later
+ * cell gets the input it was sent, not the one an earlier cell had. */
+static int create_input(int ws_fd, const char *name, bool replace)
+{
+    int out = open_beneath(ws_fd, name, O_WRONLY | O_CREAT | O_EXCL, 0644, true);
+
+    if (out != -EEXIST || !replace)
+        return out;
+    const char *slash = strrchr(name, '/');
+    int dir = ws_fd;
+    if (slash) {
+        char parent[WIRE_FILE_NAME_MAX + 1];
+        memcpy(parent, name, (size_t)(slash - name));
+        parent[slash - name] = '\0';
+        dir = open_beneath(ws_fd, parent, O_RDONLY | O_DIRECTORY, 0, false);
+        if (dir < 0)
+            return dir;
+    }
+    int rc = unlinkat(dir, slash ? slash + 1 : name, 0) < 0 ? -errno : 0;
+    if (dir != ws_fd)
+        close(dir);
+    if (rc < 0)
+        return rc;
+    return open_beneath(ws_fd, name, O_WRONLY | O_CREAT | O_EXCL, 0644, true);
+}
+
+static int read_input_files(int fd, int ws_fd, uint32_t n, bool replace, char *why, size_t cap)
 {
     char name[WIRE_FILE_NAME_MAX + 1];
     static char buf[FILE_COPY_CHUNK];
@@ -30,7 +57,7 @@ static int read_input_files(int fd, int ws_fd, uint32_t n, char *why, size_t cap
         const char *problem = name_problem(name, f.name_len);
         if (problem)
             return errmsg(why, cap, -EINVAL, "pysbx: input file %s: %s\n", name, problem);
-        int out = open_beneath(ws_fd, name, O_WRONLY | O_CREAT | O_EXCL, 0644, true);
+        int out = create_input(ws_fd, name, replace);
         if (out < 0)
             return errmsg(why, cap, out, "pysbx: input file %s: %s\n", name, strerror(-out));
         uint64_t left = f.data_len;
@@ -54,7 +81,8 @@ static int read_input_files(int fd, int ws_fd, uint32_t n, char *why, size_t cap
     return 0;
 }
 
-int request_read(int fd, int ws_fd, struct wire_req *req, char **code, char *why, size_t cap)
+int request_read(int fd, int ws_fd, bool replace, struct wire_req *req, char **code, char *why,
+                 size_t cap)
 {
     ssize_t got = read_full(fd, req, sizeof(*req));
     int rc;
@@ -74,7 +102,7 @@ int request_read(int fd, int ws_fd, struct wire_req *req, char **code, char *why
         rc = errmsg(why, cap, -EPROTO, "pysbx: malformed request (code cut short)\n");
     else {
         (*code)[req->code_len] = '\0';
-        rc = read_input_files(fd, ws_fd, req->n_files, why, cap);
+        rc = read_input_files(fd, ws_fd, req->n_files, replace, why, cap);
     }
     if (rc < 0) {
         free(*code);

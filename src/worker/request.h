@@ -8,6 +8,8 @@
 
 #include "wire.h"
 
+#include <stdbool.h>
+
 #include <stddef.h>
 
 /* Reads the request from |fd| and writes its files beneath |ws_fd|. Returns
@@ -15,7 +17,9 @@
  * NUL); -ENODATA when the stream ended before its first byte (the
  * supervisor had nothing for us); or another -errno with |why| set to the
  * line, newline included, that the worker writes on its stderr. Files
- * written before a failure stay. */
-int request_read(int fd, int ws_fd, struct wire_req *req, char **code, char *why, size_t cap);
+ * written before a failure stay. With |replace| (a session's cell), an
+ * input file replaces what is at its name. */
+int request_read(int fd, int ws_fd, bool replace, struct wire_req *req, char **code, char *why,
+                 size_t cap);
 
 #endif

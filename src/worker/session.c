@@ -12,16 +12,23 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 
 _Static_assert(FD_READY == POLICY_SESSION_CHANNEL_FD, "the policy lets the channel carry messages");
 
@@ -44,36 +51,79 @@ static int send_fd(int sock, char byte, int fd)
     return sendmsg(sock, &m, MSG_NOSIGNAL) == 1 ? 0 : -errno;
 }
 
-/* The template's next command: SESSION_FORK with its descriptors in |fds|.
+/* A command of the template's: |byte| with |n| descriptors, in |fds|.
  * Returns 1, 0 when the template is gone, or -errno (-EPROTO for anything
  * else, whose descriptors are closed). */
-static int recv_fork(int sock, int fds[SESSION_FORK_FDS])
+static int recv_command(int sock, char byte, int *fds, int n)
 {
-    char byte = 0;
+    char got_byte = 0;
     int got = 0;
-    ssize_t n = wire_recv(sock, &byte, 1, fds, SESSION_FORK_FDS, &got);
+    ssize_t len = wire_recv(sock, &got_byte, 1, fds, (size_t)n, &got);
 
-    if (n <= 0)
-        return (int)n;
-    if (byte != SESSION_FORK || got != SESSION_FORK_FDS) {
+    if (len <= 0)
+        return (int)len;
+    if (got_byte != byte || got != n) {
         close_fds(fds, (size_t)got);
         return -EPROTO;
     }
     return 1;
 }
 
-/* |fds| to fixed numbers, whatever numbers they arrived at. */
-static int place(const int fds[SESSION_FORK_FDS], const int at[SESSION_FORK_FDS])
+/* SESSION_FORK, with the cell's channel in *chan and its plan in |m|.
+ * Returns as recv_command. */
+static int recv_fork(int sock, struct session_fork_msg *m, int *chan)
 {
-    int tmp[SESSION_FORK_FDS];
+    int got = 0;
+    ssize_t len = wire_recv(sock, m, sizeof(*m), chan, 1, &got);
 
-    for (int i = 0; i < SESSION_FORK_FDS; i++)
+    if (len <= 0)
+        return (int)len;
+    size_t head = offsetof(struct session_fork_msg, ranges);
+    if (m->cmd != SESSION_FORK || got != 1 || (size_t)len < head ||
+        m->n_ranges > CELL_PLAN_MAX_RANGES ||
+        (size_t)len != head + m->n_ranges * sizeof(m->ranges[0])) {
+        close_fds(chan, (size_t)got);
+        return -EPROTO;
+    }
+    return 1;
+}
+
+/* The pages of |plan|, copied now (best effort: a range this process does
+ * not map is skipped by the kernel's refusal), until the template says to
+ * run: copied in a batch a page costs a fraction of its fault, but a page
+ * the code does not write is not worth copying once the code waits. */
+static void warm(const struct session_fork_msg *plan)
+{
+    const uint64_t chunk = 64 * 4096;
+    uint64_t since_look = chunk;
+
+    for (uint32_t i = 0; i < plan->n_ranges; i++)
+        for (uint64_t at = plan->ranges[i][0]; at < plan->ranges[i][1];) {
+            uint64_t len = plan->ranges[i][1] - at < chunk ? plan->ranges[i][1] - at : chunk;
+            struct pollfd go = {.fd = FD_READY, .events = POLLIN};
+            if (since_look >= chunk) {
+                if (poll(&go, 1, 0) > 0)
+                    return;
+                since_look = 0;
+            }
+            (void)madvise((void *)(uintptr_t)at, (size_t)len, MADV_POPULATE_WRITE);
+            since_look += len;
+            at += len;
+        }
+}
+
+/* |fds| to the numbers |at|, whatever numbers they arrived at. */
+static int place(const int *fds, const int *at, int n)
+{
+    int tmp[CELL_FDS];
+
+    for (int i = 0; i < n; i++)
         if ((tmp[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 64)) < 0)
             return -errno;
     /* All the old numbers first: one of them may be a number placed to. */
-    for (int i = 0; i < SESSION_FORK_FDS; i++)
+    for (int i = 0; i < n; i++)
         close(fds[i]);
-    for (int i = 0; i < SESSION_FORK_FDS; i++) {
+    for (int i = 0; i < n; i++) {
         if (dup2(tmp[i], at[i]) < 0)
             return -errno;
         close(tmp[i]);
@@ -84,12 +134,18 @@ static int place(const int fds[SESSION_FORK_FDS], const int at[SESSION_FORK_FDS]
 _Noreturn static void state_loop(const struct worker_args *a);
 
 /* A cell: the fork of the state, in the template's care. Its request, its
- * code, then what the code's end was; then it waits as a state would. */
-_Noreturn static void cell_main(const struct worker_args *a, int fds[SESSION_FORK_FDS])
+ * code, then what the code's end was; then it waits as a state would.
+ * Nothing here is trusted: after the session's first cell this is the
+ * tenant's process (its memory may hold anything), so the template keeps
+ * the cell's CPU and wall limits itself, the memory limit is the hard one
+ * the first state set, and what this says is checked against what the
+ * kernel says of the process (sessions.c). */
+_Noreturn static void cell_main(const struct worker_args *a, int chan,
+                                const struct session_fork_msg *plan)
 {
-    static const int at[SESSION_FORK_FDS] = {FD_READY, FD_REQUEST, FD_STDOUT, FD_STDERR};
+    static const int at[CELL_FDS] = {FD_REQUEST, FD_STDOUT, FD_STDERR};
+    int fds[CELL_FDS];
     struct wire_req req;
-    struct rlimit as;
     char err[WIRE_TEXT_MAX];
     char *code;
     int rc;
@@ -97,46 +153,38 @@ _Noreturn static void cell_main(const struct worker_args *a, int fds[SESSION_FOR
     /* Our parent is the template (the fork's CLONE_PARENT): die with it. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != a->ppid)
         _exit(127);
-    /* A process group of our own: kill(0, ...) reaches us alone. */
-    if (setsid() < 0 || place(fds, at) < 0)
+    /* A process group and session of our own: kill(0, ...) reaches us alone. */
+    if (setsid() < 0 || place(&chan, (const int[]){FD_READY}, 1) < 0)
         _exit(127);
+    warm(plan);
     char hello = CELL_HELLO;
     if (write_full(FD_READY, &hello, 1) < 0)
+        _exit(127);
+    /* The cell's own pipes come from the template when it is handed out,
+     * straight to us: the state never holds a cell's output, so the end of
+     * the output is the cell's alone to make. */
+    if (recv_command(FD_READY, CELL_GO, fds, CELL_FDS) != 1 || place(fds, at, CELL_FDS) < 0)
         _exit(127);
 
     /* The workspace by its path (the code of earlier cells may have moved
      * the working directory, never the mount). */
     int ws = open(a->ws_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    rc = ws < 0 ? -errno : request_read(FD_REQUEST, ws, &req, &code, err, sizeof(err));
+    rc = ws < 0 ? -errno : request_read(FD_REQUEST, ws, true, &req, &code, err, sizeof(err));
     if (rc == -ENODATA)
         _exit(0); /* the supervisor closed without a request */
     if (rc < 0) {
-        /* Before user code: the supervisor trusts this line (see worker.c). */
         (void)write_full(FD_STDERR, err, strnlen(err, sizeof(err)));
         _exit(125);
     }
     /* While the code runs, it holds its three streams and its channel. */
     close(ws);
     close(FD_REQUEST);
-    /* The cell's limits, under the session's ceilings (the hard limits,
-     * which no cell can raise): its memory, and RLIMIT_CPU a second past
-     * its CPU limit, the backstop of the template's timer. */
-    struct rlimit cpu;
-    if (getrlimit(RLIMIT_AS, &as) < 0 || getrlimit(RLIMIT_CPU, &cpu) < 0)
-        _exit(125);
-    as.rlim_cur = req.memory_bytes < as.rlim_max ? req.memory_bytes : as.rlim_max;
-    rlim_t backstop = (rlim_t)(req.cpu_ms / 1000) + 2;
-    cpu.rlim_cur = backstop < cpu.rlim_max ? backstop : cpu.rlim_max;
-    if (setrlimit(RLIMIT_AS, &as) < 0 || setrlimit(RLIMIT_CPU, &cpu) < 0 ||
-        worker_start_limits(req.cpu_ms, req.wall_ms, false) < 0)
-        _exit(125);
-    int status = pyrun_cell(code, req.code_len);
+    int32_t status = pyrun_cell(code, req.code_len);
     /* Let go of the cell's pipes: the supervisor sees their end. */
     if (dup2(FD_STDIN, FD_STDOUT) < 0 || dup2(FD_STDIN, FD_STDERR) < 0)
         _exit(127);
     char done[1 + sizeof(int32_t)] = {CELL_DONE};
-    int32_t st = status;
-    memcpy(done + 1, &st, sizeof(st));
+    memcpy(done + 1, &status, sizeof(status));
     if (write_full(FD_READY, done, sizeof(done)) < 0)
         _exit(127);
     state_loop(a);
@@ -146,9 +194,11 @@ _Noreturn static void cell_main(const struct worker_args *a, int fds[SESSION_FOR
  * cells. Each SESSION_FORK makes a cell. */
 _Noreturn static void state_loop(const struct worker_args *a)
 {
+    static struct session_fork_msg fork_msg;
+
     for (;;) {
-        int fds[SESSION_FORK_FDS];
-        int rc = recv_fork(FD_READY, fds);
+        int chan = -1;
+        int rc = recv_fork(FD_READY, &fork_msg, &chan);
         if (rc == 0)
             _exit(0); /* the template is gone */
         if (rc == -EINTR || rc == -EAGAIN || rc == -EPROTO)
@@ -161,14 +211,17 @@ _Noreturn static void state_loop(const struct worker_args *a)
         pid_t pid =
             (pid_t)syscall(SYS_clone, (unsigned long)POLICY_SESSION_FORK, 0UL, 0UL, 0UL, 0UL);
         if (pid == 0)
-            cell_main(a, fds);
+            cell_main(a, chan, &fork_msg);
         int e = errno;
-        close_fds(fds, SESSION_FORK_FDS);
+        close(chan);
         if (pid < 0) {
             char msg[WIRE_TEXT_MAX];
             int n = snprintf(msg, sizeof(msg), "%cthe session's fork failed: %s",
                              SESSION_FORK_FAILED, strerror(e));
             (void)write_full(FD_READY, msg, n > 0 ? (size_t)n : 1);
+        } else {
+            char forked = SESSION_FORKED;
+            (void)write_full(FD_READY, &forked, 1);
         }
     }
 }

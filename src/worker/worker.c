@@ -94,7 +94,7 @@ int worker_set_limit(int resource, rlim_t soft, rlim_t hard)
  * here, and kills us with SIGKILL when it fires; nothing the code can delete
  * or ignore. RLIMIT_CPU, a second later and as SIGKILL too, is the backstop
  * should the template be slow. Returns 0 or -errno. */
-int worker_start_limits(uint64_t cpu_ms, uint64_t wall_ms, bool backstop)
+int worker_start_limits(uint64_t cpu_ms, uint64_t wall_ms)
 {
     struct timespec now;
     char msg[1 + sizeof(struct wire_started)];
@@ -107,7 +107,7 @@ int worker_start_limits(uint64_t cpu_ms, uint64_t wall_ms, bool backstop)
     st.wall_limit_ns = wall_ms * 1000000ULL;
     /* Whole seconds for the rlimit, at least a second past the timer. */
     rlim_t at = (rlim_t)((st.cpu_used_ns + st.cpu_limit_ns) / 1000000000ULL) + 2;
-    int rc = backstop ? worker_set_limit(RLIMIT_CPU, at, at) : 0;
+    int rc = worker_set_limit(RLIMIT_CPU, at, at);
     if (rc < 0)
         return rc;
     msg[0] = WORKER_STARTED;
@@ -200,7 +200,7 @@ _Noreturn void worker_main(const struct worker_args *a)
         _exit(127);
 
     /* --- the request path --- */
-    rc = request_read(FD_REQUEST, FD_WORKSPACE, &req, &code, err, sizeof(err));
+    rc = request_read(FD_REQUEST, FD_WORKSPACE, false, &req, &code, err, sizeof(err));
     if (rc == -ENODATA)
         _exit(0); /* the supervisor closed without a request: nothing to do */
     if (rc < 0)
@@ -214,7 +214,7 @@ _Noreturn void worker_main(const struct worker_args *a)
         fail_request("pysbx: setrlimit: %s\n", strerror(errno));
     /* From here on, user code may run: the template arms the CPU limit from
      * what this says, and records that the code started. */
-    rc = worker_start_limits(req.cpu_ms, req.wall_ms, true);
+    rc = worker_start_limits(req.cpu_ms, req.wall_ms);
     if (rc < 0)
         fail_request("pysbx: CPU limit: %s\n", strerror(-rc));
     close(FD_READY);

@@ -24,15 +24,28 @@
 /* A session's processes (session.h): what the state process tells the
  * template on its channel. */
 #define SESSION_READY       'R' /* confined; the listener is attached */
-#define SESSION_FORK_FAILED 'F'
+#define SESSION_FORK_FAILED 'F' /* the fork was let through and failed; why follows */
+#define SESSION_FORKED      'k' /* ... and made its child: look for it */
 /* ... and what a cell's process says on its own channel. */
-#define CELL_HELLO   'H' /* forked: here I am (the kernel attaches who) */
-#define CELL_STARTED 'S' /* as WORKER_STARTED */
-#define CELL_DONE    'D' /* the code ended by itself; an int32_t exit status follows */
+#define CELL_HELLO 'H' /* forked: here I am (the kernel attaches who) */
+#define CELL_DONE  'D' /* the code ended by itself; its int32_t status follows */
 /* What the template tells the state process: fork the next cell; the
- * cell's channel, request socket, stdout and stderr are attached. */
-#define SESSION_FORK     'K'
-#define SESSION_FORK_FDS 4
+ * cell's channel is attached, and the message says which pages the cell
+ * copies while it waits to be handed out (those the last cell wrote: a
+ * cell's first writes are copy-on-write faults, which on some machines
+ * cost more than the rest of a small cell). */
+#define SESSION_FORK         'K'
+#define CELL_PLAN_MAX_RANGES 256
+struct session_fork_msg {
+    char cmd; /* SESSION_FORK */
+    uint8_t reserved[3];
+    uint32_t n_ranges;
+    uint64_t ranges[CELL_PLAN_MAX_RANGES][2]; /* [start, end), page-aligned; n_ranges of them */
+};
+/* ... and the cell, on its channel, when it is handed out: run; its
+ * request socket, stdout and stderr are attached. */
+#define CELL_GO  'G'
+#define CELL_FDS 3
 
 /* The worker's descriptors once it has set itself up; nothing else is open. */
 enum {
@@ -73,10 +86,10 @@ struct worker_args {
 /* Runs in the child right after the fork; never returns. */
 _Noreturn void worker_main(const struct worker_args *a);
 
-/* For session.c: setrlimit; and the CPU and wall limits' start, told to the
- * template (with |backstop|, RLIMIT_CPU a second past the timer). Both
- * return 0 or -errno. */
+/* setrlimit (session.c sets a session's ceilings with it); and the CPU and
+ * wall limits' start, told to the template, with RLIMIT_CPU a second past
+ * the template's timer. Both return 0 or -errno. */
 int worker_set_limit(int resource, rlim_t soft, rlim_t hard);
-int worker_start_limits(uint64_t cpu_ms, uint64_t wall_ms, bool backstop);
+int worker_start_limits(uint64_t cpu_ms, uint64_t wall_ms);
 
 #endif

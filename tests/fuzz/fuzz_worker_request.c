@@ -121,7 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(ws_fd >= 0);
 
     why[0] = '\0';
-    int rc = request_read(stream_fd, ws_fd, &req, &code, why, sizeof(why));
+    int rc = request_read(stream_fd, ws_fd, false, &req, &code, why, sizeof(why));
     if (rc == 0) {
         check_success(data, size, &req, code, ws_fd);
     } else {
