@@ -635,6 +635,27 @@ def a_sessions_memory_is_its_first_cells():
     check("serve exits 0", rc == 0, rc)
 
 
+def sessions_need_the_templates_own_proc():
+    """Under a pid namespace whose /proc is still an outer one's (unshare
+    --pid without --mount-proc), /proc's numbers name other processes: the
+    template refuses sessions and says why; plain runs go on."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        print("skip sessions under a foreign /proc: needs root and unshare")
+        return
+    lines = [{"id": "plain", "code": "print(1)"}, {"id": "cell", "session": "s", "code": "print(2)"}]
+    p = subprocess.run(["timeout", "-k", "10", "60", "unshare", "--pid", "--fork", "--kill-child",
+                        PYSBX, "serve", "--require", "none"],
+                       input="".join(json.dumps(l) + "\n" for l in lines), capture_output=True,
+                       text=True, timeout=90)
+    by = {a.get("id"): a for a in (json.loads(l) for l in p.stdout.splitlines())}
+    check("a plain run works under a foreign /proc", by.get("plain", {}).get("stdout") == "1\n",
+          (by, p.stderr))
+    err = by.get("cell", {}).get("error", {})
+    check("a session under a foreign /proc is refused, naming /proc",
+          err.get("code") == "sandbox_unavailable" and "/proc" in err.get("message", ""),
+          (by, p.stderr))
+
+
 def sessions_are_the_connections():
     """Two connections using the same name have two sessions; a connection
     that ends takes its sessions with it."""
@@ -743,6 +764,7 @@ def sessions_need_a_backend_that_has_them():
 
 section(sessions_on_standard_input)
 section(a_sessions_memory_is_its_first_cells)
+section(sessions_need_the_templates_own_proc)
 section(sessions_are_the_connections)
 section(session_lost_and_cancelled)
 section(sessions_need_a_backend_that_has_them)

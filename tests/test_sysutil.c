@@ -68,6 +68,37 @@ static void links_in_the_tree_are_removed_not_followed(void **state)
     rmdir(root);
 }
 
+/* chmod by name never reaches what a link names (the removal and a
+ * session's rollback chmod directories the code made and could have
+ * turned into links). */
+static void chmod_by_name_changes_no_links_target(void **state)
+{
+    (void)state;
+    char root[256], path[512];
+    struct stat st;
+    make_temp_dir(root, sizeof(root));
+    snprintf(path, sizeof(path), "%s/target", root);
+    close(open(path, O_WRONLY | O_CREAT, 0600));
+    snprintf(path, sizeof(path), "%s/dir", root);
+    mkdir(path, 0700);
+    int rfd = open(root, O_RDONLY | O_DIRECTORY);
+    assert_int_equal(symlinkat("target", rfd, "link"), 0);
+    assert_int_equal(symlinkat("dir", rfd, "dirlink"), 0);
+
+    assert_true(chmod_nofollow(rfd, "link", 0777) < 0);
+    assert_true(chmod_nofollow(rfd, "dirlink", 0777) < 0);
+    assert_int_equal(fstatat(rfd, "target", &st, 0), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    assert_int_equal(fstatat(rfd, "dir", &st, 0), 0);
+    assert_int_equal(st.st_mode & 07777, 0700);
+    /* What is not a link is changed. */
+    assert_int_equal(chmod_nofollow(rfd, "dir", 0750), 0);
+    assert_int_equal(fstatat(rfd, "dir", &st, 0), 0);
+    assert_int_equal(st.st_mode & 07777, 0750);
+    close(rfd);
+    remove_dir(root);
+}
+
 /* The attack on a walk that climbs with "..": while it is deep in the
  * tree, move the directory it is in (or one above) out of the tree, next to
  * files that are not the tree's. Climbing from there would empty the wrong
@@ -181,6 +212,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(deep_tree_is_removed_with_few_descriptors),
         cmocka_unit_test(links_in_the_tree_are_removed_not_followed),
+        cmocka_unit_test(chmod_by_name_changes_no_links_target),
         cmocka_unit_test(a_rename_race_cannot_lead_removal_outside),
         cmocka_unit_test(open_beneath_refuses_symlinked_components),
     };
