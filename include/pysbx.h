@@ -158,9 +158,15 @@ struct sbx_config {
     /* When the caller is root, each worker runs as its own uid and gid,
      * taken from worker_ids consecutive ids starting at worker_uid and
      * worker_gid; an id is used again only once its previous worker is dead
-     * and its workspace gone. -1: SBX_DEFAULT_WORKER_ID_BASE; worker_ids 0:
+     * and its workspace gone. The range is claimed machine-wide while the
+     * sandbox lives (its first id is held by a process of the sandbox's,
+     * and a range whose first id has a process already is not taken), so
+     * that no two sandboxes on one kernel run workers with the same uid;
+     * workers take the range's other ids. -1: a range drawn at random from
+     * the 2^24 ids above SBX_DEFAULT_WORKER_ID_BASE (gids alike); a range
+     * given that another sandbox holds fails sbx_open. worker_ids 0:
      * SBX_DEFAULT_WORKER_IDS; worker_ids 1: every worker shares one uid (no
-     * uidrun layer). */
+     * uidrun layer, nothing claimed). */
     long worker_uid;
     long worker_gid;
     unsigned worker_ids;

@@ -656,6 +656,56 @@ def sessions_need_the_templates_own_proc():
           (by, p.stderr))
 
 
+def two_servers_never_share_a_uid():
+    """Two servers on one machine: their runs' uids never meet, and a tenant
+    of one holding its uid's whole thread quota leaves the other's runs
+    alone (as root, where each run has a uid of its own)."""
+    if os.geteuid() != 0:
+        print("skip two servers' uids: needs root")
+        return
+    a, path_a, _ = listening()
+    b, path_b, _ = listening()
+    sa, la = connect(path_a)
+    sb, lb = connect(path_b)
+    hog = ("import os, threading, time\n"
+           "threading.stack_size(65536)\n"
+           "stop = threading.Event()\n"
+           "n = 0\n"
+           "try:\n"
+           "    while n < 5000:\n"
+           "        threading.Thread(target=stop.wait, daemon=True).start()\n"
+           "        n += 1\n"
+           "except RuntimeError:\n"
+           "    pass\n"
+           "print(os.getuid(), n > 1000)\n"
+           "time.sleep(8)\n"
+           "stop.set()\n")
+    send(sa, {"id": "hog", "code": hog, "limits": {"wall_seconds": 30}})
+    time.sleep(4)  # its threads are up: the next runs overlap it
+    uid_code = ("import os, threading\n"
+                "ts = [threading.Thread(target=lambda: None) for _ in range(50)]\n"
+                "[t.start() for t in ts]\n[t.join() for t in ts]\n"
+                "print(os.getuid())\n")
+    send(sa, *[{"id": i, "code": uid_code} for i in range(6)])
+    send(sb, *[{"id": i, "code": uid_code} for i in range(12)])
+    got_a = [json.loads(la.next()) for _ in range(7)]
+    got_b = [json.loads(lb.next()) for _ in range(12)]
+    hog_a = [g for g in got_a if g.get("id") == "hog"]
+    uids_a = {g.get("stdout") for g in got_a if g.get("id") != "hog"}
+    uids_b = {g.get("stdout") for g in got_b}
+    check("two servers: every run of each completed, its 50 threads started",
+          all(g.get("status") == "completed" and g.get("exit_code") == 0 for g in got_a + got_b),
+          [g for g in got_a + got_b if g.get("exit_code") != 0])
+    hog_uid = hog_a[0].get("stdout", "").split()[0] + "\n" if hog_a else None
+    check("two servers: the runs' uids are apart (none of one server's is the other's)",
+          not (uids_a | {hog_uid}) & uids_b, (uids_a, hog_uid, uids_b))
+    for s in (sa, sb):
+        s.close()
+    for p in (a, b):
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=60)
+
+
 def sessions_are_the_connections():
     """Two connections using the same name have two sessions; a connection
     that ends takes its sessions with it."""
@@ -765,6 +815,7 @@ def sessions_need_a_backend_that_has_them():
 section(sessions_on_standard_input)
 section(a_sessions_memory_is_its_first_cells)
 section(sessions_need_the_templates_own_proc)
+section(two_servers_never_share_a_uid)
 section(sessions_are_the_connections)
 section(session_lost_and_cancelled)
 section(sessions_need_a_backend_that_has_them)

@@ -221,8 +221,8 @@ void jail_setup(struct jail *j, const struct jail_config *c)
         if (j->ids > 1) {
             j->uid_per_run = true;
             fmt(j->uidrun_why, sizeof(j->uidrun_why),
-                "each worker its own uid and gid, reused only once its worker is dead and "
-                "its workspace gone (%u ids)",
+                "a uid and gid per worker, reused once it is dead and its workspace gone (%u "
+                "ids)",
                 j->ids);
         } else if (!(c->disable & SBX_LAYER_UIDRUN))
             fmt(j->uidrun_why, sizeof(j->uidrun_why), "one uid for every worker (worker_ids 1)");

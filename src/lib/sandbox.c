@@ -217,14 +217,14 @@ int sbx_open(const struct sbx_config *given, struct sbx **out, struct sbx_error 
         cfg.pool_size = default_pool_size();
     if (!cfg.workspace_bytes)
         cfg.workspace_bytes = SBX_DEFAULT_WORKSPACE_BYTES;
-    if (cfg.worker_uid < 0)
-        cfg.worker_uid = SBX_DEFAULT_WORKER_ID_BASE;
-    if (cfg.worker_gid < 0)
+    /* worker_uid -1: the template draws a range, and claims it (as a range
+     * given) machine-wide; the gids follow the uids. */
+    if (cfg.worker_uid >= 0 && cfg.worker_gid < 0)
         cfg.worker_gid = cfg.worker_uid;
     if (!cfg.worker_ids)
         cfg.worker_ids = cfg.single_run ? SBX_SINGLE_RUN_WORKER_IDS : SBX_DEFAULT_WORKER_IDS;
-    if ((uint64_t)cfg.worker_uid + cfg.worker_ids > UINT32_MAX ||
-        (uint64_t)cfg.worker_gid + cfg.worker_ids > UINT32_MAX)
+    if (cfg.worker_uid >= 0 && ((uint64_t)cfg.worker_uid + cfg.worker_ids > UINT32_MAX ||
+                                (uint64_t)cfg.worker_gid + cfg.worker_ids > UINT32_MAX))
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "worker id range past 2^32 - 1");
     sbx = calloc(1, sizeof(*sbx));
     if (!sbx)

@@ -95,7 +95,7 @@ int keeper_start(struct keeper *k, char *why, size_t cap)
     }
     k->pid = pid;
     k->life = p[1];
-    fmt(why, cap, "in a pid namespace whose every process dies with the template");
+    fmt(why, cap, "a pid namespace that dies with the template");
     return 1;
 }
 

@@ -47,7 +47,7 @@ void layers_describe(const struct tmpl *t, struct wire_hello *h)
     layer(h, SBX_LAYER_ROOT, t->root, t->root_why);
     /* Where processes are told apart, so is their namespace. */
     char run[WIRE_LAYER_DETAIL_MAX];
-    fmt(run, sizeof(run), "%s; %s%s", j->uidrun_why,
-        t->pid_ns ? "workers " : "no pid namespace for workers: ", t->pidns_why);
+    fmt(run, sizeof(run), "%s, %s; %s%s", j->uidrun_why, t->claim.why,
+        t->pid_ns ? "" : "no pid namespace: ", t->pidns_why);
     layer(h, SBX_LAYER_UIDRUN, j->uid_per_run, run);
 }

@@ -84,7 +84,7 @@ static int read_config(struct tmpl *t, char *err, size_t errlen)
     t->policy_debug = json_is_true(json_object_get(cfg, "policy_debug"));
     t->single_run = json_is_true(json_object_get(cfg, "single_run"));
     if (t->jc.workspace_bytes < SBX_MIN_WORKSPACE_BYTES || ids < 1 || ids > SBX_MAX_WORKER_IDS ||
-        t->jc.uid_base < 0 || t->jc.gid_base < 0 ||
+        t->jc.uid_base < -1 || (t->jc.uid_base >= 0 && t->jc.gid_base < 0) ||
         (uint64_t)t->jc.uid_base + (uint64_t)ids > UINT32_MAX ||
         (uint64_t)t->jc.gid_base + (uint64_t)ids > UINT32_MAX) {
         errmsg(err, errlen, rc, "template: bad workspace size or worker ids");
@@ -167,6 +167,7 @@ int main(void)
                      .devnull = -1,
                      .proc_fd = -1,
                      .keeper = {.pid = -1, .life = -1},
+                     .claim = {.holder = -1},
                      .sweeper = {.fd = -1, .pid = -1}};
     char err[WIRE_TEXT_MAX];
     sigset_t chld;
@@ -187,7 +188,14 @@ int main(void)
         goto fail;
     }
     /* Namespaces first: everything after, and every worker, lives in them. */
+    bool draw = t.jc.uid_base < 0;
+    if (draw)
+        t.jc.uid_base = t.jc.gid_base = SBX_DEFAULT_WORKER_ID_BASE;
     jail_setup(&t.jail, &t.jc);
+    /* The workers' ids, claimed machine-wide while the template is small
+     * (the holder is a fork of it). */
+    if (ids_claim(&t.claim, &t.jail, draw, err, sizeof(err)) < 0)
+        goto fail;
     /* /proc stays reachable to the template alone, through this descriptor
      * (prefault reads its workers' page maps, sessions their threads and
      * children); a private root has none. Only our own pid namespace's:
@@ -215,6 +223,8 @@ int main(void)
         errmsg(err, sizeof(err), -ENOMEM, "template: out of memory");
         goto fail;
     }
+    if (t.claim.claimed)
+        uids_hold(&t.uids, 0); /* the holder's */
 
     struct interp_config py = {
         .warm_modules = (const char *const *)t.warm,

@@ -435,6 +435,13 @@ static void reap(struct tmpl *t)
             t->keeper.pid = -1;
             continue;
         }
+        if (pid == t->claim.holder) {
+            /* Another sandbox could claim our ids now: a new template will
+             * claim a range of its own. */
+            t->claim_lost = true;
+            t->claim.holder = -1;
+            continue;
+        }
         struct worker_rec **pp = &t->workers;
         while (*pp && (*pp)->pid != pid)
             pp = &(*pp)->next;
@@ -577,7 +584,7 @@ void pool_run(struct tmpl *t)
         }
         sessions_handle(t, pfd, who, first_session, n);
         sessions_tick(t);
-        if (t->keeper_gone)
+        if (t->keeper_gone || t->claim_lost)
             break;
         if (pfd[0].revents)
             on_control(t, &stop);

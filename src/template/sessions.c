@@ -281,7 +281,7 @@ static uint64_t cpu_ns(pid_t pid)
 
 bool known_child(const struct tmpl *t, pid_t pid)
 {
-    if (pid == t->keeper.pid || pid == t->sweeper.pid)
+    if (pid == t->keeper.pid || pid == t->sweeper.pid || pid == t->claim.holder)
         return true;
     for (const struct worker_rec *w = t->workers; w; w = w->next)
         if (w->pid == pid)

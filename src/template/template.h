@@ -5,6 +5,7 @@
 #ifndef PYSBX_TEMPLATE_H
 #define PYSBX_TEMPLATE_H
 
+#include "claim.h"
 #include "jail.h"
 #include "keeper.h"
 #include "landlock.h"
@@ -79,7 +80,9 @@ struct tmpl {
     char proc_why[WIRE_LAYER_DETAIL_MAX];
     struct keeper keeper; /* the workers' pid namespace (keeper.h) */
     bool pid_ns;
-    bool keeper_gone; /* it died: so did the namespace; the template stops */
+    bool keeper_gone;      /* it died: so did the namespace; the template stops */
+    struct id_claim claim; /* the workers' ids, machine-wide (claim.h) */
+    bool claim_lost;       /* its holder died: the ids are not ours; the template stops */
     char pidns_why[WIRE_LAYER_DETAIL_MAX];
     uint64_t next_id;
     struct worker_rec *workers;

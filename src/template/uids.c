@@ -55,3 +55,9 @@ void uids_release(struct uids *u, unsigned slot)
     if (u->per_run && slot < u->n)
         u->busy[slot] = 0;
 }
+
+void uids_hold(struct uids *u, unsigned slot)
+{
+    if (u->per_run && slot < u->n)
+        u->busy[slot] = 1;
+}

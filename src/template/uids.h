@@ -33,5 +33,7 @@ int uids_take(struct uids *u, int base_fd, unsigned *slot, uid_t *uid, gid_t *gi
               size_t cap);
 
 void uids_release(struct uids *u, unsigned slot);
+/* Keeps |slot| from every worker, for good. */
+void uids_hold(struct uids *u, unsigned slot);
 
 #endif
