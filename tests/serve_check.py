@@ -510,6 +510,51 @@ def sigterm_on_a_socket():
     c_sock.close()
 
 
+def a_socket_left_by_a_killed_server_is_taken_over():
+    """A restart needs no hand: the socket a SIGKILLed server left is
+    replaced; one a live server holds is not, nor a link or a file."""
+    srv, path, log = listening()
+    srv.kill()
+    srv.wait(timeout=60)
+    check("SIGKILL leaves the socket behind", os.path.exists(path))
+    again = start("--listen", path)
+    ok = wait_gone(path, present=True)
+    sock = None
+    for _ in range(200):
+        try:
+            sock, lines = connect(path)
+            break
+        except OSError:
+            time.sleep(0.05)
+    check("a new server takes over the killed one's socket", sock is not None and ok,
+          again.poll())
+    if sock:
+        send(sock, {"id": "r", "code": "print('again')"})
+        check("and answers on it", json.loads(lines.next()).get("stdout") == "again\n")
+    second = subprocess.run([PYSBX, "serve", "--listen", path], capture_output=True, text=True,
+                            timeout=60)
+    check("a second server on a live one's socket refuses, saying so",
+          second.returncode == 1 and "listening there already" in second.stderr, second.stderr)
+    if sock:
+        send(sock, {"id": "r2", "code": "print('still')"})
+        check("the live one goes on", json.loads(lines.next()).get("stdout") == "still\n")
+        sock.close()
+    again.send_signal(signal.SIGTERM)
+    again.wait(timeout=60)
+    # A link or a file where the socket would go is not the server's to remove.
+    target = os.path.join(SOCKETS, "precious")
+    open(target, "w").write("keep")
+    for name, make in (("link.sock", lambda p: os.symlink(target, p)),
+                       ("file.sock", lambda p: open(p, "w").write("x"))):
+        p = os.path.join(SOCKETS, name)
+        make(p)
+        r = subprocess.run([PYSBX, "serve", "--listen", p], capture_output=True, text=True,
+                           timeout=60)
+        check(f"serve --listen on a {name.split('.')[0]}: refused, left as it was",
+              r.returncode == 1 and os.path.lexists(p) and open(target).read() == "keep",
+              r.stderr)
+
+
 def a_second_signal():
     """At once, whatever the grace."""
     srv, path, log = listening("--grace", "600")
@@ -831,6 +876,7 @@ section(a_client_that_hangs_up)
 section(a_client_that_does_not_read)
 section(sigterm_on_a_socket)
 section(a_second_signal)
+section(a_socket_left_by_a_killed_server_is_taken_over)
 
 # --- batch ----------------------------------------------------------------
 d = tempfile.mkdtemp()

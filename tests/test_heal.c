@@ -197,6 +197,38 @@ static void a_run_in_flight_when_the_template_dies_ends_at_once(void **state)
     no_template_left("a_run_in_flight_when_the_template_dies_ends_at_once");
 }
 
+/* Sent just after its template was killed (the death not yet seen, a
+ * worker of the dead template maybe taken already): the run waits for the
+ * next template, within its own time, and is answered. */
+static void a_run_sent_right_after_the_template_died_is_answered(void **state)
+{
+    (void)state;
+    struct sbx *sbx = open_sbx(2, 2);
+    for (int i = 0; i < 3; i++) {
+        expect_stdout(sbx, "print('before')\n", "before\n");
+        usleep(200000); /* its pool is refilled */
+        pid_t pid = template_pid();
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        struct sbx_request req;
+        struct sbx_result *res = NULL;
+        struct sbx_error err = {0};
+        sbx_request_init(&req);
+        req.code = "print('after')\n";
+        req.code_len = strlen(req.code);
+        if (sbx_run(sbx, &req, &res, &err) < 0)
+            fail_msg("try %d: refused: %s", i, err.message);
+        if (res->status != SBX_COMPLETED || strcmp(res->stdout_text, "after\n") != 0)
+            fail_msg("try %d: %s (%s): %s", i, sbx_status_name(res->status),
+                     res->reason ? res->reason : "", res->stdout_text);
+        sbx_result_free(res);
+    }
+    struct sbx_health h;
+    sbx_health(sbx, &h);
+    assert_int_equal(h.restarts, 3);
+    sbx_close(sbx);
+    no_template_left("a_run_sent_right_after_the_template_died_is_answered");
+}
+
 static void a_template_that_keeps_dying_puts_the_sandbox_down(void **state)
 {
     (void)state;
@@ -408,6 +440,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_killed_template_is_replaced_and_its_workers_die_with_it),
         cmocka_unit_test(a_run_in_flight_when_the_template_dies_ends_at_once),
+        cmocka_unit_test(a_run_sent_right_after_the_template_died_is_answered),
         cmocka_unit_test(a_template_that_keeps_dying_puts_the_sandbox_down),
         cmocka_unit_test(closing_with_runs_in_flight_cancels_them_and_is_bounded),
         cmocka_unit_test(closing_is_bounded_when_a_forked_child_holds_the_socket),

@@ -31,6 +31,8 @@
 #include "util.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <sys/file.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -642,7 +644,55 @@ static int drain(struct server *s, int sfd)
 
 /* --- the server ------------------------------------------------------------------ */
 
-static int open_listener(const struct serve_opts *o)
+/* PATH.lock, held (flock) for as long as this server listens on PATH: a
+ * server that finds it taken knows a live one has PATH; one that takes it
+ * knows that whatever socket is at PATH is a dead server's. Returns the
+ * locked descriptor, -EADDRINUSE, or -errno. */
+static int lock_listen_path(const char *path, char *lock, size_t cap)
+{
+    if ((size_t)snprintf(lock, cap, "%s.lock", path) >= cap)
+        return -ENAMETOOLONG;
+    int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        int e = errno == EWOULDBLOCK ? -EADDRINUSE : -errno;
+        close(fd);
+        return e;
+    }
+    return fd;
+}
+
+/* Whatever is at |path| before we bind: nothing, or a socket no server
+ * listens on (a server that was killed), which goes. A socket a server
+ * answers on (one that takes no lock), a link or anything else stays, and
+ * we do not start. Returns 0 or -errno with the message printed. */
+static int clear_listen_path(const struct sockaddr_un *addr, const char *path)
+{
+    struct stat st;
+
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (!S_ISSOCK(st.st_mode)) {
+        fprintf(stderr, "pysbx serve: %s exists and is not a socket: not removed\n", path);
+        return -EEXIST;
+    }
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int live = probe >= 0 && connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) == 0;
+    int e = errno;
+    if (probe >= 0)
+        close(probe);
+    if (live || (e != ECONNREFUSED && e != ENOENT)) {
+        fprintf(stderr, "pysbx serve: %s: a server is listening there already\n", path);
+        return -EADDRINUSE;
+    }
+    /* A dead server's: no one accepts on it any more. */
+    if (unlink(path) < 0 && errno != ENOENT)
+        return -errno;
+    return 0;
+}
+
+static int open_listener(const struct serve_opts *o, int *lock_fd, char *lock, size_t cap)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     int lfd;
@@ -652,6 +702,16 @@ static int open_listener(const struct serve_opts *o)
         return -ENAMETOOLONG;
     }
     strcpy(addr.sun_path, o->listen_path);
+    *lock_fd = lock_listen_path(o->listen_path, lock, cap);
+    if (*lock_fd < 0) {
+        fprintf(stderr, "pysbx serve: %s: %s\n", o->listen_path,
+                *lock_fd == -EADDRINUSE ? "a server is listening there already"
+                                        : strerror(-*lock_fd));
+        return *lock_fd;
+    }
+    int rc = clear_listen_path(&addr, o->listen_path);
+    if (rc < 0)
+        return rc;
     lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     mode_t old = umask(0177); /* the socket is born 0600 */
     int b = lfd < 0 ? -1 : bind(lfd, (struct sockaddr *)&addr, sizeof(addr));
@@ -697,7 +757,8 @@ static int serve_until_signal(struct server *s, int sfd, int lfd)
 int serve_main(const struct serve_opts *o)
 {
     struct server s = {.o = o, .stop_fd = -1, .wake_fd = -1};
-    int sfd = -1, lfd = -1, rc = 1;
+    int sfd = -1, lfd = -1, lock_fd = -1, rc = 1;
+    char lock[PATH_MAX] = "";
 
     /* SIGINT and SIGTERM are read from a descriptor by the main thread. */
     sfd = stop_signals_open();
@@ -709,7 +770,7 @@ int serve_main(const struct serve_opts *o)
         goto out;
     }
     if (o->listen_path) {
-        lfd = open_listener(o);
+        lfd = open_listener(o, &lock_fd, lock, sizeof(lock));
         if (lfd < 0) {
             rc = lfd == -ENAMETOOLONG ? 2 : 1;
             goto out;
@@ -740,6 +801,12 @@ out:
     if (lfd >= 0) {
         close_fd(&lfd);
         unlink(o->listen_path);
+    }
+    if (lock_fd >= 0) {
+        /* Still ours: a server starting now finds no lock file, or ours
+         * taken until the close. */
+        unlink(lock);
+        close_fd(&lock_fd);
     }
     close_fd(&sfd);
     close_fd(&s.stop_fd);

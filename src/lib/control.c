@@ -266,6 +266,9 @@ int control_start(struct sbx *sbx, struct sbx_error *err)
     return rc;
 }
 
+/* How long a lost worker's template may take to be seen gone. */
+#define TEMPLATE_LOST_WAIT_MS 2000
+
 /* The template died, or would not start: forget it, and decide when the
  * next may start. Called with ctl_lock held. */
 static void template_failed(struct sbx *sbx, const char *why)
@@ -356,6 +359,7 @@ int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64
     struct wire_worker worker;
     int nfds = 0;
     ssize_t n = -EAGAIN;
+    unsigned taken_from = 0;
 
     for (int i = 0; i < WFD_COUNT; i++)
         w->fds[i] = -1;
@@ -364,6 +368,7 @@ int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64
         int rc = ensure_template(sbx, why, whylen);
         uint64_t wake = rc == -EAGAIN ? sbx->retry_at : 0;
         int ctl = sbx->ctl, pidfd = sbx->template_pidfd;
+        taken_from = sbx->generation;
         if (rc == 0) {
             memset(&m, 0, sizeof(m));
             n = receive(sbx, &m, sizeof(m), w->fds, &nfds);
@@ -401,7 +406,20 @@ int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64
         return rc;
     }
     control_taken(w, &worker);
+    w->generation = taken_from;
     return 0;
+}
+
+void control_template_lost(struct sbx *sbx, unsigned generation)
+{
+    pthread_mutex_lock(&sbx->ctl_lock);
+    if (sbx->generation == generation && sbx->ctl >= 0) {
+        struct pollfd p = {.fd = sbx->template_pidfd, .events = POLLIN};
+        (void)poll(&p, 1, TEMPLATE_LOST_WAIT_MS);
+        if (template_dead(sbx))
+            template_failed(sbx, "the template process ended");
+    }
+    pthread_mutex_unlock(&sbx->ctl_lock);
 }
 
 void control_taken(struct taken_worker *w, const struct wire_worker *m)

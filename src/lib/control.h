@@ -24,6 +24,7 @@ struct taken_worker {
     uid_t uid; /* its own uid and gid, or 0 when it has none of its own */
     gid_t gid;
     char workspace[WIRE_NAME_MAX];
+    unsigned generation; /* the template it came from (sbx->generation) */
 };
 
 /* Takes the next idle worker, waiting until |deadline| (now_ns() clock;
@@ -34,6 +35,12 @@ struct taken_worker {
  * negative errno (the template could not make a worker). */
 int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64_t deadline,
                         struct taken_worker *w, char *why, size_t whylen);
+
+/* A worker of template |generation| lost its status: the template is
+ * gone or going. Waits (a moment at most) until its end is seen, and lets
+ * it go, so that the next take waits for a new one rather than taking a
+ * worker the dead one had announced. */
+void control_template_lost(struct sbx *sbx, unsigned generation);
 
 /* Fills |w|'s pid, ids and workspace name from the template's message. */
 void control_taken(struct taken_worker *w, const struct wire_worker *m);

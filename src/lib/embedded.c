@@ -186,14 +186,23 @@ static int run_on_worker(struct sbx *sbx, struct sbx_session *sess, struct super
     int saved = -1;
     int req_fd;
     int rc;
+    /* A run whose template died under it before anything of it reached the
+     * caller is run again on the next template, found within the time the
+     * run had (its code's effects died with the first worker: the
+     * workspace, the processes). Once. */
+    uint64_t retry_by = now_ns() + (uint64_t)(req->limits.wall_seconds * 1e9);
+    bool retried = false;
 
+again:
     /* A session's cell is a fork of its state, there as soon as the
      * state forks: it waits for no queue, only (at most) its wall limit. */
     if (sess)
         rc = session_take_cell(sess, req, now_ns() + (uint64_t)(req->limits.wall_seconds * 1e9), &w,
                                &saved, why, sizeof(why));
     else
-        rc = control_take_worker(sbx, req->cancel, deadline, &w, why, sizeof(why));
+        rc = control_take_worker(sbx, req->cancel,
+                                 retried && retry_by < deadline ? retry_by : deadline, &w, why,
+                                 sizeof(why));
     if (rc == -ENOLINK) {
         *refused = sbx_fail(err, SBX_ERR_SESSION_LOST, rc, "%s", why);
         return 0;
@@ -229,6 +238,17 @@ static int run_on_worker(struct sbx *sbx, struct sbx_session *sess, struct super
     supervise_start_clock(sv);
     (void)send_request(sv, &req_fd); /* a failure shows in the outcome */
     supervise_run(sv);
+    if (!sess && !retried && sv->lost && !sv->cancelled && !sv->killed_for_wall &&
+        !sv->delivered[0] && !sv->delivered[1] && now_ns() < retry_by &&
+        !__atomic_load_n(&sbx->closing, __ATOMIC_ACQUIRE)) {
+        if (!sbx->workspace_bytes)
+            remove_workspace(sbx, &w);
+        supervise_free(sv);
+        supervise_init(sv, req);
+        control_template_lost(sbx, w.generation);
+        retried = true;
+        goto again;
+    }
     if (sess)
         session_cell_ended(sess, sv, saved);
     rc = supervise_finish(sv, res);
