@@ -90,6 +90,7 @@ extern "C" {
 #define SBX_MAX_ARTIFACTS_LIMIT      100000ULL
 /* Size limits of a request: the code, and the code plus all input files. */
 #define SBX_MAX_CODE_BYTES    (64ULL << 20)
+#define SBX_MAX_INPUT_FILES   10000u
 #define SBX_MAX_REQUEST_BYTES (256ULL << 20)
 
 /* Opaque handle: one template process and its workers. Thread-safe. */

@@ -155,43 +155,47 @@ static int parse_limits(json_t *l, struct sbx_limits *out, const struct sbx_limi
     return 0;
 }
 
-/* Appends the files of |o| (name -> text, or name -> base64). */
-static int parse_files(json_t *o, bool b64, struct json_request *r, struct sbx_error *err)
+/* Appends the files of |o| (name -> text, or name -> base64) to the room
+ * made for them. A name given in |other| too (files and files_base64) is
+ * refused: within one object jansson keeps one member per key. Linear in
+ * the request: each member is looked at once, its size counted as it
+ * goes. */
+static int parse_files(json_t *o, json_t *other, bool b64, struct json_request *r, uint64_t *total,
+                       struct sbx_error *err)
 {
     const char *name;
     json_t *v;
 
     if (!o)
         return 0;
-    if (!json_is_object(o))
-        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
-                        "%s must be an object of name: content", b64 ? "files_base64" : "files");
     json_object_foreach(o, name, v)
     {
         if (!json_is_string(v))
             return sbx_fail(err, SBX_ERR_INVALID_FILE, -EINVAL, "file %s: content must be a string",
                             name);
-        for (size_t i = 0; i < r->n_files; i++)
-            if (strcmp(r->files[i].name, name) == 0)
-                return sbx_fail(err, SBX_ERR_INVALID_FILE, -EINVAL, "file %s is given twice", name);
-        struct sbx_file *f = realloc(r->files, (r->n_files + 1) * sizeof(*f));
-        if (!f)
-            return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
-        r->files = f;
-        f = &r->files[r->n_files];
-        memset(f, 0, sizeof(*f));
+        if (other && json_object_get(other, name))
+            return sbx_fail(err, SBX_ERR_INVALID_FILE, -EINVAL, "file %s is given twice", name);
+        /* Base64 decodes to three quarters of its length: refused before
+         * it is decoded, past the library's ceiling on a request. */
+        size_t vlen = json_string_length(v);
+        *total += (b64 ? vlen / 4 * 3 : vlen) + strlen(name);
+        if (*total > SBX_MAX_REQUEST_BYTES)
+            return sbx_fail(err, SBX_ERR_TOO_LARGE, -E2BIG,
+                            "code and input files together are larger than %llu MiB",
+                            SBX_MAX_REQUEST_BYTES >> 20);
+        struct sbx_file *f = &r->files[r->n_files];
         char *nm = strdup(name);
         void *data;
         size_t len;
         if (b64) {
-            data = base64_decode(json_string_value(v), json_string_length(v), &len);
+            data = base64_decode(json_string_value(v), vlen, &len);
             if (!data && errno == EINVAL) {
                 free(nm);
                 return sbx_fail(err, SBX_ERR_INVALID_FILE, -EINVAL, "file %s: not valid base64",
                                 name);
             }
         } else {
-            len = json_string_length(v);
+            len = vlen;
             data = malloc(len ? len : 1);
             if (data)
                 memcpy(data, json_string_value(v), len);
@@ -205,6 +209,30 @@ static int parse_files(json_t *o, bool b64, struct json_request *r, struct sbx_e
         r->n_files++;
     }
     return 0;
+}
+
+/* Both objects of files: counted (and refused past the library's number)
+ * before anything of them is decoded. */
+static int parse_all_files(json_t *text, json_t *b64, uint64_t code_len, struct json_request *r,
+                           struct sbx_error *err)
+{
+    uint64_t total = code_len;
+
+    if ((text && !json_is_object(text)) || (b64 && !json_is_object(b64)))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "%s must be an object of name: content",
+                        text && !json_is_object(text) ? "files" : "files_base64");
+    size_t n = json_object_size(text) + json_object_size(b64);
+    if (n > SBX_MAX_INPUT_FILES)
+        return sbx_fail(err, SBX_ERR_TOO_LARGE, -E2BIG, "more than %u input files",
+                        SBX_MAX_INPUT_FILES);
+    if (!n)
+        return 0;
+    r->files = calloc(n, sizeof(*r->files));
+    if (!r->files)
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    int rc = parse_files(text, NULL, false, r, &total, err);
+    return rc < 0 ? rc : parse_files(b64, text, true, r, &total, err);
 }
 
 static int unknown_field(json_t *o, const char *const *known, size_t n, const char *what,
@@ -246,8 +274,8 @@ int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_requ
                         "a request needs \"code\", a string");
     if ((rc = parse_limits(json_object_get(o, "limits"), &r->req.limits, ceil, err)) < 0)
         return rc;
-    if ((rc = parse_files(json_object_get(o, "files"), false, r, err)) < 0 ||
-        (rc = parse_files(json_object_get(o, "files_base64"), true, r, err)) < 0)
+    if ((rc = parse_all_files(json_object_get(o, "files"), json_object_get(o, "files_base64"),
+                              json_string_length(code), r, err)) < 0)
         return rc;
     /* The code stays in the parsed document, which the caller keeps. */
     r->req.code = json_string_value(code);
