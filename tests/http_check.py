@@ -221,13 +221,16 @@ check("a chunked body going on past twice the limit: cut off, not read to its en
 r, _ = c.request("GET", "/healthz", headers={"X-Big": "a" * 70000})
 check("headers over 64 KiB: 431", r.status == 431, r.status)
 r, body = c.request("GET", "/nope")
-check("an unknown path: 404 invalid_request", r.status == 404
-      and json.loads(body)["error"]["code"] == "invalid_request", body)
+check("an unknown path: 404 not_found", r.status == 404
+      and json.loads(body)["error"]["code"] == "not_found", body)
 r, body = c.request("GET", "/v1/run")
-check("GET /v1/run: 405 with Allow", r.status == 405 and r.getheader("Allow"), r.status)
+check("GET /v1/run: 405 method_not_allowed, Allow: POST", r.status == 405
+      and r.getheader("Allow") == "POST"
+      and json.loads(body)["error"]["code"] == "method_not_allowed", (r.status, body))
 r, body = c.request("DELETE", "/healthz", check_doc=False)
-check("DELETE /healthz: 405", r.status == 405 and json.loads(body)["error"]["code"]
-      == "invalid_request", body)
+check("DELETE /healthz: 405, Allow: GET, HEAD", r.status == 405
+      and r.getheader("Allow") == "GET, HEAD"
+      and json.loads(body)["error"]["code"] == "method_not_allowed", body)
 
 # --- the token ----------------------------------------------------------------------
 for name, tok in [("no token", None), ("a wrong token", TOKEN[:-1] + "x"),
@@ -342,6 +345,148 @@ if tmpl:
     check("a run after it: a new template", st == 200 and a["stdout"] == "back\n", (st, a))
     r, text = c.request("GET", "/metrics")
     check("the restart counted", "\npysbx_template_restarts_total 1\n" in text, text[-400:])
+
+# --- hostile clients -------------------------------------------------------------------
+def raw(port, data, timeout=10, source=None):
+    """Sends |data| on a fresh connection; what comes back until the server
+    closes it (or |timeout|)."""
+    s = socket.socket()
+    if source:
+        s.bind((source, 0))
+    s.settimeout(timeout)
+    s.connect(("127.0.0.1", port))
+    s.sendall(data)
+    got = b""
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            got += d
+    except OSError:
+        pass
+    s.close()
+    return got
+
+
+hidden = b'{"code": "print(1)"}'
+second = (b"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+          + b"\r\nContent-Length: " + str(len(hidden)).encode() + b"\r\n\r\n" + hidden)
+body = b'{"code": "print(2)"}'
+chunked = hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+smuggle = (b"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+           + b"\r\nContent-Length: " + str(len(chunked)).encode()
+           + b"\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked + second)
+got = raw(port, smuggle)
+answers = got.count(b"HTTP/1.1 ")
+check("Content-Length and Transfer-Encoding together: 400 bad_framing, one answer, closed",
+      got.startswith(b"HTTP/1.1 400") and b'"bad_framing"' in got and answers == 1, got[:300])
+got = raw(port, b"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+          + b"\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n")
+check("a Transfer-Encoding other than chunked: 400 bad_framing", got.startswith(b"HTTP/1.1 400")
+      and b'"bad_framing"' in got, got[:300])
+
+
+# What libmicrohttpd refuses itself, before the server sees a request (it
+# gives the application no say there): not JSON, and the README names each.
+for name, data, want in [
+    ("a header line without a colon", b"GET /healthz HTTP/1.1\r\nHost: x\r\nbad\r\n\r\n",
+     b"HTTP/1.1 400"),
+    ("an HTTP version it does not know", b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n",
+     b"HTTP/1.1 505"),
+    ("a request line it cannot parse", b"GARBAGE\r\n\r\n", b""),
+]:
+    got = raw(port, data)
+    check(f"libmicrohttpd's own refusal, {name}: {want.decode() or 'closed'}",
+          got.startswith(want) if want else got == b"", got[:80])
+
+
+def slow_flood(port, n, hold):
+    """|n| connections, from as many loopback addresses as it takes, that
+    send the start of a request and then a header line every second, never
+    ending their headers; held |hold| seconds."""
+    socks = []
+    for i in range(n):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((f"127.0.{2 + i // 200}.{1 + i % 200}", 0))
+        s.settimeout(5)
+        try:
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"POST /v1/run HTTP/1.1\r\nHost: x\r\n")
+        except OSError:
+            pass
+        socks.append(s)
+    end = time.monotonic() + hold
+    while time.monotonic() < end:
+        for s in socks:
+            try:
+                s.send(b"X-Slow: a\r\n")
+            except OSError:
+                pass
+        time.sleep(1)
+    for s in socks:
+        s.close()
+
+
+flood = threading.Thread(target=slow_flood, args=(port, 600, 16))
+flood.start()
+time.sleep(3)  # the flood is in: its 600 connections are open or cut
+lat, failed = [], []
+t_end = time.monotonic() + 10
+while time.monotonic() < t_end:
+    for path in ("/healthz", "/v1/run"):
+        t0 = time.monotonic()
+        try:
+            g = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            hdr = {"Authorization": "Bearer " + TOKEN, "Content-Type": "application/json"}
+            if path == "/healthz":
+                g.request("GET", path)
+            else:
+                g.request("POST", path, body='{"code": "print(1)"}', headers=hdr)
+            r = g.getresponse()
+            r.read()
+            g.close()
+            if r.status != 200:
+                failed.append((path, r.status))
+        except OSError as e:
+            failed.append((path, repr(e)))
+        lat.append((time.monotonic() - t0) * 1000)
+    time.sleep(0.1)
+flood.join(60)
+lat.sort()
+print(f"a good client under 600 slow connections: {len(lat)} requests, p50 "
+      f"{lat[len(lat) // 2]:.1f} ms, p99 {lat[min(len(lat) - 1, len(lat) * 99 // 100)]:.1f} ms")
+check("600 slow connections: every request of a good client is answered 200", not failed,
+      failed[:5])
+r, text = c.request("GET", "/metrics")
+m = re.search(r'pysbx_connections_cut_total\{why="evicted"\} (\d+)', text)
+check("the slow connections were cut off (metrics)", m and int(m.group(1)) > 0, text[-600:])
+# From one address: at most --max-client-connections of them.
+many = []
+for i in range(200):
+    s = socket.socket()
+    s.bind(("127.0.1.9", 0))
+    s.settimeout(2)
+    try:
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    except OSError:
+        pass
+    many.append(s)
+time.sleep(1)
+alive = 0
+for s in many:
+    try:
+        s.settimeout(0.01)
+        alive += s.recv(1) != b""
+    except socket.timeout:
+        alive += 1
+    except OSError:
+        pass
+    s.close()
+check("one address holds at most --max-client-connections (128) connections", 0 < alive <= 128,
+      alive)
 
 # --- shutdown ---------------------------------------------------------------------------
 slow = {}

@@ -18,11 +18,12 @@ struct serve_opts {
     unsigned jobs;           /* requests run at once per input stream */
     const char *listen_path; /* a UNIX socket instead of stdin/stdout */
     mode_t socket_mode;
-    struct sbx_limits ceilings; /* the most a request may ask for */
-    double grace_seconds;       /* at SIGTERM: how long runs in flight may finish */
-    size_t max_pending_bytes;   /* answers a client leaves unread, before it is dropped */
-    const char *http_addr;      /* ADDR:PORT: HTTP instead of JSON lines (http.c) */
-    const char *token_file;     /* HTTP: the bearer token clients must send */
+    struct sbx_limits ceilings;      /* the most a request may ask for */
+    double grace_seconds;            /* at SIGTERM: how long runs in flight may finish */
+    size_t max_pending_bytes;        /* answers a client leaves unread, before it is dropped */
+    const char *http_addr;           /* ADDR:PORT: HTTP instead of JSON lines (http.c) */
+    const char *token_file;          /* HTTP: the bearer token clients must send */
+    unsigned max_client_connections; /* HTTP: connections from one address */
 };
 
 int serve_main(const struct serve_opts *o);

@@ -29,6 +29,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <jansson.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -90,11 +91,20 @@ static int mhd_load(void)
 #define HEADER_BYTES    (64u << 10)
 #define MAX_CONNECTIONS 512u
 #define IDLE_TIMEOUT_S  60u
-#define LISTEN_BACKLOG  128
-#define TOKEN_MAX       4096u
-#define JSON_TYPE       "application/json"
-#define METRICS_TYPE    "text/plain; version=0.0.4; charset=utf-8"
-#define METRICS_ROOM    8192u
+/* Hostile clients: a connection has this long to send its request line and
+ * headers, and this long for its body; and connections that have not yet
+ * shown a request past the token may hold at most MAX_CONNECTIONS less
+ * this reserve (the oldest of them is cut off to make room), so that slow
+ * or silent connections cannot take the places a client with the token
+ * needs. */
+#define HEADER_DEADLINE_S 10u
+#define BODY_DEADLINE_S   120u
+#define AUTHED_RESERVE    64u
+#define LISTEN_BACKLOG    128
+#define TOKEN_MAX         4096u
+#define JSON_TYPE         "application/json"
+#define METRICS_TYPE      "text/plain; version=0.0.4; charset=utf-8"
+#define METRICS_ROOM      8192u
 
 /* The run-duration histogram's upper bounds, in seconds. */
 static const double buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -103,11 +113,30 @@ static const double buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 #define N_STATUS  (SBX_SANDBOX_ERROR + 1)
 #define N_CODES   (SBX_ERR_BUSY + 1)
 
+/* Refusals of the HTTP layer itself, counted apart from the library's
+ * error codes. */
+enum http_refusal { REF_UNAUTHORIZED, REF_NOT_FOUND, REF_METHOD, REF_FRAMING, N_REFUSALS };
+static const char *const refusal_codes[N_REFUSALS] = {"unauthorized", "not_found",
+                                                      "method_not_allowed", "bad_framing"};
+
 struct metrics {
-    uint64_t runs[N_STATUS];    /* answered with a result, by status */
-    uint64_t refused[N_CODES];  /* answered with an error, by code */
-    uint64_t le[N_BUCKETS + 1]; /* runs per bucket (not cumulative); last: +Inf */
-    double seconds;             /* the sum */
+    uint64_t runs[N_STATUS];           /* answered with a result, by status */
+    uint64_t refused[N_CODES];         /* answered with an error, by code */
+    uint64_t http_refused[N_REFUSALS]; /* ... by the HTTP layer, by its code */
+    uint64_t cut_off[2];               /* connections cut off: too slow, or evicted */
+    uint64_t le[N_BUCKETS + 1];        /* runs per bucket (not cumulative); last: +Inf */
+    double seconds;                    /* the sum */
+};
+
+/* An open connection, from libmicrohttpd's notice of it to its close (the
+ * socket is closed only after that notice, so shutting down |fd| under the
+ * lock never reaches another connection's). */
+struct conn {
+    struct conn *prev, *next;
+    int fd;
+    uint64_t due_ns; /* cut off then, unless it has got further (0: no deadline) */
+    bool authed;     /* it sent a request that passed the token */
+    bool cut;        /* shut down by us: it goes */
 };
 
 struct job {
@@ -130,6 +159,8 @@ struct http {
     bool cancelling;  /* the grace is over: a run is cancelled as it starts */
     int watch_fd;     /* eventfd: the runs in flight changed, or the watcher should end */
     bool unwatched;   /* the watcher ends */
+    struct conn *conns, *conns_tail; /* open connections, oldest first */
+    unsigned unauthed;               /* of them, not authed and not cut */
 };
 
 enum route { ROUTE_NONE, ROUTE_RUN, ROUTE_HEALTH, ROUTE_METRICS };
@@ -153,8 +184,8 @@ static bool is_draining(struct http *h)
 
 /* --- answers ------------------------------------------------------------------- */
 
-static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, char *text,
-                                 const char *type, bool close_after)
+static enum MHD_Result send_text_allow(struct MHD_Connection *conn, unsigned status, char *text,
+                                       const char *type, bool close_after, const char *allow)
 {
     struct MHD_Response *r;
     enum MHD_Result ok;
@@ -169,8 +200,8 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, c
     mhd.add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (status == MHD_HTTP_UNAUTHORIZED)
         mhd.add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        mhd.add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD, POST");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED && allow)
+        mhd.add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
         mhd.add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (close_after)
@@ -178,6 +209,12 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, c
     ok = mhd.queue_response(conn, status, r);
     mhd.destroy_response(r);
     return ok;
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, char *text,
+                                 const char *type, bool close_after)
+{
+    return send_text_allow(conn, status, text, type, close_after, NULL);
 }
 
 static unsigned status_for(enum sbx_error_code code)
@@ -220,6 +257,32 @@ static enum MHD_Result send_error(struct http *h, struct MHD_Connection *conn, u
                      status == MHD_HTTP_SERVICE_UNAVAILABLE && is_draining(h));
 }
 
+/* A refusal of the HTTP layer: the error object with a code of its own,
+ * counted under it; |close_after| closes the connection after it. */
+static enum MHD_Result refuse(struct http *h, struct MHD_Connection *conn, unsigned status,
+                              enum http_refusal why, const char *allow, bool close_after,
+                              const char *format, ...) __attribute__((format(printf, 7, 8)));
+
+static enum MHD_Result refuse(struct http *h, struct MHD_Connection *conn, unsigned status,
+                              enum http_refusal why, const char *allow, bool close_after,
+                              const char *format, ...)
+{
+    char message[512];
+    va_list ap;
+
+    va_start(ap, format);
+    vsnprintf(message, sizeof(message), format, ap);
+    va_end(ap);
+    pthread_mutex_lock(&h->lock);
+    h->m.http_refused[why]++;
+    pthread_mutex_unlock(&h->lock);
+    json_t *o = json_pack("{s:n, s:{s:s, s:s}}", "id", "error", "code", refusal_codes[why],
+                          "message", message);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return send_text_allow(conn, status, text, JSON_TYPE, close_after, allow);
+}
+
 /* --- authentication ------------------------------------------------------------ */
 
 /* Compares in time that depends on the token's length only, never on where
@@ -247,6 +310,122 @@ static bool authorised(const struct http *h, struct MHD_Connection *conn)
     while (*a == ' ')
         a++;
     return token_matches(h, a);
+}
+
+/* --- connections: deadlines and the reserve ---------------------------------------- */
+
+static struct conn *conn_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        mhd.get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Shuts |c| down (libmicrohttpd sees its end and closes it). Under the lock. */
+static void cut(struct http *h, struct conn *c, unsigned why)
+{
+    if (c->cut)
+        return;
+    c->cut = true;
+    if (!c->authed)
+        h->unauthed--;
+    h->m.cut_off[why]++;
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *conn, void **ctx,
+                              enum MHD_ConnectionNotificationCode toe)
+{
+    struct http *h = cls;
+    struct conn *c = *ctx;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            mhd.get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!ci || !(c = calloc(1, sizeof(*c)))) {
+            if (ci)
+                shutdown(ci->connect_fd, SHUT_RDWR); /* no room to watch it: it goes */
+            return;
+        }
+        c->fd = ci->connect_fd;
+        c->due_ns = now_ns() + HEADER_DEADLINE_S * 1000000000ULL;
+        *ctx = c;
+        pthread_mutex_lock(&h->lock);
+        c->prev = h->conns_tail;
+        *(c->prev ? &c->prev->next : &h->conns) = c;
+        h->conns_tail = c;
+        h->unauthed++;
+        /* Past its share, the oldest connection not yet past the token
+         * goes, so that a new one (which may be a client with the token)
+         * finds room. */
+        for (struct conn *o = h->conns; o && h->unauthed > MAX_CONNECTIONS - AUTHED_RESERVE;
+             o = o->next)
+            if (!o->authed && !o->cut && o != c)
+                cut(h, o, 1);
+        pthread_mutex_unlock(&h->lock);
+        return;
+    }
+    if (!c)
+        return;
+    pthread_mutex_lock(&h->lock);
+    *(c->prev ? &c->prev->next : &h->conns) = c->next;
+    *(c->next ? &c->next->prev : &h->conns_tail) = c->prev;
+    if (!c->authed && !c->cut)
+        h->unauthed--;
+    pthread_mutex_unlock(&h->lock);
+    free(c);
+    *ctx = NULL;
+}
+
+/* A request's headers are in: the body has its own deadline; a request
+ * past the token makes the connection one that is never cut to make room. */
+static void conn_headers_in(struct http *h, struct MHD_Connection *conn, bool authed)
+{
+    struct conn *c = conn_of(conn);
+
+    if (!c)
+        return;
+    pthread_mutex_lock(&h->lock);
+    c->due_ns = now_ns() + BODY_DEADLINE_S * 1000000000ULL;
+    if (authed && !c->authed) {
+        c->authed = true;
+        if (!c->cut)
+            h->unauthed--;
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* The body is in (the run has its own limits), or the answer went out
+ * (the next request on the connection has the header deadline again,
+ * after the idle time libmicrohttpd keeps). */
+static void conn_due(struct http *h, struct MHD_Connection *conn, uint64_t due_ns)
+{
+    struct conn *c = conn_of(conn);
+
+    if (!c)
+        return;
+    pthread_mutex_lock(&h->lock);
+    c->due_ns = due_ns;
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* Cuts off connections past their deadline; the time until the next one
+ * is due (ms, at most a second). */
+static int cut_the_slow(struct http *h)
+{
+    uint64_t now = now_ns(), next = now + 1000000000ULL;
+
+    pthread_mutex_lock(&h->lock);
+    for (struct conn *c = h->conns; c; c = c->next) {
+        if (c->cut || !c->due_ns)
+            continue;
+        if (c->due_ns <= now)
+            cut(h, c, 0);
+        else if (c->due_ns < next)
+            next = c->due_ns;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return (int)((next - now + 999999) / 1000000);
 }
 
 /* --- the endpoints --------------------------------------------------------------- */
@@ -343,6 +522,15 @@ static enum MHD_Result metrics(struct http *h, struct MHD_Connection *conn)
     for (unsigned i = 1; i < N_CODES; i++)
         add(&b, "pysbx_requests_refused_total{code=\"%s\"} %llu\n", sbx_error_code_name(i),
             (unsigned long long)m.refused[i]);
+    for (unsigned i = 0; i < N_REFUSALS; i++)
+        add(&b, "pysbx_requests_refused_total{code=\"%s\"} %llu\n", refusal_codes[i],
+            (unsigned long long)m.http_refused[i]);
+    add_metric(&b, "pysbx_connections_cut_total", "counter",
+               "Connections the server shut: too slow to send a request (slow), or the oldest "
+               "of those not yet past the token, to make room (evicted).");
+    add(&b, "pysbx_connections_cut_total{why=\"slow\"} %llu\n", (unsigned long long)m.cut_off[0]);
+    add(&b, "pysbx_connections_cut_total{why=\"evicted\"} %llu\n",
+        (unsigned long long)m.cut_off[1]);
     add_metric(&b, "pysbx_run_duration_seconds", "histogram",
                "Wall time of runs answered with a result, from the request read to its result.");
     for (unsigned i = 0; i <= N_BUCKETS; i++) {
@@ -514,24 +702,36 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
                               const char *method, enum route rt)
 {
     bool get = is(method, MHD_HTTP_METHOD_GET) || is(method, MHD_HTTP_METHOD_HEAD);
-    const char *cl;
+    const char *allow = rt == ROUTE_RUN ? "POST" : "GET, HEAD";
+    const char *cl, *te;
 
+    /* A body framed two ways (RFC 9112, 6.1), or by a coding we do not
+     * know: what follows it on the connection could be read as another
+     * request (smuggling). Refused, and the connection closed. */
+    cl = mhd.lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    te = mhd.lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if (te && (cl || strcasecmp(te, "chunked") != 0))
+        return refuse(h, conn, MHD_HTTP_BAD_REQUEST, REF_FRAMING, NULL, true,
+                      cl ? "a request with both Content-Length and Transfer-Encoding is refused"
+                         : "Transfer-Encoding other than chunked is refused: %.40s",
+                      te);
     if (rt == ROUTE_NONE)
-        return send_error(h, conn, MHD_HTTP_NOT_FOUND, NULL, SBX_ERR_INVALID_REQUEST,
-                          "no such path: %.100s (POST /v1/run, GET /healthz, GET /metrics)", url);
+        return refuse(h, conn, MHD_HTTP_NOT_FOUND, REF_NOT_FOUND, NULL, false,
+                      "no such path: %.100s (POST /v1/run, GET /healthz, GET /metrics)", url);
     if (rt == ROUTE_RUN ? !is(method, MHD_HTTP_METHOD_POST) : !get)
-        return send_error(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, NULL, SBX_ERR_INVALID_REQUEST,
-                          "%.100s takes %s, not %.20s", url, rt == ROUTE_RUN ? "POST" : "GET",
-                          method);
-    if (rt != ROUTE_HEALTH && !authorised(h, conn))
-        return send_error(h, conn, MHD_HTTP_UNAUTHORIZED, NULL, SBX_ERR_INVALID_REQUEST,
-                          "a valid bearer token is required (Authorization: Bearer ...)");
+        return refuse(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, REF_METHOD, allow, false,
+                      "%.100s takes %s, not %.20s", url, allow, method);
+    bool authed = authorised(h, conn);
+    /* /healthz needs no token, and earns none of the reserve either. */
+    conn_headers_in(h, conn, authed && (h->token || rt != ROUTE_HEALTH));
+    if (rt != ROUTE_HEALTH && !authed)
+        return refuse(h, conn, MHD_HTTP_UNAUTHORIZED, REF_UNAUTHORIZED, NULL, false,
+                      "a valid bearer token is required (Authorization: Bearer ...)");
     if (rt != ROUTE_RUN)
         return MHD_YES;
     if (is_draining(h))
         return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
                           "the server is shutting down");
-    cl = mhd.lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     uint64_t n;
     if (cl && parse_u64(cl, &n) == 0 && n > h->o->max_line_bytes)
         return send_error(h, conn, MHD_HTTP_CONTENT_TOO_LARGE, NULL, SBX_ERR_TOO_LARGE,
@@ -566,6 +766,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
          * connection is closed without an answer. */
         return x->discarded > h->o->max_line_bytes ? MHD_NO : MHD_YES;
     }
+    conn_due(h, conn, 0); /* the request is in: its run has its own limits */
     if (x->rt == ROUTE_HEALTH)
         return healthz(h, conn);
     if (x->rt == ROUTE_METRICS)
@@ -582,8 +783,8 @@ static void completed(void *cls, struct MHD_Connection *conn, void **state,
     struct http *h = cls;
     struct exchange *x = *state;
 
-    (void)conn;
     (void)why;
+    conn_due(h, conn, now_ns() + (IDLE_TIMEOUT_S + HEADER_DEADLINE_S) * 1000000000ULL);
     if (!x)
         return;
     free(x->body);
@@ -637,7 +838,7 @@ static void *watcher_main(void *p)
         }
         pthread_mutex_unlock(&h->lock);
         struct pollfd wake = {h->watch_fd, POLLIN, 0};
-        if (poll(fds ? fds : &wake, fds ? n : 1, -1) < 0 && errno != EINTR)
+        if (poll(fds ? fds : &wake, fds ? n : 1, cut_the_slow(h)) < 0 && errno != EINTR)
             break;
         if ((fds ? fds : &wake)[0].revents)
             efd_consume(h->watch_fd);
@@ -828,13 +1029,14 @@ int http_main(const struct serve_opts *o)
         rc = 1;
         goto out;
     }
-    d = mhd.start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                             MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG,
-                         0, NULL, NULL, handle, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
-                         MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                         (size_t)HEADER_BYTES, MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS,
-                         MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
-                         completed, &h, MHD_OPTION_END);
+    d = mhd.start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+            MHD_USE_ITC | MHD_USE_ERROR_LOG,
+        0, NULL, NULL, handle, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+        MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HEADER_BYTES,
+        MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, &h, MHD_OPTION_NOTIFY_CONNECTION, notify_connection,
+        &h, MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_client_connections, MHD_OPTION_END);
     if (!d || pthread_create(&watcher, NULL, watcher_main, &h) != 0) {
         fprintf(stderr, "pysbx serve: cannot start the HTTP server\n");
         rc = 1;

@@ -47,7 +47,9 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .grace_seconds = o.grace,
                                 .max_pending_bytes = o.max_pending,
                                 .http_addr = o.http,
-                                .token_file = o.token_file};
+                                .token_file = o.token_file,
+                                .max_client_connections =
+                                    o.max_client_connections ? o.max_client_connections : 128};
         status = o.http ? http_main(&so) : serve_main(&so);
     } else if (cmd == CMD_MCP) {
         struct mcp_opts mo = {&b, o.limits, o.max_line, (const char *const *)o.packages};

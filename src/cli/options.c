@@ -125,6 +125,10 @@ static const char serve_usage[] =
     "  --http-token-file FILE  clients must send Authorization: Bearer <the file's\n"
     "                          text> (all but /healthz); required unless ADDR is\n"
     "                          loopback\n"
+    "  --max-client-connections N\n"
+    "                          HTTP connections open at once from one address\n"
+    "                          (default 128; behind a load balancer, what it may\n"
+    "                          open)\n"
     "  --jobs N                requests run at once per input stream (default: two\n"
     "                          per core)\n"
     "  --max-line-bytes N      a longer request line (HTTP: body) is refused, not read\n"
@@ -426,6 +430,7 @@ enum {
     O_TOKEN,
     O_PACKAGES,
     O_SESSIONS,
+    O_CLIENTCONNS,
 };
 
 #define LIMITS  (CMD_RUN | CMD_MCP | CMD_BATCH)
@@ -464,6 +469,7 @@ static const struct {
     {{"jobs", required_argument, NULL, O_JOBS}, CMD_SERVE | CMD_BATCH},
     {{"max-line-bytes", required_argument, NULL, O_LINE}, FRONTS},
     {{"max-sessions", required_argument, NULL, O_SESSIONS}, CMD_SERVE | CMD_MCP},
+    {{"max-client-connections", required_argument, NULL, O_CLIENTCONNS}, CMD_SERVE},
     {{"out", required_argument, NULL, O_OUTFILE}, CMD_BATCH},
     {{"help", no_argument, NULL, 'h'}, SANDBOX},
 };
@@ -627,6 +633,14 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                    SBX_MAX_SESSIONS_LIMIT, optarg);
             o->max_sessions = (unsigned)n;
             break;
+        case O_CLIENTCONNS:
+            if (parse_u64(optarg, &n) < 0 || n < 1 || n > 512)
+                return usage_error(cmd,
+                                   "--max-client-connections wants a number from 1 to 512, "
+                                   "not '%s'",
+                                   optarg);
+            o->max_client_connections = (unsigned)n;
+            break;
         case ':':
             return usage_error(cmd, "%s needs a value", argv[optind - 1]);
         default:
@@ -646,6 +660,8 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         return usage_error(cmd, "--http and --listen are two ways to serve: choose one");
     if (o->token_file && !o->http)
         return usage_error(cmd, "--http-token-file goes with --http");
+    if (o->max_client_connections && !o->http)
+        return usage_error(cmd, "--max-client-connections goes with --http");
     if (cmd != CMD_RUN && cmd != CMD_DOCTOR) {
         struct sbx_request probe;
         struct sbx_error err;
