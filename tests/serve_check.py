@@ -725,7 +725,11 @@ def two_servers_never_share_a_uid():
            "print(os.getuid(), n > 1000)\n"
            "time.sleep(8)\n"
            "stop.set()\n")
-    send(sa, {"id": "hog", "code": hog, "limits": {"wall_seconds": 30}})
+    # Address space enough for every thread its uid may start (2,048 stacks
+    # and what malloc reserves per thread): the uid's thread quota, not the
+    # memory limit, is what ends its loop.
+    send(sa, {"id": "hog", "code": hog,
+              "limits": {"wall_seconds": 30, "memory_bytes": 2 << 30}})
     time.sleep(4)  # its threads are up: the next runs overlap it
     uid_code = ("import os, threading\n"
                 "ts = [threading.Thread(target=lambda: None) for _ in range(50)]\n"
@@ -741,7 +745,9 @@ def two_servers_never_share_a_uid():
     check("two servers: every run of each completed, its 50 threads started",
           all(g.get("status") == "completed" and g.get("exit_code") == 0 for g in got_a + got_b),
           [g for g in got_a + got_b if g.get("exit_code") != 0])
-    hog_uid = hog_a[0].get("stdout", "").split()[0] + "\n" if hog_a else None
+    hog_out = hog_a[0].get("stdout", "").split() if hog_a else []
+    check("two servers: the hog held its uid's thread quota", hog_out[1:] == ["True"], hog_a)
+    hog_uid = hog_out[0] + "\n" if hog_out else None
     check("two servers: the runs' uids are apart (none of one server's is the other's)",
           not (uids_a | {hog_uid}) & uids_b, (uids_a, hog_uid, uids_b))
     for s in (sa, sb):
