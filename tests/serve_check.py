@@ -1,7 +1,7 @@
 """pysbx serve and pysbx batch as a client sees them. Run by test_serve.sh
 with Debian's python3; exits non-zero on the first failed check."""
 import atexit, json, os, random, select, shutil, signal, socket, stat, subprocess, sys, tempfile, time
-from procs import children, comm
+from procs import children, comm, none_of_uids
 
 PYSBX = sys.argv[1]
 failures = 0
@@ -755,6 +755,25 @@ def two_servers_never_share_a_uid():
     for p in (a, b):
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=60)
+    # Each server's ids are a range of 4,096 aligned to its size; the range's
+    # first id is held by a process of the template's for as long as it lives.
+    ranges = {int(u) & ~4095 for u in uids_a | uids_b | {hog_uid} if u and u.strip().isdigit()}
+    left = [p for lo in ranges for p in none_of_uids(lo, lo + 4096)]
+    check("two servers gone: no process has any of their ids", ranges and not left, (ranges, left))
+
+
+def nothing_outlives_a_one_shot_run():
+    """pysbx run exits, and with it every process that held its ids."""
+    if os.geteuid() != 0:
+        print("skip one-shot ids: needs root")
+        return
+    for i in range(3):
+        p = subprocess.run([PYSBX, "run", "--json", "-"], input="import os; print(os.getuid())",
+                           capture_output=True, text=True, timeout=60)
+        r = json.loads(p.stdout)
+        lo = int(r["stdout"]) & ~4095
+        left = none_of_uids(lo, lo + 4096)
+        check(f"one-shot run {i}: no process of its ids is left", not left, (r, left))
 
 
 def sessions_are_the_connections():
@@ -867,6 +886,7 @@ section(sessions_on_standard_input)
 section(a_sessions_memory_is_its_first_cells)
 section(sessions_need_the_templates_own_proc)
 section(two_servers_never_share_a_uid)
+section(nothing_outlives_a_one_shot_run)
 section(sessions_are_the_connections)
 section(session_lost_and_cancelled)
 section(sessions_need_a_backend_that_has_them)

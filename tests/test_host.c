@@ -557,6 +557,77 @@ static void a_linked_hosts_secrets_are_out_of_reach(void **state)
     assert_int_equal(in_template, 0);
 }
 
+/* The processes whose real uid is |uid| (zombies included). */
+static int processes_of_uid(uid_t uid)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+
+    assert_non_null(d);
+    while ((e = readdir(d)) != NULL) {
+        char path[300], line[256];
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/status", e->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue; /* gone meanwhile */
+        unsigned long real;
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, "Uid: %lu", &real) == 1 && real == uid)
+                n++;
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+/* A range of worker ids given to two sandboxes: the second is refused
+ * while the first lives, saying why, and gets it once the first is
+ * closed; when sbx_close returns, no process of the range's holder is left
+ * (the range is free at once, not when some reaper gets to it). */
+static void a_range_another_sandbox_holds_is_refused_until_it_closes(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip(); /* ids per worker and their claim need root */
+    char root_a[256], root_b[256];
+    struct sbx_config cfg;
+    struct sbx_error err;
+    struct sbx *a = NULL, *b = NULL;
+    uid_t base = (uid_t)(SBX_DEFAULT_WORKER_ID_BASE + 4096u * (1000u + (unsigned)getpid() % 2000u));
+
+    make_temp_dir(root_a, sizeof(root_a));
+    make_temp_dir(root_b, sizeof(root_b));
+    chmod(root_a, 0711); /* workers under their own uid pass through */
+    chmod(root_b, 0711);
+    assert_int_equal(processes_of_uid(base), 0);
+    test_config_init(&cfg, root_a);
+    cfg.worker_uid = base;
+    cfg.worker_gid = base;
+    if (sbx_open(&cfg, &a, &err) < 0)
+        fail_msg("sbx_open: %s", err.message);
+    assert_int_equal(processes_of_uid(base), 1); /* the holder */
+    cfg.work_root = root_b;
+    assert_true(sbx_open(&cfg, &b, &err) < 0);
+    if (!strstr(err.message, "in use"))
+        fail_msg("refused without saying why: %s", err.message);
+    char in_range[128];
+    snprintf(in_range, sizeof(in_range), "import os; print(0 < os.getuid() - %lu < 4096)\n",
+             (unsigned long)base);
+    expect_stdout(a, in_range, "True\n");
+    sbx_close(a);
+    assert_int_equal(processes_of_uid(base), 0);
+    if (sbx_open(&cfg, &b, &err) < 0)
+        fail_msg("sbx_open after the first closed: %s", err.message);
+    expect_stdout(b, in_range, "True\n");
+    sbx_close(b);
+    assert_int_equal(processes_of_uid(base), 0);
+    remove_dir(root_a);
+    remove_dir(root_b);
+}
+
 static int host_setup(void **state)
 {
     /* Before the sandbox exists: a secret in the environment and the heap, a
@@ -596,6 +667,7 @@ int main(void)
         cmocka_unit_test(a_slow_output_callback_does_not_stretch_the_wall_limit),
         cmocka_unit_test(a_linked_hosts_secrets_are_out_of_reach),
         cmocka_unit_test(idle_workers_hold_no_capabilities),
+        cmocka_unit_test(a_range_another_sandbox_holds_is_refused_until_it_closes),
     };
     return cmocka_run_group_tests(tests, host_setup, host_teardown);
 }

@@ -44,4 +44,7 @@ struct id_claim {
  * is in use; or no range could be claimed). */
 int ids_claim(struct id_claim *c, struct jail *j, bool draw, char *err, size_t errlen);
 
+/* Kills the holder and reaps it: the range is free when this returns. */
+void ids_release(struct id_claim *c);
+
 #endif

@@ -99,6 +99,21 @@ int keeper_start(struct keeper *k, char *why, size_t cap)
     return 1;
 }
 
+void keeper_stop(struct keeper *k)
+{
+    close_fd(&k->life);
+    if (k->pid <= 0)
+        return;
+    /* The keeper's end waits for every process of the namespace to be
+     * reaped, our children among them: reap whatever ends until it is. */
+    for (;;) {
+        pid_t w = waitpid(-1, NULL, __WALL);
+        if (w == k->pid || (w < 0 && errno != EINTR))
+            break;
+    }
+    k->pid = -1;
+}
+
 int proc_open_own(char *why, size_t cap)
 {
     char buf[4096];

@@ -29,6 +29,10 @@ struct keeper {
  * could be forked there any more). */
 int keeper_start(struct keeper *k, char *why, size_t cap);
 
+/* Tells the keeper to end and reaps it (and whatever else of ours ends
+ * meanwhile): the namespace is gone when this returns. */
+void keeper_stop(struct keeper *k);
+
 /* /proc of this process's own pid namespace (O_PATH), or -1 with |why|:
  * the one mounted at /proc may be another namespace's, whose numbers name
  * other processes (a pid namespace entered without its own /proc). */

@@ -311,6 +311,10 @@ int main(void)
         return 1;
     pool_run(&t);
     sweeper_stop(&t.sweeper);
+    /* Nothing of ours outlives us, and the range is free for the next
+     * sandbox, once we have returned. */
+    ids_release(&t.claim);
+    keeper_stop(&t.keeper);
     return 0;
 
 fail:
