@@ -288,7 +288,10 @@ static void a_state_that_says_its_fork_failed_and_forks_leaves_no_child(void **s
 }
 
 /* What a process told to fork may say is its fork's failure, and nothing
- * else: a word out of turn from it ends the session, with every process. */
+ * else: a word out of turn from it ends the session, with every process.
+ * The word goes before the cell's channel is let go: a channel closed
+ * first is a fork that failed, after which the process is stopped, and a
+ * word it had not yet written would never come. */
 static void a_message_out_of_turn_from_the_state_ends_the_session(void **state)
 {
     static const char *const said[] = {
@@ -308,9 +311,10 @@ static void a_message_out_of_turn_from_the_state_ends_the_session(void **state)
         snprintf(code, sizeof(code),
                  LOOKS_DONE COMMAND "looks_done()\n"
                                     "while True:\n"
-                                    "    for f in command(4):\n"
-                                    "        os.close(f)\n"
+                                    "    fds = command(4)\n"
                                     "    os.write(4, %s)\n"
+                                    "    for f in fds:\n"
+                                    "        os.close(f)\n"
                                     "    while True:\n"
                                     "        pass\n",
                  said[i]);
