@@ -43,7 +43,8 @@
 struct holder_args {
     uid_t uid;
     gid_t gid;
-    int verdict; /* the pipe's write end */
+    int verdict;  /* the pipe's write end */
+    pid_t parent; /* the template */
 };
 
 __attribute__((no_sanitize("address", "undefined"))) static int probe_main(void *arg)
@@ -58,20 +59,29 @@ __attribute__((no_sanitize("address", "undefined"))) static int holder_main(void
     uid_t uid = a->uid;
     gid_t gid = a->gid;
     int verdict = a->verdict;
+    pid_t parent = a->parent;
     struct rlimit two = {2, 2};
     char yes = '1', no = '0';
     sigset_t all;
     _Alignas(16) char probe_stack[4096];
 
-    /* The name first (a change of credentials would not clear it); the
-     * parent-death signal after the ids, whose change would. */
+    /* None of the template's descriptors but the verdict's (its copies
+     * of the control socket, of the pipe's read end: with the template
+     * gone, the verdict must find no reader). The name first (a change
+     * of credentials would not clear it); the parent-death signal after
+     * the ids, whose change would; then the parent is looked at, for a
+     * template that died before the signal was set. */
+    if ((verdict > 0 && syscall(SYS_close_range, 0, verdict - 1, 0) != 0) ||
+        syscall(SYS_close_range, verdict + 1, ~0U, 0) != 0)
+        return 1;
     syscall(SYS_prctl, PR_SET_NAME, "pysbx-claim", 0, 0, 0);
     sigfillset(&all);
     if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, NULL, _NSIG / 8) != 0 ||
         syscall(SYS_setgroups, 0, NULL) != 0 || syscall(SYS_setresgid, gid, gid, gid) != 0 ||
         syscall(SYS_setresuid, uid, uid, uid) != 0 ||
         syscall(SYS_prlimit64, 0, RLIMIT_NPROC, &two, NULL) != 0 ||
-        syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+        syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 ||
+        syscall(SYS_getppid) != parent)
         return 1;
     /* The probe: a child that only ends, on a stack of its own while this
      * one waits (CLONE_VFORK). */
@@ -110,7 +120,7 @@ static int try_hold(uid_t uid, gid_t gid, pid_t *holder)
         close_fds(p, 2);
         return -e;
     }
-    struct holder_args a = {uid, gid, p[1]};
+    struct holder_args a = {uid, gid, p[1], getpid()};
     pid_t pid = clone(holder_main, (char *)stack + HOLDER_STACK, CLONE_VM | SIGCHLD, &a);
     int e = errno;
     if (pid < 0) {

@@ -104,8 +104,11 @@ void keeper_stop(struct keeper *k)
     close_fd(&k->life);
     if (k->pid <= 0)
         return;
-    /* The keeper's end waits for every process of the namespace to be
-     * reaped, our children among them: reap whatever ends until it is. */
+    /* Killed, not only told: a copy of the pipe's end that some process
+     * of the namespace kept would hold the word back. Its end waits for
+     * every process of the namespace to be reaped, our children among
+     * them: reap whatever ends until it is. */
+    kill(k->pid, SIGKILL);
     for (;;) {
         pid_t w = waitpid(-1, NULL, __WALL);
         if (w == k->pid || (w < 0 && errno != EINTR))

@@ -318,6 +318,10 @@ int main(void)
     return 0;
 
 fail:
+    /* The range is free, and nothing of ours left, when the supervisor
+     * hears why we failed. */
+    ids_release(&t.claim);
+    keeper_stop(&t.keeper);
     template_send_fail(&t, err);
     return 1;
 }
