@@ -205,6 +205,14 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
     check "no CAP_KILL: the sandbox refuses to start" 70 $?
     expect_in "no CAP_KILL: says why" "CAP_KILL" "$T/err"
     [ ! -s "$T/out" ] && echo "ok   no CAP_KILL: nothing ran" || { echo "FAIL no CAP_KILL: the code ran"; fails=$((fails + 1)); }
+    # The process that held its ids (another uid, which it could not kill)
+    # ends with it: none is left to the system's init.
+    for _ in $(seq 50); do
+        orphans=$(ps -eo ppid=,comm= | awk '$1 == 1 && $2 == "pysbx-claim"' | wc -l)
+        [ "$orphans" -eq 0 ] && break
+        sleep 0.1
+    done
+    check "no CAP_KILL: no process of its ids is left" 0 "$orphans"
 else
     echo "skip no CAP_KILL (needs root and setpriv)"
 fi

@@ -38,7 +38,8 @@ struct id_claim {
     char why[JAIL_WHY_MAX]; /* what was claimed, or why nothing was */
 };
 
-/* With a uid per run as root, claims the range: j->uid_base and
+/* With a uid per run as root, and CAP_KILL (the holder's death signal is
+ * sent as from the template, across uids), claims the range: j->uid_base and
  * j->gid_base are set to it (drawn when |draw|). Returns 0 (claimed, or
  * nothing to claim, c->why says which) or -errno with |err| (a range given
  * is in use; or no range could be claimed). */

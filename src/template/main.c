@@ -192,8 +192,18 @@ int main(void)
     if (draw)
         t.jc.uid_base = t.jc.gid_base = SBX_DEFAULT_WORKER_ID_BASE;
     jail_setup(&t.jail, &t.jc);
-    /* The workers' ids, claimed machine-wide while the template is small
-     * (the holder is a fork of it). */
+    /* Workers under other uids are stopped by signals (the template's
+     * timers, the supervisor's deadline): without CAP_KILL every kill would
+     * fail and a run would go on past its limits. Before the claim: the
+     * holder's death signal, sent as from us, needs it too. */
+    if (t.jail.switch_user && !confine_has_cap(CAP_KILL)) {
+        errmsg(err, sizeof(err), -EPERM,
+               "template: the workers run as their own uids, which it could not signal to "
+               "stop them without CAP_KILL: give the process CAP_KILL (or run it as an "
+               "ordinary user)");
+        goto fail;
+    }
+    /* The workers' ids, claimed machine-wide. */
     if (ids_claim(&t.claim, &t.jail, draw, err, sizeof(err)) < 0)
         goto fail;
     /* /proc stays reachable to the template alone, through this descriptor
@@ -204,16 +214,6 @@ int main(void)
     t.proc_ok = t.proc_fd >= 0;
     if (enter_root(&t, err, sizeof(err)) < 0)
         goto fail;
-    /* Workers under other uids are stopped by signals (the template's
-     * timers, the supervisor's deadline): without CAP_KILL every kill would
-     * fail and a run would go on past its limits. */
-    if (t.jail.switch_user && !confine_has_cap(CAP_KILL)) {
-        errmsg(err, sizeof(err), -EPERM,
-               "template: the workers run as their own uids, which it could not signal to "
-               "stop them without CAP_KILL: give the process CAP_KILL (or run it as an "
-               "ordinary user)");
-        goto fail;
-    }
     /* Nothing is executed from here on (jail_setup ran the id-mapping
      * helpers): the bounding set can go, once for every worker. */
     if (confine_drop_bounding_set(err, sizeof(err)) < 0)
