@@ -231,6 +231,8 @@ PYSBX_CONNECT="$SOCK" "$PYSBX" run --artifacts-dir "$T/rarts" "$T/both.py" >/dev
 [ "$(cat "$T/rarts/made.txt" 2>/dev/null)" = m ] && echo "ok   --connect: artifacts saved" || { echo "FAIL --connect artifacts"; fails=$((fails + 1)); }
 "$PYSBX" run --connect "$SOCK" --json "$T/both.py" >"$T/r.json"; check "--connect --json" 0 $?
 check "--connect --json: the result object" "completed 3 1" "$(json_field "$T/r.json" "r['status'], r['exit_code'], len(r['artifacts'])" | tr -d "(),'")"
+echo '6*7' | "$PYSBX" run --connect "$SOCK" --json - >"$T/v.json"; check "--connect --json -: exit 0" 0 $?
+check "--connect --json: the last expression's value as the server sent it" "42" "$(json_field "$T/v.json" "r['value']")"
 printf 'import time\ntime.sleep(5)\n' >"$T/slow.py"
 "$PYSBX" run --connect "$SOCK" --wall 0.3 "$T/slow.py" >/dev/null 2>"$T/err"; check "--connect: a limit given is sent" 124 $?
 expect_in "--connect: says which limit" "wall time limit" "$T/err"

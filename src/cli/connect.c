@@ -186,6 +186,8 @@ static int result_from(json_t *o, struct sbx_result **out)
     r->max_rss_kb = (long)json_integer_value(json_object_get(stats, "max_rss_kb"));
     if (json_is_string(json_object_get(o, "reason")))
         r->reason = text_of(o, "reason", NULL);
+    if (json_is_string(json_object_get(o, "value")))
+        r->value = text_of(o, "value", &r->value_len);
     if ((int)r->status < 0 || !r->stdout_text || !r->stderr_text)
         return -EPROTO;
     return artifacts_from(json_object_get(o, "artifacts"), r);
