@@ -91,6 +91,9 @@ class Result:
     artifacts_dropped: int = 0
     stats: Dict[str, Any] = field(default_factory=dict)
     reason: Optional[str] = None
+    # As in a notebook cell: repr() of the program's last statement when it
+    # is an expression; else None (and for runs the sandbox stopped).
+    value: Optional[str] = None
     # A session's cell: {"name": ..., "cell": N, "rolled_back": bool}; else None.
     session: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the answer as sent
@@ -121,7 +124,7 @@ def _result(answer: Dict[str, Any]) -> Result:
                       partial=answer.get("partial", False), artifacts=arts,
                       artifacts_dropped=answer.get("artifacts_dropped", 0),
                       stats=answer.get("stats") or {}, reason=answer.get("reason"),
-                      session=answer.get("session"), raw=answer)
+                      value=answer.get("value"), session=answer.get("session"), raw=answer)
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"a malformed result ({e!r}): {answer!r:.200}") from None
 

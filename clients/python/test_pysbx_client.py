@@ -64,6 +64,11 @@ class Common:
         self.assertTrue(r.ok)
         self.assertFalse(r.partial)
         self.assertIn("wall_ms", r.stats)
+        self.assertIsNone(r.value)  # print() is a call whose value is None: none shown
+
+    def test_the_last_expressions_value(self):
+        r = self.client.run("x = 6\nx * 7")
+        self.assertEqual((r.status, r.stdout, r.value), ("completed", "", "42"))
 
     def test_files_text_and_binary_and_artifacts_decoded(self):
         r = self.client.run(files_code() + "print(open('a.txt').read())",
