@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "helpers.h"
+#include "session_helpers.h"
 
 #include "sysutil.h"
 
@@ -382,7 +383,9 @@ static int memory_holds(pid_t pid, const char *needle)
     return scanned ? found : -1;
 }
 
-static pid_t template_pid(void)
+/* The template of this process's sandbox (the session helpers' template_pid
+ * looks machine-wide). */
+static pid_t our_template_pid(void)
 {
     pid_t pid = -1;
     proc_children(getpid(), "pysbx-template", &pid, 1, NULL);
@@ -394,7 +397,7 @@ static pid_t template_pid(void)
 static pid_t worker_from_inside(pid_t inner)
 {
     pid_t workers[64];
-    int n = proc_children(template_pid(), "pysbx-worker", workers, 64, NULL);
+    int n = proc_children(our_template_pid(), "pysbx-worker", workers, 64, NULL);
 
     for (int i = 0; i < n; i++) {
         char path[64], buf[4096];
@@ -460,7 +463,7 @@ static void idle_workers_hold_no_capabilities(void **state)
     expect_stdout(SBX(state), "print(1)\n", "1\n"); /* the pool is up */
     for (int tries = 0; tries < 300 && checked == 0; tries++) {
         pid_t workers[16];
-        int n = proc_children(template_pid(), "pysbx-worker", workers, 16, NULL);
+        int n = proc_children(our_template_pid(), "pysbx-worker", workers, 16, NULL);
         for (int i = 0; i < n && i < 16; i++)
             checked += check_ready_worker(workers[i]);
         if (checked == 0)
@@ -539,7 +542,7 @@ static void a_linked_hosts_secrets_are_out_of_reach(void **state)
      * nor the template's (the template was started by exec). */
     pid_t outer = worker > 0 ? worker_from_inside(worker) : -1;
     int in_worker = outer > 0 ? memory_holds(outer, secret) : -1;
-    int in_template = memory_holds(template_pid(), secret);
+    int in_template = memory_holds(our_template_pid(), secret);
     int in_host = memory_holds(getpid(), secret); /* the check can find it */
     pthread_join(th, NULL);
     assert_int_equal(run.rc, 0);
@@ -555,32 +558,6 @@ static void a_linked_hosts_secrets_are_out_of_reach(void **state)
     assert_int_equal(in_host, 1);
     assert_int_equal(in_worker, 0);
     assert_int_equal(in_template, 0);
-}
-
-/* The processes whose real uid is |uid| (zombies included). */
-static int processes_of_uid(uid_t uid)
-{
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    int n = 0;
-
-    assert_non_null(d);
-    while ((e = readdir(d)) != NULL) {
-        char path[300], line[256];
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/status", e->d_name);
-        FILE *f = fopen(path, "re");
-        if (!f)
-            continue; /* gone meanwhile */
-        unsigned long real;
-        while (fgets(line, sizeof(line), f))
-            if (sscanf(line, "Uid: %lu", &real) == 1 && real == uid)
-                n++;
-        fclose(f);
-    }
-    closedir(d);
-    return n;
 }
 
 /* A range of worker ids given to two sandboxes: the second is refused
@@ -602,13 +579,13 @@ static void a_range_another_sandbox_holds_is_refused_until_it_closes(void **stat
     make_temp_dir(root_b, sizeof(root_b));
     chmod(root_a, 0711); /* workers under their own uid pass through */
     chmod(root_b, 0711);
-    assert_int_equal(processes_of_uid(base), 0);
+    assert_int_equal(processes_of(base), 0);
     test_config_init(&cfg, root_a);
     cfg.worker_uid = base;
     cfg.worker_gid = base;
     if (sbx_open(&cfg, &a, &err) < 0)
         fail_msg("sbx_open: %s", err.message);
-    assert_int_equal(processes_of_uid(base), 1); /* the holder */
+    assert_int_equal(processes_of(base), 1); /* the holder */
     cfg.work_root = root_b;
     assert_true(sbx_open(&cfg, &b, &err) < 0);
     if (!strstr(err.message, "in use"))
@@ -618,12 +595,12 @@ static void a_range_another_sandbox_holds_is_refused_until_it_closes(void **stat
              (unsigned long)base);
     expect_stdout(a, in_range, "True\n");
     sbx_close(a);
-    assert_int_equal(processes_of_uid(base), 0);
+    assert_int_equal(processes_of(base), 0);
     if (sbx_open(&cfg, &b, &err) < 0)
         fail_msg("sbx_open after the first closed: %s", err.message);
     expect_stdout(b, in_range, "True\n");
     sbx_close(b);
-    assert_int_equal(processes_of_uid(base), 0);
+    assert_int_equal(processes_of(base), 0);
     remove_dir(root_a);
     remove_dir(root_b);
 }

@@ -155,8 +155,6 @@ void ids_release(struct id_claim *c)
 
 int ids_claim(struct id_claim *c, struct jail *j, bool draw, char *err, size_t errlen)
 {
-    int rc = 0;
-
     c->holder = -1;
     c->claimed = false;
     if (!j->switch_user || !j->uid_per_run || j->in_userns) {
@@ -173,19 +171,15 @@ int ids_claim(struct id_claim *c, struct jail *j, bool draw, char *err, size_t e
     for (int i = 0; i < CLAIM_TRIES; i++) {
         if (draw) {
             uint32_t r = 0;
-            if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
-                rc = errmsg(err, errlen, -errno, "template: getrandom: %s", strerror(errno));
-                goto out;
-            }
+            if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
+                return errmsg(err, errlen, -errno, "template: getrandom: %s", strerror(errno));
             offset = (1 + r % (blocks - 1)) * stride; /* not the first block */
             j->uid_base = (uid_t)(SBX_DEFAULT_WORKER_ID_BASE + offset);
             j->gid_base = (gid_t)(SBX_DEFAULT_WORKER_ID_BASE + offset);
         }
-        rc = try_hold(j->uid_base, j->gid_base, &c->holder);
-        if (rc < 0) {
-            rc = errmsg(err, errlen, rc, "template: claiming worker ids: %s", strerror(-rc));
-            goto out;
-        }
+        int rc = try_hold(j->uid_base, j->gid_base, &c->holder);
+        if (rc < 0)
+            return errmsg(err, errlen, rc, "template: claiming worker ids: %s", strerror(-rc));
         if (rc == 1) {
             c->claimed = true;
             fmt(c->why, sizeof(c->why), "claimed machine-wide");
@@ -196,23 +190,18 @@ int ids_claim(struct id_claim *c, struct jail *j, bool draw, char *err, size_t e
             fmt(j->user_why, sizeof(j->user_why), "workers run as uids %u-%u, gids %u-%u",
                 (unsigned)j->uid_base + 1, (unsigned)(j->uid_base + j->ids - 1),
                 (unsigned)j->gid_base + 1, (unsigned)(j->gid_base + j->ids - 1));
-            rc = 0;
-            goto out;
+            return 0;
         }
-        if (!draw) {
-            rc = errmsg(err, errlen, -EADDRINUSE,
-                        "template: worker ids %u-%u are in use: uid %u has a process already "
-                        "(another sandbox on this machine holds them): give each sandbox a "
-                        "range of its own (worker_uid), or let it draw one",
-                        (unsigned)j->uid_base, (unsigned)(j->uid_base + j->ids - 1),
-                        (unsigned)j->uid_base);
-            goto out;
-        }
+        if (!draw)
+            return errmsg(err, errlen, -EADDRINUSE,
+                          "template: worker ids %u-%u are in use: uid %u has a process already "
+                          "(another sandbox on this machine holds them): give each sandbox a "
+                          "range of its own (worker_uid), or let it draw one",
+                          (unsigned)j->uid_base, (unsigned)(j->uid_base + j->ids - 1),
+                          (unsigned)j->uid_base);
     }
-    rc = errmsg(err, errlen, -EADDRINUSE,
-                "template: no free range of %u worker ids in %d tries (the ids above %ld are "
-                "taken by other processes)",
-                j->ids, CLAIM_TRIES, (long)SBX_DEFAULT_WORKER_ID_BASE);
-out:
-    return rc;
+    return errmsg(err, errlen, -EADDRINUSE,
+                  "template: no free range of %u worker ids in %d tries (the ids above %ld are "
+                  "taken by other processes)",
+                  j->ids, CLAIM_TRIES, (long)SBX_DEFAULT_WORKER_ID_BASE);
 }
