@@ -178,6 +178,25 @@ double cpu_ms_of(uid_t uid)
     return c.cpu_ms;
 }
 
+static void deepest_stack(void *ctx, pid_t pid, const char *status)
+{
+    struct uid_count *c = ctx;
+
+    (void)pid;
+    if ((uid_t)status_field(status, "\nUid:") == c->uid && status_field(status, "\nVmStk:") > c->n)
+        c->n = (int)status_field(status, "\nVmStk:");
+}
+
+long stack_kb_of(uid_t uid)
+{
+    struct uid_count c = {.uid = uid, .n = -1};
+
+    if (getuid() != 0)
+        return -1;
+    each_process(deepest_stack, &c);
+    return c.n;
+}
+
 int wait_processes_of(uid_t uid, int n)
 {
     int got = 0;

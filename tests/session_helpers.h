@@ -35,6 +35,9 @@ int processes_of(uid_t uid);
 /* Waits (a second at most) until |uid| has |n| processes; returns the
  * count then. */
 int wait_processes_of(uid_t uid, int n);
+/* The largest stack (VmStk, KiB) of a process of |uid|; -1 when not root
+ * or there is none. */
+long stack_kb_of(uid_t uid);
 /* User and system CPU time of every process of |uid|, in ms. */
 double cpu_ms_of(uid_t uid);
 /* The pids of processes in state T (stopped), at most |cap|. */

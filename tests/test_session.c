@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +259,45 @@ static void the_state_is_stopped_between_cells(void **state)
     sbx_session_close(s);
 }
 
+/* The next cell waits at the lowest priority (when the sandbox can give
+ * it its own back) and runs at its own: a cell never runs at SCHED_IDLE,
+ * where any other load would starve it while its wall clock runs. */
+static void a_cell_runs_at_its_own_priority(void **state)
+{
+    struct timespec settle = {0, 50 * 1000000}; /* earlier tests' sessions go */
+    nanosleep(&settle, NULL);
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    pid_t stopped[8];
+
+    for (int i = 0; i < 3; i++)
+        expect_cell(
+            s, "import os\nprint(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))",
+            "0 0\n");
+    /* The state at its own priority, the next cell made ahead at the
+     * lowest (when the sandbox runs as root, which can put it back); the
+     * state before may still be there a moment, and the next cell not
+     * made yet. */
+    int idle = 0, other = 0, n = 0;
+    for (int tries = 0; tries < 100; tries++) {
+        n = wait_stopped(stopped, 8, 2);
+        idle = other = 0;
+        for (int i = 0; i < n; i++) {
+            int policy = sched_getscheduler(stopped[i]);
+            idle += policy == SCHED_IDLE;
+            other += policy == SCHED_OTHER;
+        }
+        if (n == 2 && idle == (getuid() == 0))
+            break;
+        nanosleep(&settle, NULL);
+    }
+    assert_int_equal(n, 2);
+    assert_int_equal(other + idle, 2);
+    if (getuid() == 0)
+        assert_int_equal(idle, 1);
+    expect_cell(s, "import os\nprint(os.sched_getscheduler(0))", "0\n");
+    sbx_session_close(s);
+}
+
 static void killed_session_process_is_lost(void **state)
 {
     struct sbx_session *s = open_session(SBX(state), NULL);
@@ -462,7 +502,12 @@ static void hundreds_of_cells_leak_nothing(void **state)
     expect_cell(s, "rows = []", "");
     int fds = count_fds();
     struct held before = template_holds();
+    long stack_kb = -1;
     for (int i = 0; i < 300; i++) {
+        /* Each cell is a generation of processes: none may add to the
+         * stack (a session's 100,000 cells would overflow it). */
+        if (i == 10)
+            stack_kb = stack_kb_of(uid);
         struct sbx_result *r = cell(s, i % 10 == 9 ? "rows.append(1)\nraise KeyError"
                                                    : "rows.append(1)\nopen('f', 'a').write('.')");
         assert_int_equal(r->status, SBX_COMPLETED);
@@ -479,6 +524,10 @@ static void hundreds_of_cells_leak_nothing(void **state)
         fail_msg("after 300 cells the template holds %d descriptors (%d before), %d mounts (%d), "
                  "%ld KiB (%ld)",
                  after.fds, before.fds, after.mounts, before.mounts, after.rss_kb, before.rss_kb);
+    long stack_after = stack_kb_of(uid);
+    if (stack_kb >= 0 && stack_after > stack_kb + 64)
+        fail_msg("the session's stack grew from %ld KiB to %ld KiB in 290 cells", stack_kb,
+                 stack_after);
     int n = processes_of(uid);
     assert_true(n == -1 || (n >= 1 && n <= 3));
     if (n >= 0)
@@ -579,6 +628,7 @@ int main(void)
         cmocka_unit_test(never_keeps_the_files_of_a_stopped_cell),
         cmocka_unit_test(a_cell_cannot_fork),
         cmocka_unit_test(the_state_is_stopped_between_cells),
+        cmocka_unit_test(a_cell_runs_at_its_own_priority),
         cmocka_unit_test(killed_session_process_is_lost),
         cmocka_unit_test(killing_a_state_at_any_moment_leaves_the_template_up),
         cmocka_unit_test(idle_sessions_expire),

@@ -315,7 +315,7 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
             /* Ready and idle: the pages it copied are what every worker
              * copies. Learn them once (see prefault.h). */
             if (t->prefault.recorded == 0 && !t->single_run && t->proc_ok)
-                (void)prefault_record(t->proc_fd, w->pid, 0, &t->prefault);
+                (void)prefault_record(t->proc_fd, w->pid, 0, PREFAULT_WRITTEN, &t->prefault);
             announce(t, w);
         } else if (buf[i] == WORKER_STARTED && !w->started) {
             struct wire_started st;

@@ -2,6 +2,7 @@
 #include "prefault.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +43,8 @@ void prefault_free(struct prefault *p)
     memset(p, 0, sizeof(*p));
 }
 
-int prefault_record(int proc_fd, pid_t pid, size_t max_pages, struct prefault *p)
+int prefault_record(int proc_fd, pid_t pid, size_t max_pages, enum prefault_kind kind,
+                    struct prefault *p)
 {
     char path[64], line[512];
     long page = sysconf(_SC_PAGESIZE);
@@ -63,10 +65,15 @@ int prefault_record(int proc_fd, pid_t pid, size_t max_pages, struct prefault *p
     while (rc == 0 && (!max_pages || p->pages < max_pages) && fgets(line, sizeof(line), maps)) {
         unsigned long start, end;
         char perms[8];
-        if (sscanf(line, "%lx-%lx %7s", &start, &end, perms) != 3)
+        int path = 0;
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &start, &end, perms, &path) != 3)
             continue;
-        /* Private and writable: where copy-on-write happens. */
-        if (perms[0] != 'r' || perms[1] != 'w' || perms[3] != 'p')
+        bool file = path > 0 && line[path] == '/';
+        /* Private and writable: where copy-on-write happens. Private, read
+         * only and of a file: code and constants, whose page table entries
+         * a fork does not copy. */
+        if (perms[0] != 'r' || perms[3] != 'p' ||
+            (kind == PREFAULT_WRITTEN ? perms[1] != 'w' : perms[1] == 'w' || !file))
             continue;
         for (unsigned long a = start; a < end && rc == 0 && (!max_pages || p->pages < max_pages);) {
             uint64_t entries[512];
@@ -79,7 +86,7 @@ int prefault_record(int proc_fd, pid_t pid, size_t max_pages, struct prefault *p
             for (size_t i = 0; i < (size_t)got / 8; i++) {
                 uint64_t e = entries[i];
                 uintptr_t at = a + i * (unsigned long)page;
-                if ((e & PM_PRESENT) && (e & PM_EXCLUSIVE) &&
+                if ((e & PM_PRESENT) && (kind == PREFAULT_READ || (e & PM_EXCLUSIVE)) &&
                     (!max_pages || p->pages < max_pages)) {
                     rc = add_range(p, at, at + (uintptr_t)page, &cap);
                     p->pages++;

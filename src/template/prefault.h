@@ -24,10 +24,15 @@ struct prefault {
     int recorded; /* 1 recorded, -1 could not be (then never tried again) */
 };
 
-/* Reads |pid|'s maps and pagemap under /proc (|proc_fd|): the pages of its
- * private writable mappings that it alone maps, the first |max_pages| of
- * them (0: all). Returns 0 or -errno. */
-int prefault_record(int proc_fd, pid_t pid, size_t max_pages, struct prefault *p);
+enum prefault_kind {
+    PREFAULT_WRITTEN, /* pages of private writable mappings that |pid| alone maps */
+    PREFAULT_READ,    /* pages of private read-only mappings of files that it maps */
+};
+
+/* Reads |pid|'s maps and pagemap under /proc (|proc_fd|): the pages of
+ * |kind|, the first |max_pages| of them (0: all). Returns 0 or -errno. */
+int prefault_record(int proc_fd, pid_t pid, size_t max_pages, enum prefault_kind kind,
+                    struct prefault *p);
 void prefault_free(struct prefault *p);
 
 /* In a new worker: copies the recorded pages now, in batches. Best effort. */

@@ -69,6 +69,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
 #include <stddef.h>
@@ -101,10 +102,13 @@
 #define FORK_WALL_BUDGET_NS (10000ULL * 1000000ULL)
 /* The most a made-ahead cell copies of what the last one wrote (4 MiB):
  * the interpreter's own pages that every cell writes are far fewer; a
- * cell that wrote more wrote data the next one may not touch again. The
- * plan is learnt again every CELL_PLAN_EVERY kept cells. */
-#define CELL_PLAN_MAX_PAGES 1024
-#define CELL_PLAN_EVERY     16
+ * cell that wrote more wrote data the next one may not touch again. And
+ * the most it maps of the code and constants the last one had mapped
+ * (32 MiB; the interpreter's code is some 4 MiB). The plan is learnt
+ * again every CELL_PLAN_EVERY kept cells. */
+#define CELL_PLAN_MAX_PAGES      1024
+#define CELL_PLAN_MAX_READ_PAGES 8192
+#define CELL_PLAN_EVERY          16
 /* How long an ended session's uid is looked at for a process left; past
  * it the session goes and its uid is never handed out again. */
 #define SWEEP_GIVE_UP_NS (1000ULL * 1000000ULL)
@@ -181,10 +185,11 @@ struct session_rec {
     /* The pages the last kept cell wrote: what the next one copies while
      * it waits (worker.h). */
     struct prefault plan;
-    uint64_t kept; /* cells kept */
+    struct prefault reads; /* and the pages of code and constants it ran or read */
+    uint64_t kept;         /* cells kept */
 };
 
-/* Room for the fork command being sent (4 KiB: not on the stack). */
+/* Room for the fork command being sent (16 KiB: not on the stack). */
 static struct session_fork_msg fork_msg;
 
 static struct seccomp_notif *notif;
@@ -543,6 +548,7 @@ static void free_session(struct tmpl *t, struct session_rec *s, bool release_uid
     close_fd(&s->ws_fd);
     close_fd(&s->saved_fd);
     prefault_free(&s->plan);
+    prefault_free(&s->reads);
     if (release_uid)
         uids_release(&t->uids, s->slot);
     free(s);
@@ -602,6 +608,40 @@ static void broke_the_rule(struct tmpl *t, struct session_rec *s, const char *wh
 
 /* --- opening ---------------------------------------------------------------- */
 
+/* The probe's stack: it runs in our memory (CLONE_VM) while we wait. */
+static char idle_probe_stack[16384] __attribute__((aligned(16)));
+
+static int idle_probe(void *ok)
+{
+    struct sched_param none = {0};
+
+    /* Itself alone, through the system calls only (our memory, our errno:
+     * we wait meanwhile). */
+    *(bool *)ok = syscall(SYS_sched_setscheduler, 0, SCHED_IDLE, &none) == 0 &&
+                  syscall(SYS_sched_setscheduler, 0, SCHED_OTHER, &none) == 0;
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
+/* Whether a cell made ahead may warm at the lowest priority (SCHED_IDLE):
+ * only if it can be given its own back when it is handed out, which takes
+ * our CAP_SYS_NICE or an RLIMIT_NICE of 20 (the kernel's can_nice). Tried
+ * once, by a child that shares our memory (a pid namespace of our own
+ * allows no thread), which the kernel checks as it would a cell: our
+ * capabilities, our limits (which a cell inherits). */
+static bool found_idle_warm(void)
+{
+    bool ok = false;
+    pid_t pid = clone(idle_probe, idle_probe_stack + sizeof(idle_probe_stack),
+                      CLONE_VM | CLONE_VFORK | SIGCHLD, &ok);
+
+    if (pid < 0)
+        return false;
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return ok;
+}
+
 void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
 {
     struct session_rec *s = calloc(1, sizeof(*s));
@@ -636,6 +676,7 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         if (policy_build(&t->session_policy, t->policy_debug, !t->root, true, why, sizeof(why)) < 0)
             goto refuse;
         t->session_policy_built = true;
+        t->idle_warm = found_idle_warm();
     }
     if (!notif && seccomp_notify_alloc(&notif, &notif_resp) < 0) {
         fmt(why, sizeof(why), "template: out of memory");
@@ -726,6 +767,18 @@ static void fork_failed(struct tmpl *t, struct session_rec *s, const char *why)
         made(t, s);
 }
 
+/* The ranges of |plan| added to |m|, until it has |upto|, each start or'ed
+ * with |flag|. */
+static void plan_ranges(struct session_fork_msg *m, const struct prefault *plan, uint64_t flag,
+                        uint32_t upto)
+{
+    for (size_t i = 0; plan->recorded == 1 && i < plan->n && m->n_ranges < upto; i++) {
+        m->ranges[m->n_ranges][0] = plan->ranges[i][0] | flag;
+        m->ranges[m->n_ranges][1] = plan->ranges[i][1];
+        m->n_ranges++;
+    }
+}
+
 /* |from| is told to fork the next cell, with the cell's pipes; it runs
  * for that alone, within the fork's budget. */
 static void start_making(struct tmpl *t, struct session_rec *s, struct worker_rec *from)
@@ -776,14 +829,12 @@ static void start_making(struct tmpl *t, struct session_rec *s, struct worker_re
     /* Its channel alone goes through |from|; its pipes are made when it is
      * handed out and go to the cell itself (announce). */
     struct session_fork_msg *m = &fork_msg;
-    const struct prefault *plan = s->plan.recorded == 1 ? &s->plan : &t->prefault;
     m->cmd = SESSION_FORK;
     m->n_ranges = 0;
-    for (size_t i = 0; plan->recorded == 1 && i < plan->n && i < CELL_PLAN_MAX_RANGES; i++) {
-        m->ranges[i][0] = plan->ranges[i][0];
-        m->ranges[i][1] = plan->ranges[i][1];
-        m->n_ranges++;
-    }
+    /* What it reads first (half the room at most): mapping a page of a
+     * file is cheap, a fault on it is not. */
+    plan_ranges(m, &s->reads, CELL_PLAN_READ, CELL_PLAN_MAX_RANGES / 2);
+    plan_ranges(m, s->plan.recorded == 1 ? &s->plan : &t->prefault, 0, CELL_PLAN_MAX_RANGES);
     int rc =
         wire_send(from->ready_fd, m,
                   offsetof(struct session_fork_msg, ranges) + m->n_ranges * sizeof(m->ranges[0]),
@@ -814,6 +865,10 @@ static bool look_for_child(struct tmpl *t, struct session_rec *s)
         return true;
     }
     s->making = NEXT_HOLDING;
+    /* While it waits it warms at the lowest priority: its pages are worth
+     * copying ahead, not at the expense of the runs running now. */
+    if (t->idle_warm)
+        (void)sched_setscheduler(pid, SCHED_IDLE, &(struct sched_param){0});
     proc_stop(s->from);
     /* The cell copies the pages a run writes while it waits (its CPU is
      * the cell's, counted from its birth): it is stopped when it says it
@@ -938,6 +993,10 @@ static void announce(struct tmpl *t, struct session_rec *s)
         .wall_limit_ns = s->wall_ms * 1000000ULL,
     };
     arm_cpu_limit(w, &limits);
+    /* Its own priority again (found_idle_warm: this can only fail if its
+     * code lowered its own RLIMIT_NICE, which slows it alone). */
+    if (t->idle_warm)
+        (void)sched_setscheduler(w->pid, SCHED_OTHER, &(struct sched_param){0});
     proc_continue(w);
 }
 
@@ -974,12 +1033,15 @@ static void keep_candidate(struct tmpl *t, struct session_rec *s, long hwm_kb)
     (void)write_full(w->status_fd, &st, sizeof(st));
     close_fd(&w->status_fd);
     close_fds(w->out_watch, 2);
-    /* Off the answer's path: which pages it wrote, for the cells after it
+    /* Off the answer's path: which pages it wrote and read, for the cells after it
      * (learnt again now and then: reading a state's page map takes a
      * millisecond or more). */
     if (s->kept++ % CELL_PLAN_EVERY == 0) {
         prefault_free(&s->plan);
-        (void)prefault_record(t->proc_fd, w->pid, CELL_PLAN_MAX_PAGES, &s->plan);
+        prefault_free(&s->reads);
+        (void)prefault_record(t->proc_fd, w->pid, CELL_PLAN_MAX_PAGES, PREFAULT_WRITTEN, &s->plan);
+        (void)prefault_record(t->proc_fd, w->pid, CELL_PLAN_MAX_READ_PAGES, PREFAULT_READ,
+                              &s->reads);
     }
     s->candidate = w;
     s->cell = NULL;

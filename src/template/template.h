@@ -117,6 +117,7 @@ struct tmpl {
     struct session_rec *sessions;
     struct policy session_policy;
     bool session_policy_built;
+    bool idle_warm; /* cells made ahead wait at SCHED_IDLE (sessions.c) */
 };
 
 /* Tells the supervisor that a worker could not be made (or the template

@@ -26,8 +26,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
 #ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#define MADV_POPULATE_WRITE 23
 #endif
 
 _Static_assert(FD_READY == POLICY_SESSION_CHANNEL_FD, "the policy lets the channel carry messages");
@@ -88,17 +91,37 @@ static int recv_fork(int sock, struct session_fork_msg *m, int *chan)
     return 1;
 }
 
-/* The pages of |plan|, copied now (best effort: a range this process does
- * not map is skipped by the kernel's refusal), until the template says to
- * run: copied in a batch a page costs a fraction of its fault, but a page
- * the code does not write is not worth copying once the code waits. */
+/* Each page of [at, at + len), mapped already, touched from here: on a
+ * machine whose hypervisor keeps its own copy of a process's page tables
+ * (shadow paging), the first touch of each page by a new process is a trap
+ * of its own, however mapped the page is; taken now, not while the code
+ * runs. A page to be written is written: an atomic add of nothing, which
+ * changes no byte whoever else may write there. */
+static void touch(uint64_t at, uint64_t len, bool read)
+{
+    for (uint64_t p = at; p < at + len; p += 4096) {
+        volatile char *c = (volatile char *)(uintptr_t)p;
+        if (read)
+            (void)*c;
+        else
+            (void)__atomic_fetch_add(c, 0, __ATOMIC_RELAXED);
+    }
+}
+
+/* The pages of |plan| mapped now, and touched: those the last cell read
+ * of its code and constants, then those it wrote, copied (best effort: a
+ * range this process does not map, or not wholly, is refused by the kernel
+ * and skipped), until the template says to run: in a batch a page costs a
+ * fraction of its fault, but a page the code may not need is not worth it
+ * once the code waits. */
 static void warm(const struct session_fork_msg *plan)
 {
     const uint64_t chunk = 64 * 4096;
     uint64_t since_look = chunk;
 
-    for (uint32_t i = 0; i < plan->n_ranges; i++)
-        for (uint64_t at = plan->ranges[i][0]; at < plan->ranges[i][1];) {
+    for (uint32_t i = 0; i < plan->n_ranges; i++) {
+        bool read = plan->ranges[i][0] & CELL_PLAN_READ;
+        for (uint64_t at = plan->ranges[i][0] & ~CELL_PLAN_READ; at < plan->ranges[i][1];) {
             uint64_t len = plan->ranges[i][1] - at < chunk ? plan->ranges[i][1] - at : chunk;
             struct pollfd go = {.fd = FD_READY, .events = POLLIN};
             if (since_look >= chunk) {
@@ -106,10 +129,15 @@ static void warm(const struct session_fork_msg *plan)
                     return;
                 since_look = 0;
             }
-            (void)madvise((void *)(uintptr_t)at, (size_t)len, MADV_POPULATE_WRITE);
+            /* Touched only once the kernel has mapped all of it: a page it
+             * could not map is not touched. */
+            if (madvise((void *)(uintptr_t)at, (size_t)len,
+                        read ? MADV_POPULATE_READ : MADV_POPULATE_WRITE) == 0)
+                touch(at, len, read);
             since_look += len;
             at += len;
         }
+    }
 }
 
 /* |fds| to the numbers |at|, whatever numbers they arrived at. */
@@ -131,17 +159,16 @@ static int place(const int *fds, const int *at, int n)
     return 0;
 }
 
-_Noreturn static void state_loop(const struct worker_args *a);
-
 /* A cell: the fork of the state, in the template's care. Its request, its
- * code, then what the code's end was; then it waits as a state would.
+ * code, then what the code's end was; then it returns to wait as a state
+ * would, in the loop it was forked in (a session's thousands of cells are
+ * as many generations of processes: none may add to the stack).
  * Nothing here is trusted: after the session's first cell this is the
  * tenant's process (its memory may hold anything), so the template keeps
  * the cell's CPU and wall limits itself, the memory limit is the hard one
  * the first state set, and what this says is checked against what the
  * kernel says of the process (sessions.c). */
-_Noreturn static void cell_main(const struct worker_args *a, int chan,
-                                const struct session_fork_msg *plan)
+static void cell_main(const struct worker_args *a, int chan, const struct session_fork_msg *plan)
 {
     static const int at[CELL_FDS] = {FD_REQUEST, FD_STDOUT, FD_STDERR};
     int fds[CELL_FDS];
@@ -187,7 +214,6 @@ _Noreturn static void cell_main(const struct worker_args *a, int chan,
     memcpy(done + 1, &status, sizeof(status));
     if (write_full(FD_READY, done, sizeof(done)) < 0)
         _exit(127);
-    state_loop(a);
 }
 
 /* The state: nothing runs but this loop, and the template stops it between
@@ -210,8 +236,10 @@ _Noreturn static void state_loop(const struct worker_args *a)
          * Python code runs here, and this is the only thread. */
         pid_t pid =
             (pid_t)syscall(SYS_clone, (unsigned long)POLICY_SESSION_FORK, 0UL, 0UL, 0UL, 0UL);
-        if (pid == 0)
+        if (pid == 0) {
             cell_main(a, chan, &fork_msg);
+            continue; /* the cell ended: it is a state now */
+        }
         int e = errno;
         close(chan);
         if (pid < 0) {

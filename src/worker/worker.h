@@ -31,11 +31,16 @@
 #define CELL_DONE  'D' /* the code ended by itself; its int32_t status follows */
 /* What the template tells the state process: fork the next cell; the
  * cell's channel is attached, and the message says which pages the cell
- * copies while it waits to be handed out (those the last cell wrote: a
- * cell's first writes are copy-on-write faults, which on some machines
- * cost more than the rest of a small cell). */
+ * maps while it waits to be handed out: those the last cell read of its
+ * code and constants (a fork copies no page table entry of a file's
+ * mapping, so each page of code a cell runs is a fault of its own), and
+ * those it wrote, copied (a cell's first writes are copy-on-write faults).
+ * On some machines a fault costs more than the rest of a small cell. */
 #define SESSION_FORK         'K'
-#define CELL_PLAN_MAX_RANGES 256
+#define CELL_PLAN_MAX_RANGES 1024
+/* A range whose start has this bit (addresses are page-aligned) is only
+ * read: its pages are mapped, not copied. */
+#define CELL_PLAN_READ 1ULL
 struct session_fork_msg {
     char cmd; /* SESSION_FORK */
     uint8_t reserved[3];
