@@ -611,7 +611,7 @@ static void broke_the_rule(struct tmpl *t, struct session_rec *s, const char *wh
 /* The probe's stack: it runs in our memory (CLONE_VM) while we wait. */
 static char idle_probe_stack[16384] __attribute__((aligned(16)));
 
-static int idle_probe(void *ok)
+__attribute__((no_sanitize("address", "undefined"))) static int idle_probe(void *ok)
 {
     struct sched_param none = {0};
 
