@@ -51,6 +51,7 @@ static const struct snippet snippets[] = {
     {"small loop", "s = 0\nfor i in range(10000):\n    s += i * i\nprint(s)\n", false},
     {"1 KiB artifact", "open('out.bin', 'wb').write(b'x' * 1024)\n", false},
     {"1 MB output, cut", "import sys\nsys.stdout.write('x' * 1000000)\n", false},
+    {"100,000 lines, cut", "for i in range(100000):\n    print(i)\n", false},
     {"read input file", "print(len(open('data.csv').read().splitlines()))\n", true},
 };
 #define N_SNIPPETS (int)ARRAY_SIZE(snippets)

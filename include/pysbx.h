@@ -308,6 +308,17 @@ struct sbx_result {
      * that was rolled back has its reason set too. */
     uint64_t cell;
     bool rolled_back;
+    /* When the code ended by an uncaught exception (a completed run with
+     * exit_code 1; never for sys.exit): its type ("KeyError", qualified by
+     * its module unless a builtin or the program's own, as a traceback
+     * names it: "json.decoder.JSONDecodeError"), str() of
+     * it and its traceback as Python prints it, each valid UTF-8 of at most
+     * max_output_chars characters; all NULL otherwise. Like stderr, this is
+     * what the sandboxed interpreter reported, not something the sandbox
+     * vouches for. */
+    char *error_type;
+    char *error_message;
+    char *error_traceback;
 };
 
 /* Stable codes for refused requests; sbx_error_code_name() gives the JSON

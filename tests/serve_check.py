@@ -1,6 +1,7 @@
 """pysbx serve and pysbx batch as a client sees them. Run by test_serve.sh
 with Debian's python3; exits non-zero on the first failed check."""
 import atexit, json, os, random, select, shutil, signal, socket, stat, subprocess, sys, tempfile, time
+import jsonschema
 from procs import children, comm, none_of_uids
 
 PYSBX = sys.argv[1]
@@ -22,10 +23,38 @@ def check(name, ok, detail=""):
     failures += not ok
 
 
+# Every result a server answers obeys the published schema.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs",
+                       "result.schema.json")) as f:
+    SCHEMA = json.load(f)
+
+
+def valid_results(answers):
+    """The results among |answers| that do not obey the schema, with why."""
+    bad = []
+    for a in answers:
+        if isinstance(a, dict) and "status" in a:
+            try:
+                jsonschema.validate(a, SCHEMA)
+            except jsonschema.ValidationError as e:
+                bad.append((a.get("id"), e.message))
+    return bad
+
+
+def refusal(a):
+    """The error of a refused request: an error and no status (a result's
+    error is its code's exception); {} for anything else."""
+    return (a.get("error") or {}) if "status" not in a else {}
+
+
 def serve(lines, *args):
     p = subprocess.run([PYSBX, "serve", *args], input="".join(l + "\n" for l in lines),
                        capture_output=True, text=True, timeout=120)
-    return p.returncode, [json.loads(l) for l in p.stdout.splitlines()]
+    answers = [json.loads(l) for l in p.stdout.splitlines()]
+    bad = valid_results(answers)
+    if bad:
+        check("the results obey the schema", False, bad)
+    return p.returncode, answers
 
 
 # --- stdin / stdout -------------------------------------------------------
@@ -59,7 +88,8 @@ check("results", by_id['1'][0]["stdout"] == "1\n" and by_id['2'][0]["stdout"] ==
 order = [a.get("id") for a in answers]
 check("answered as they finish: the slow one after the quick ones",
       all(order.index("slow") > order.index(i) for i in [1, 2, 3, 10]), order)
-errors = {json.dumps(a.get("id")): a["error"]["code"] for a in answers if "error" in a}
+# A refusal: an error and no status (a result's error is its code's exception).
+errors = {json.dumps(a.get("id")): a["error"]["code"] for a in answers if "status" not in a}
 check("not JSON: invalid_request, id null", errors.get("null") in
       ("invalid_request", "request_too_large"), errors)
 check("no code: invalid_request", errors.get("4") == "invalid_request", errors)
@@ -73,6 +103,12 @@ check("a CPU spin: timeout/cpu", by_id['9'][0]["status"] == "timeout"
       and by_id['9'][0]["limit"] == "cpu", by_id.get('9'))
 check("an exception: completed, exit 1", by_id['10'][0]["exit_code"] == 1
       and "ValueError: v" in by_id['10'][0]["stderr"], by_id.get('10'))
+check("an exception: its error, typed", by_id['10'][0]["error"]["type"] == "ValueError"
+      and by_id['10'][0]["error"]["message"] == "v"
+      and by_id['10'][0]["error"]["traceback"].endswith("ValueError: v\n"), by_id.get('10'))
+check("no exception: error null", by_id['1'][0]["error"] is None, by_id.get('1'))
+
+check("the results obey the schema", not valid_results(answers), valid_results(answers))
 
 # --- a UNIX socket --------------------------------------------------------
 d = tempfile.mkdtemp()
@@ -155,6 +191,12 @@ class Lines:
         if not self.buf:
             return None
         line, _, self.buf = self.buf.partition(b"\n")
+        try:
+            bad = valid_results([json.loads(line)])
+        except ValueError:
+            bad = []
+        if bad:
+            check("the results obey the schema", False, bad)
         return line.decode()
 
     def until(self, pred, timeout=60):
@@ -300,7 +342,7 @@ def unknown_fields():
     rc, answers = serve([json.dumps({"id": 1, "code": "1", "limit": {}}),
                          json.dumps({"id": 2, "code": "1", "Code": "2"}),
                          json.dumps({"cancel": 5, "id": 3})])
-    errs = {a["id"]: a.get("error", {}) for a in answers}
+    errs = {a["id"]: refusal(a) for a in answers}
     check("an unknown field is refused, named", errs.get(1, {}).get("code") == "invalid_request"
           and "'limit'" in errs[1].get("message", ""), answers)
     check("field names are case-sensitive", errs.get(2, {}).get("code") == "invalid_request"
@@ -338,13 +380,13 @@ def ceilings():
         json.dumps({"id": "cpu", "code": "pass", "limits": {"cpu_seconds": 2.5}}),
         json.dumps({"id": "ab", "code": "pass", "limits": {"max_artifact_bytes": 4097}}),
         json.dumps({"id": "ok", "code": "print(1)", "limits": {"wall_seconds": 1, "max_artifacts": 2}}),
-        json.dumps({"id": "lowered", "code": "import time\ntime.sleep(5)"}),
+        json.dumps({"id": "lowered", "code": "import time\nprint('before')\ntime.sleep(5)"}),
     ], "--max-wall", "1", "--max-cpu", "2", "--max-memory", "64M", "--max-output", "1000",
         "--max-artifact-bytes", "4096", "--max-artifacts", "2")
     by = {a.get("id"): a for a in answers}
-    msg = lambda k: by.get(k, {}).get("error", {}).get("message", "")
+    msg = lambda k: refusal(by.get(k, {})).get("message", "")
     check("over a ceiling: invalid_limit naming it",
-          all(by.get(k, {}).get("error", {}).get("code") == "invalid_limit"
+          all(refusal(by.get(k, {})).get("code") == "invalid_limit"
               for k in ("wall", "mem", "arts", "out", "cpu", "ab"))
           and msg("wall") == "wall_seconds 100 exceeds the server's ceiling of 1"
           and msg("mem") == "memory_bytes 1073741824 exceeds the server's ceiling of 67108864"
@@ -354,6 +396,9 @@ def ceilings():
     check("a default above a ceiling is lowered to it",
           by.get("lowered", {}).get("status") == "timeout" and by["lowered"]["limit"] == "wall"
           and "1 s" in by["lowered"]["reason"], by.get("lowered"))
+    check("what it printed before the limit, unflushed, is in the answer",
+          by.get("lowered", {}).get("stdout") == "before\n" and by["lowered"]["partial"] is True,
+          by.get("lowered"))
     for bad in (["--max-memory", "1M"], ["--max-wall", "0"], ["--max-artifacts", "x"],
                 ["--grace", "-1"], ["--max-pending-bytes", "10"]):
         p = subprocess.run([PYSBX, "serve", *bad], capture_output=True, text=True, timeout=60)
@@ -637,7 +682,7 @@ def sessions_on_standard_input():
     check("after session_close the name starts a fresh session (NameError, cell 1)",
           get("fresh").get("exit_code") == 1 and "NameError" in get("fresh").get("stderr", "")
           and cell_of(get("fresh")) == (1, True), get("fresh"))
-    err = lambda k: get(k).get("error", {})
+    err = lambda k: refusal(get(k))
     check("closing an unknown session: invalid_request naming it",
           err("unknown").get("code") == "invalid_request"
           and "never-opened" in err("unknown").get("message", ""), get("unknown"))
@@ -695,7 +740,7 @@ def sessions_need_the_templates_own_proc():
     by = {a.get("id"): a for a in (json.loads(l) for l in p.stdout.splitlines())}
     check("a plain run works under a foreign /proc", by.get("plain", {}).get("stdout") == "1\n",
           (by, p.stderr))
-    err = by.get("cell", {}).get("error", {})
+    err = refusal(by.get("cell", {}))
     check("a session under a foreign /proc is refused, naming /proc",
           err.get("code") == "sandbox_unavailable" and "/proc" in err.get("message", ""),
           (by, p.stderr))
@@ -795,7 +840,7 @@ def sessions_are_the_connections():
     # --max-sessions 2: both are open; a third is refused with sandbox_busy.
     send(a_sock, {"id": 3, "session": "c", "code": "pass"})
     r = json.loads(a_in.next())
-    check("past --max-sessions: sandbox_busy", r.get("error", {}).get("code") == "sandbox_busy", r)
+    check("past --max-sessions: sandbox_busy", refusal(r).get("code") == "sandbox_busy", r)
     send(a_sock, {"id": 4, "session_close": "a"})
     r = json.loads(a_in.next())
     check("session_close on a socket", r == {"id": 4, "session_closed": "a"}, r)
@@ -816,7 +861,7 @@ def sessions_are_the_connections():
         for i in range(300):
             send(c_sock, {"id": i, "session": name, "code": "print('ok')"})
             r = json.loads(c_in.next())
-            if r.get("error", {}).get("code") != "sandbox_busy":
+            if refusal(r).get("code") != "sandbox_busy":
                 break
             time.sleep(0.1)
         got.append(r)
@@ -862,7 +907,7 @@ def session_lost_and_cancelled():
     send(srv.stdin, {"id": "lost", "session": "s", "code": "print(v)"})
     a = json.loads(out.next())
     check("the template killed: the session answers session_lost",
-          a.get("error", {}).get("code") == "session_lost", a)
+          refusal(a).get("code") == "session_lost", a)
     send(srv.stdin, {"id": "new", "session": "s", "code": "print('v' in globals())"})
     a = json.loads(out.next(timeout=120))
     check("then the name starts a new session", a.get("stdout") == "False\n"
@@ -875,7 +920,7 @@ def sessions_need_a_backend_that_has_them():
     rc, answers = serve([json.dumps({"id": 1, "session": "s", "code": "print(1)"}),
                          json.dumps({"id": 2, "code": "print(2)"})], "--backend", "python3")
     by = {a.get("id"): a for a in answers}
-    e = by.get(1, {}).get("error", {})
+    e = refusal(by.get(1, {}))
     check("--backend python3: a session is invalid_request, saying it has none",
           e.get("code") == "invalid_request" and "no sessions" in e.get("message", ""), answers)
     check("--backend python3: a plain request still runs", by.get(2, {}).get("stdout") == "2\n",
@@ -934,13 +979,14 @@ lines = [json.loads(l) for l in open(out)]
 check("batch of JSONL: one line each, labelled", sorted(l["program"] for l in lines)
       == ["line 1", "line 2", "line 3", "line 4", "line 5"], lines)
 check("batch refuses a session (served over JSON lines and MCP)",
-      any(l.get("id") == "sess" and l.get("error", {}).get("code") == "invalid_request"
+      any(l.get("id") == "sess" and refusal(l).get("code") == "invalid_request"
           and "JSON lines and MCP" in l["error"]["message"] for l in lines), lines)
 check("batch of JSONL: the id as written",
       '{"program":"line 4","id":1.00000000001,"status":"completed"' in open(out).read())
 check("batch of JSONL: ids and errors", any(l.get("id") == "x" and l["stdout"] == "4\n"
                                              for l in lines)
-      and any("error" in l and l["program"] == "line 2" for l in lines), lines)
+      and any("status" not in l and "error" in l and l["program"] == "line 2" for l in lines),
+      lines)
 check("batch exit 1 when a request was refused", p.returncode == 1, p.returncode)
 for f in os.listdir(d):
     os.unlink(os.path.join(d, f))

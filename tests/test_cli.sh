@@ -100,7 +100,7 @@ check "crash" $((128 + 11)) $?
 # --- JSON ---
 echo 'print("x" * 50); open("o.txt", "w").write("data")' |
     "$PYSBX" run --json --max-output 10 - >"$T/r.json"; check "json" 0 $?
-[ "$(json_field "$T/r.json" 'sorted(r)')" = "['artifacts', 'artifacts_dropped', 'exit_code', 'limit', 'partial', 'reason', 'signal', 'stats', 'status', 'stderr', 'stderr_truncated', 'stdout', 'stdout_truncated', 'value']" ] ||
+[ "$(json_field "$T/r.json" 'sorted(r)')" = "['artifacts', 'artifacts_dropped', 'error', 'exit_code', 'limit', 'partial', 'reason', 'signal', 'stats', 'status', 'stderr', 'stderr_truncated', 'stdout', 'stdout_truncated', 'value']" ] ||
     { echo "FAIL json fields: $(json_field "$T/r.json" 'sorted(r)')"; fails=$((fails + 1)); }
 [ "$(json_field "$T/r.json" 'r["status"], r["exit_code"], r["stdout_truncated"], r["artifacts"][0]["name"], r["artifacts"][0]["content_base64"]')" = "('completed', 0, True, 'o.txt', 'ZGF0YQ==')" ] ||
     { echo "FAIL json values"; cat "$T/r.json"; fails=$((fails + 1)); }
@@ -108,8 +108,14 @@ echo 'while True: pass' | "$PYSBX" run --json --cpu 0.2 - >"$T/t.json"; check "j
 [ "$(json_field "$T/t.json" 'r["status"], r["limit"], r["exit_code"], r["partial"]')" = "('timeout', 'cpu', None, True)" ] ||
     { echo "FAIL json timeout"; cat "$T/t.json"; fails=$((fails + 1)); }
 
+# What the code printed before a limit fired, without flushing, is there.
+printf 'import time\nfor i in range(100): print("step", i)\ntime.sleep(5)\n' |
+    "$PYSBX" run --json --wall 1 - >"$T/w.json"; check "json wall" 0 $?
+[ "$(json_field "$T/w.json" 'r["status"], r["limit"], r["partial"], r["stdout"].count("step"), r["stdout"].endswith("step 99\n")')" = "('timeout', 'wall', True, 100, True)" ] ||
+    { echo "FAIL output before the wall limit"; cat "$T/w.json"; fails=$((fails + 1)); }
+
 # Every JSON answer obeys the published schema.
-for f in "$T/r.json" "$T/t.json"; do
+for f in "$T/r.json" "$T/t.json" "$T/w.json"; do
     $PY - "$SRC/docs/result.schema.json" "$f" <<'PYEOF' && echo "ok   schema $(basename "$f")" ||
 import json, sys, jsonschema
 jsonschema.validate(json.load(open(sys.argv[2])), json.load(open(sys.argv[1])))
@@ -239,6 +245,9 @@ expect_in "--connect: says which limit" "wall time limit" "$T/err"
 printf 'print(1' >"$T/syntax.py"
 "$PYSBX" run --connect "$SOCK" "$T/syntax.py" >/dev/null 2>"$T/err"; check "--connect: a syntax error" 1 $?
 expect_in "--connect: its traceback" "SyntaxError" "$T/err"
+# An exception is a result (with its error), not a refusal of the request.
+"$PYSBX" run --connect "$SOCK" --json "$T/syntax.py" >"$T/e.json"; check "--connect --json: an exception is a result" 0 $?
+check "--connect --json: the code's error as the server sent it" "completed 1 SyntaxError" "$(json_field "$T/e.json" "r['status'], r['exit_code'], r['error']['type']" | tr -d "(),'")"
 printf '\xff\xfe' >"$T/bytes.py"
 "$PYSBX" run --connect "$SOCK" "$T/bytes.py" >/dev/null 2>"$T/err"; check "--connect: a program that is not UTF-8 is refused" 2 $?
 "$PYSBX" run --connect "$SOCK" --template /bin/true "$T/one.py" >/dev/null 2>&1; check "--connect refuses local sandbox options" 2 $?

@@ -248,6 +248,54 @@ static void invalid_utf8_output_is_replaced(void **state)
                   "b");
 }
 
+/* An uncaught exception comes back typed; sys.exit and a report the code
+ * forged without the exit status of an exception do not. */
+static void an_exception_comes_back_typed(void **state)
+{
+    static const struct {
+        const char *code, *type, *message, *tb_end;
+    } cases[] = {
+        {"d = {}\nd['k']\n", "KeyError", "'k'", "KeyError: 'k'\n"},
+        {"import json\njson.loads('{')\n", "json.decoder.JSONDecodeError",
+         "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)", NULL},
+        {"x = (\n", "SyntaxError", "'(' was never closed (<main>, line 1)",
+         "SyntaxError: '(' was never closed\n"},
+        {"class E(Exception):\n    def __str__(self): raise RuntimeError\nraise E()\n", "E",
+         "<str() of it failed>", NULL},
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct sbx_result *r = run_code(SBX(state), cases[i].code);
+        assert_int_equal(r->status, SBX_COMPLETED);
+        assert_int_equal(r->exit_code, 1);
+        assert_non_null(r->error_type);
+        assert_string_equal(r->error_type, cases[i].type);
+        assert_string_equal(r->error_message, cases[i].message);
+        if (cases[i].tb_end) {
+            size_t n = strlen(r->error_traceback), m = strlen(cases[i].tb_end);
+            assert_true(n >= m && strcmp(r->error_traceback + n - m, cases[i].tb_end) == 0);
+        }
+        assert_int_equal(r->n_artifacts, 0);
+        sbx_result_free(r);
+    }
+    static const char *const none[] = {
+        "import sys\nsys.exit(1)\n",
+        "import sys\nsys.exit('bye')\n",
+        "print(1)\n",
+        /* The code's own file, and an exit status of 0: not taken. */
+        "open('.pysbx-error', 'w').write('Fake\\0m\\0t\\0')\n",
+    };
+    for (size_t i = 0; i < sizeof(none) / sizeof(none[0]); i++) {
+        struct sbx_result *r = run_code(SBX(state), none[i]);
+        assert_int_equal(r->status, SBX_COMPLETED);
+        assert_null(r->error_type);
+        assert_null(r->error_message);
+        assert_null(r->error_traceback);
+        assert_int_equal(r->n_artifacts, 0);
+        sbx_result_free(r);
+    }
+}
+
 /* --- ceilings ------------------------------------------------------------- */
 
 static void wall_limit_fires_with_partial_output(void **state)
@@ -263,6 +311,28 @@ static void wall_limit_fires_with_partial_output(void **state)
     assert_non_null(strstr(r->reason, "wall"));
     assert_true(r->wall_ms >= 500 && r->wall_ms < 5000);
     sbx_result_free(r);
+}
+
+/* What the code printed before a limit fired is in the answer, flushed or
+ * not: its stdout is line-buffered, as on a terminal. */
+static void output_printed_before_a_limit_is_in_the_answer(void **state)
+{
+    static const char *const code[] = {
+        "import time\nfor i in range(100): print('step', i)\ntime.sleep(30)\n",
+        "for i in range(100): print('step', i)\nwhile True: pass\n",
+        "import sys\nfor i in range(100): print('step', i, file=sys.stderr)\nwhile True: pass\n",
+    };
+    struct sbx_limits l = limits(0.5, 0.3);
+
+    for (size_t k = 0; k < sizeof(code) / sizeof(code[0]); k++) {
+        struct sbx_result *r = run_with(SBX(state), code[k], &l, NULL, 0);
+        assert_int_equal(r->status, SBX_TIMEOUT);
+        assert_true(r->partial);
+        const char *text = k == 2 ? r->stderr_text : r->stdout_text;
+        assert_non_null(strstr(text, "step 0\n"));
+        assert_non_null(strstr(text, "step 99\n"));
+        sbx_result_free(r);
+    }
 }
 
 static void cpu_limit_fires(void **state)
@@ -865,7 +935,9 @@ int main(void)
         cmocka_unit_test(flood_without_end_is_stopped_at_the_deadline),
         cmocka_unit_test(flood_that_ends_completes_with_a_bounded_result),
         cmocka_unit_test(invalid_utf8_output_is_replaced),
+        cmocka_unit_test(an_exception_comes_back_typed),
         cmocka_unit_test(wall_limit_fires_with_partial_output),
+        cmocka_unit_test(output_printed_before_a_limit_is_in_the_answer),
         cmocka_unit_test(cpu_limit_fires),
         cmocka_unit_test(cpu_limit_counts_every_thread),
         cmocka_unit_test(ignoring_sigxcpu_does_not_help),

@@ -185,8 +185,12 @@ static void on_stop_keeps_an_exception(void **state)
     expect_completed(r, 1);
     assert_false(r->rolled_back);
     assert_null(r->reason);
+    /* A cell's exception comes back typed, and its report is not a file
+     * of the session's. */
+    assert_string_equal(r->error_type, "ZeroDivisionError");
+    assert_string_equal(r->error_message, "division by zero");
     sbx_result_free(r);
-    expect_cell(s, "print(x, open('f').read())", "2 f\n");
+    expect_cell(s, "import os\nprint(x, open('f').read(), sorted(os.listdir()))", "2 f ['f']\n");
     sbx_session_close(s);
 }
 

@@ -77,6 +77,16 @@ class Artifact:
 
 
 @dataclass
+class CodeError:
+    """The uncaught exception a run ended by, as the sandboxed interpreter
+    reported it: its type ("KeyError", "json.decoder.JSONDecodeError"),
+    str() of it, and the traceback as Python prints it."""
+    type: str
+    message: str
+    traceback: str
+
+
+@dataclass
 class Result:
     status: str  # completed, timeout, memory_limit, crashed, cancelled, sandbox_error
     exit_code: Optional[int]
@@ -96,6 +106,9 @@ class Result:
     value: Optional[str] = None
     # A session's cell: {"name": ..., "cell": N, "rolled_back": bool}; else None.
     session: Optional[Dict[str, Any]] = None
+    # When the code ended by an uncaught exception (exit_code 1): what the
+    # sandboxed interpreter reported of it; else None.
+    error: Optional["CodeError"] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the answer as sent
 
     @property
@@ -104,11 +117,21 @@ class Result:
         return self.status == "completed" and self.exit_code == 0
 
 
+def _code_error(err: Any) -> Optional[CodeError]:
+    if err is None:
+        return None
+    if not isinstance(err, dict) or not all(isinstance(err.get(k), str)
+                                            for k in ("type", "message", "traceback")):
+        raise ProtocolError(f"a malformed error of the code: {err!r:.200}")
+    return CodeError(err["type"], err["message"], err["traceback"])
+
+
 def _result(answer: Dict[str, Any]) -> Result:
     if not isinstance(answer, dict):
         raise ProtocolError(f"an answer is a JSON object, not {type(answer).__name__}")
     err = answer.get("error")
-    if err is not None:
+    # A refusal has an error and no status; a result's error is its code's.
+    if err is not None and "status" not in answer:
         if not isinstance(err, dict):
             raise ProtocolError(f"a malformed error: {err!r}")
         raise SandboxError(str(err.get("code")), str(err.get("message")))
@@ -124,7 +147,8 @@ def _result(answer: Dict[str, Any]) -> Result:
                       partial=answer.get("partial", False), artifacts=arts,
                       artifacts_dropped=answer.get("artifacts_dropped", 0),
                       stats=answer.get("stats") or {}, reason=answer.get("reason"),
-                      value=answer.get("value"), session=answer.get("session"), raw=answer)
+                      value=answer.get("value"), session=answer.get("session"),
+                      error=_code_error(answer.get("error")), raw=answer)
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"a malformed result ({e!r}): {answer!r:.200}") from None
 

@@ -86,6 +86,14 @@ class Common:
         self.assertEqual((r.status, r.exit_code), ("completed", 1))
         self.assertIn("ValueError: boom", r.stderr)
         self.assertFalse(r.ok)
+        # The exception comes back as a result with its error, not a refusal.
+        self.assertEqual((r.error.type, r.error.message), ("ValueError", "boom"))
+        self.assertIn("ValueError: boom", r.error.traceback)
+        r = self.client.run("import json\njson.loads('{')")
+        self.assertEqual(r.error.type, "json.decoder.JSONDecodeError")
+        r = self.client.run("import sys\nsys.exit(1)")
+        self.assertEqual((r.exit_code, r.error), (1, None))
+        self.assertIsNone(self.client.run("print(1)").error)
 
     def test_limits_are_sent(self):
         r = self.client.run("while True: pass", limits={"cpu_seconds": 0.3, "wall_seconds": 5})

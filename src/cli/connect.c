@@ -188,6 +188,14 @@ static int result_from(json_t *o, struct sbx_result **out)
         r->reason = text_of(o, "reason", NULL);
     if (json_is_string(json_object_get(o, "value")))
         r->value = text_of(o, "value", &r->value_len);
+    json_t *error = json_object_get(o, "error");
+    if (json_is_object(error)) {
+        r->error_type = text_of(error, "type", NULL);
+        r->error_message = text_of(error, "message", NULL);
+        r->error_traceback = text_of(error, "traceback", NULL);
+        if (!r->error_type || !r->error_message || !r->error_traceback)
+            return -EPROTO;
+    }
     if ((int)r->status < 0 || !r->stdout_text || !r->stderr_text)
         return -EPROTO;
     return artifacts_from(json_object_get(o, "artifacts"), r);
@@ -286,8 +294,9 @@ int remote_run(const char *path, const struct sbx_request *req, unsigned given,
     }
     json_error_t jerr;
     answer = json_loadb(line, len, 0, &jerr);
+    /* A refusal: an error and no status (a result's error is its code's). */
     json_t *error = json_object_get(answer, "error");
-    if (json_is_object(error)) {
+    if (json_is_object(error) && !json_object_get(answer, "status")) {
         const char *msg = json_string_value(json_object_get(error, "message"));
         rc = sbx_fail(err,
                       (enum sbx_error_code)lookup(json_string_value(json_object_get(error, "code")),

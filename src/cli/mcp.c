@@ -287,7 +287,10 @@ static json_t *tool_result(const struct sbx_result *r, const char *session)
     char head[512];
     bool error = r->status != SBX_COMPLETED || r->exit_code != 0;
 
-    if (r->status == SBX_COMPLETED)
+    if (r->status == SBX_COMPLETED && r->error_type)
+        fmt(head, sizeof(head), "exit_code: %d (an uncaught exception: %.200s: %.200s)",
+            r->exit_code, r->error_type, r->error_message);
+    else if (r->status == SBX_COMPLETED)
         fmt(head, sizeof(head), "exit_code: %d%s", r->exit_code,
             r->exit_code == 1 ? " (an uncaught exception; see stderr)" : "");
     else if (r->status == SBX_TIMEOUT || r->status == SBX_MEMORY_LIMIT)

@@ -226,6 +226,13 @@ struct wire_file {
  * as an artifact. A file, not a descriptor: while the code runs the worker
  * holds no descriptor but its three streams. */
 #define WIRE_VALUE_FILE ".pysbx-value"
+/* And, when the code ended by an uncaught exception, its type (qualified
+ * by its module unless a builtin), str() of it and its traceback, each
+ * ended by a NUL byte. Like the value, what the sandboxed process says of
+ * itself: the supervisor takes it only from a run that exited with status
+ * 1 (as an uncaught exception makes it), and gives it as the code's own
+ * report, never as a fact of the sandbox's. */
+#define WIRE_ERROR_FILE ".pysbx-error"
 
 /* Sends one SEQPACKET message with up to |nfds| descriptors attached.
  * Returns 0 or -errno. */

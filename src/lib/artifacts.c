@@ -220,8 +220,8 @@ static int walk(int ws_fd, const struct artifact_spec *s, struct heap *h, uint64
          * with everything that is not a plain file. */
         if (!S_ISREG(st.st_mode) || st.st_nlink != 1)
             continue;
-        if (depth == 0 && strcmp(n, WIRE_VALUE_FILE) == 0)
-            continue; /* the value, not an artifact */
+        if (depth == 0 && (strcmp(n, WIRE_VALUE_FILE) == 0 || strcmp(n, WIRE_ERROR_FILE) == 0))
+            continue; /* the value or the error, not an artifact */
         if (s->only && !s->only(s->only_ctx, path))
             continue;
         const struct sbx_file *in = find_input(s, path);
@@ -322,9 +322,12 @@ out:
     return rc;
 }
 
-int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len, bool *truncated)
+/* The report |name| the worker left, as text of at most |max_chars|
+ * characters; *text NULL when there is none. Returns 0 or -ENOMEM. */
+static int take_report(int ws_fd, const char *name, uint64_t max_chars, char **text, size_t *len,
+                       bool *truncated)
 {
-    int fd = open_beneath(ws_fd, WIRE_VALUE_FILE, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, false);
+    int fd = open_beneath(ws_fd, name, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, false);
     struct outbuf ob;
     struct stat st;
     char buf[65536];
@@ -344,6 +347,64 @@ int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len
     *text = outbuf_finish(&ob, len, truncated);
     outbuf_free(&ob);
     return *text ? 0 : -ENOMEM;
+}
+
+int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len, bool *truncated)
+{
+    return take_report(ws_fd, WIRE_VALUE_FILE, max_chars, text, len, truncated);
+}
+
+/* |s| (valid UTF-8) ended after |max_chars| characters. */
+static void cut_chars(char *s, uint64_t max_chars)
+{
+    uint64_t chars = 0;
+
+    for (char *p = s; *p; p++)
+        if (((unsigned char)*p & 0xC0) != 0x80 && chars++ == max_chars) {
+            *p = '\0';
+            return;
+        }
+}
+
+/* The next NUL-ended part of [*at, end), copied (NULL when it has no NUL:
+ * the report was cut, or is not one). */
+static char *report_field(const char **at, const char *end)
+{
+    const char *nul = *at < end ? memchr(*at, '\0', (size_t)(end - *at)) : NULL;
+    char *copy = nul ? strndup(*at, (size_t)(nul - *at)) : NULL;
+
+    if (nul)
+        *at = nul + 1;
+    return copy;
+}
+
+int artifacts_take_error(int ws_fd, uint64_t max_chars, struct sbx_result *res)
+{
+    char *text = NULL;
+    size_t len = 0;
+    bool truncated;
+    /* Three parts of max_chars each at most, and their NULs. */
+    int rc = take_report(ws_fd, WIRE_ERROR_FILE, 3 * max_chars + 3, &text, &len, &truncated);
+
+    if (rc < 0 || !text)
+        return rc;
+    const char *at = text, *end = text + len;
+    res->error_type = report_field(&at, end);
+    res->error_message = res->error_type ? report_field(&at, end) : NULL;
+    res->error_traceback = res->error_message ? report_field(&at, end) : NULL;
+    free(text);
+    if (!res->error_traceback) {
+        /* Not the worker's report (or cut): none, rather than half of one. */
+        free(res->error_type);
+        free(res->error_message);
+        res->error_type = res->error_message = NULL;
+        return 0;
+    }
+    /* Each part as long as a stream may be. */
+    char **parts[3] = {&res->error_type, &res->error_message, &res->error_traceback};
+    for (int i = 0; i < 3; i++)
+        cut_chars(*parts[i], max_chars);
+    return 0;
 }
 
 void artifacts_free(struct sbx_artifact *a, size_t n)

@@ -32,6 +32,12 @@ int artifacts_collect(int ws_fd, const struct artifact_spec *spec, struct sbx_ar
  * when there is none; free it), *len and *truncated, or -ENOMEM. */
 int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len, bool *truncated);
 
+/* The uncaught exception the worker reported in WIRE_ERROR_FILE, if any,
+ * into res->error_type, error_message and error_traceback (each at most
+ * |max_chars| characters; all NULL when there is no whole report). Returns
+ * 0 or -ENOMEM. */
+int artifacts_take_error(int ws_fd, uint64_t max_chars, struct sbx_result *res);
+
 void artifacts_free(struct sbx_artifact *a, size_t n);
 
 #endif

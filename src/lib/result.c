@@ -96,7 +96,11 @@ static json_t *result_json(const struct sbx_result *r)
         "stats", "wall_ms", r->wall_ms, "cpu_ms", r->cpu_ms, "max_rss_kb",
         (json_int_t)r->max_rss_kb, "reason", string_or_null(r->reason));
     json_t *value = r->value ? json_stringn(r->value, r->value_len) : json_null();
-    if (o && json_object_set_new(o, "value", value) < 0) {
+    json_t *error = r->error_type ? json_pack("{s:s, s:s, s:s}", "type", r->error_type, "message",
+                                              r->error_message, "traceback", r->error_traceback)
+                                  : json_null();
+    if (o && (json_object_set_new(o, "value", value) < 0 ||
+              json_object_set_new(o, "error", error) < 0)) {
         json_decref(o);
         o = NULL;
     }
@@ -120,6 +124,9 @@ void sbx_result_free(struct sbx_result *res)
     free(res->stderr_text);
     free(res->reason);
     free(res->value);
+    free(res->error_type);
+    free(res->error_message);
+    free(res->error_traceback);
     artifacts_free(res->artifacts, res->n_artifacts);
     free(res);
 }

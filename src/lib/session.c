@@ -397,8 +397,10 @@ int session_cell_settle(struct sbx_session *s, struct supervision *sv, int saved
     }
     bool kept = false;
     if (fsid_enter_owner(s->uid, s->gid, &switched) == 0) {
-        /* The value was read: the next cell does not find it. */
+        /* The value and the error were read: the next cell does not find
+         * them. */
         (void)unlinkat(sv->ws_fd, WIRE_VALUE_FILE, 0);
+        (void)unlinkat(sv->ws_fd, WIRE_ERROR_FILE, 0);
         if (keep_files) {
             rc = ws_commit(sv->ws_fd, saved, &s->changes);
             if (rc == 0)

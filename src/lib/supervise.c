@@ -229,6 +229,10 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
     if (rc == 0)
         rc = artifacts_take_value(s->ws_fd, s->req->limits.max_output_chars, &res->value,
                                   &res->value_len, &res->value_truncated);
+    /* The exit status an uncaught exception gives, which the kernel
+     * reported: only then is the worker's report of one taken. */
+    if (rc == 0 && res->exit_code == 1)
+        rc = artifacts_take_error(s->ws_fd, s->req->limits.max_output_chars, res);
     fsid_leave(switched);
     if (rc == -ENOMEM)
         return rc;

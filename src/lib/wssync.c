@@ -129,7 +129,7 @@ static int walk_dir(struct walk *w, int dir, uint32_t self, unsigned depth)
         struct stat st;
         if (n[0] == '.' && (n[1] == '\0' || (n[1] == '.' && n[2] == '\0')))
             continue;
-        if (self == WS_NONE && strcmp(n, WIRE_VALUE_FILE) == 0)
+        if (self == WS_NONE && (strcmp(n, WIRE_VALUE_FILE) == 0 || strcmp(n, WIRE_ERROR_FILE) == 0))
             continue;
         if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0)
             rc = errmsg(w->why, w->cap, -errno, "%s: %s", n, strerror(errno));

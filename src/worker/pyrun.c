@@ -164,9 +164,24 @@ static PyObject *compile_parts(const char *code, size_t len, PyObject **last)
     return compile_bytes(code, len, "exec");
 }
 
-/* WIRE_VALUE_FILE in the workspace, by absolute path: the code may have
- * changed directory. */
+/* WIRE_VALUE_FILE and WIRE_ERROR_FILE in the workspace, by absolute path:
+ * the code may have changed directory. */
 static char value_path[PATH_MAX];
+static char error_path[PATH_MAX];
+
+/* |path| created afresh (what the code left there goes first), with
+ * |n| parts of bytes each. A file that cannot be written is lost. */
+static void write_report(const char *path, PyObject *const *parts, int n)
+{
+    unlink(path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    for (int i = 0; i < n; i++)
+        if (write_full(fd, PyBytes_AS_STRING(parts[i]), (size_t)PyBytes_GET_SIZE(parts[i])) < 0)
+            break;
+    close(fd);
+}
 
 /* The value's repr() for the supervisor (WIRE_VALUE_FILE); None, as in a
  * notebook, shows nothing. What the code left under that name goes first,
@@ -183,11 +198,7 @@ static int send_value(PyObject *v)
     Py_XDECREF(r);
     if (!b)
         return -1;
-    int fd = open(value_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-        (void)write_full(fd, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
-        close(fd);
-    }
+    write_report(value_path, &b, 1);
     Py_DECREF(b);
     return 0;
 }
@@ -308,6 +319,7 @@ out:
 int pyrun_prepare(const char *workspace, bool rehearsal, int devnull, char *err, size_t errlen)
 {
     fmt(value_path, sizeof(value_path), "%s/" WIRE_VALUE_FILE, workspace);
+    fmt(error_path, sizeof(error_path), "%s/" WIRE_ERROR_FILE, workspace);
     if (set_environment(workspace) < 0 || (rehearsal && rehearse(devnull) < 0))
         return pyrun_error_text("preparing the worker", err, errlen);
     return 0;
@@ -381,6 +393,62 @@ static int flush_stream(const char *name)
 /* As PyErr_Print, but through the traceback module when sys.excepthook is
  * the default: the C printer reads source lines from files only, and the
  * code's lines live in linecache. */
+/* |o| as UTF-8 bytes and a NUL (new reference), |fallback| when it cannot
+ * be had (str() may be the code's own, and raise). */
+static PyObject *report_part(PyObject *o, const char *fallback)
+{
+    PyObject *b = o ? PyUnicode_AsEncodedString(o, "utf-8", "replace") : NULL;
+    PyObject *part = b ? PyBytes_FromFormat("%s%c", PyBytes_AS_STRING(b), 0) : NULL;
+
+    Py_XDECREF(b);
+    if (!part) {
+        PyErr_Clear();
+        part = PyBytes_FromFormat("%s%c", fallback, 0);
+    }
+    return part;
+}
+
+/* The exception |value| of |type|, for the supervisor (WIRE_ERROR_FILE):
+ * its type's name (module.qualname, or the qualname alone of a builtin or
+ * of the program's own, as Python's traceback names it), str()
+ * of it, and the traceback as traceback.format_exception gives it. Leaves
+ * no Python exception set. */
+static void send_error(PyObject *type, PyObject *value)
+{
+    PyObject *mod = PyObject_GetAttrString(type, "__module__");
+    PyObject *qual = PyObject_GetAttrString(type, "__qualname__");
+    PyObject *name = NULL;
+
+    if (mod && qual && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "builtins") &&
+        PyUnicode_CompareWithASCIIString(mod, "__main__"))
+        name = PyUnicode_FromFormat("%U.%U", mod, qual);
+    else if (qual && PyUnicode_Check(qual))
+        name = Py_NewRef(qual);
+    PyErr_Clear();
+    PyObject *msg = PyObject_Str(value);
+    PyErr_Clear();
+    PyObject *tbm = PyImport_ImportModule("traceback");
+    PyObject *lines = tbm ? PyObject_CallMethod(tbm, "format_exception", "O", value) : NULL;
+    PyObject *empty = PyUnicode_FromString("");
+    PyObject *text = lines && empty ? PyUnicode_Join(empty, lines) : NULL;
+    PyErr_Clear();
+    PyObject *parts[3] = {report_part(name, "?"), report_part(msg, "<str() of it failed>"),
+                          report_part(text, "")};
+    if (parts[0] && parts[1] && parts[2])
+        write_report(error_path, parts, 3);
+    PyErr_Clear();
+    for (int i = 0; i < 3; i++)
+        Py_XDECREF(parts[i]);
+    Py_XDECREF(mod);
+    Py_XDECREF(qual);
+    Py_XDECREF(name);
+    Py_XDECREF(msg);
+    Py_XDECREF(tbm);
+    Py_XDECREF(lines);
+    Py_XDECREF(empty);
+    Py_XDECREF(text);
+}
+
 static void print_exception(void)
 {
     PyObject *type = NULL, *value = NULL, *tb = NULL;
@@ -397,6 +465,7 @@ static void print_exception(void)
     }
     if (tb)
         PyException_SetTraceback(value, tb);
+    send_error(type, value);
     if (hook && hook != dflt) {
         r = PyObject_CallFunctionObjArgs(hook, type, value, tb ? tb : Py_None, NULL);
     } else {
@@ -456,6 +525,7 @@ static int run_code(char *code, size_t len)
         res = PyEval_EvalCode(co, globals, globals);
     Py_XDECREF(co);
     unlink(value_path);
+    unlink(error_path);
     if (res && last) {
         Py_DECREF(res);
         res = PyEval_EvalCode(last, globals, globals);

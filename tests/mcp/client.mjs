@@ -67,7 +67,7 @@ await check("input files", async () => {
 await check("an exception is an error result with its traceback", async () => {
   const r = await call({ code: "def f():\n    raise ValueError('boom')\nf()" });
   assert.equal(r.isError, true);
-  assert.match(text(r), /exit_code: 1/);
+  assert.match(text(r), /exit_code: 1 \(an uncaught exception: ValueError: boom\)/);
   assert.match(text(r), /ValueError: boom/);
   assert.match(text(r), /raise ValueError\('boom'\)/);
 });
