@@ -9,9 +9,9 @@ trap 'rm -rf "$OUT"' EXIT
 grep -q "print(1)" "$OUT/stdout"
 grep -q "throughput" "$OUT/summary.txt"
 grep -q "x floor" "$OUT/summary.txt"
-# 3 iterations x 6 snippets for pysbx and for the floor at least
-[ "$(grep -c '^pysbx,' "$OUT/samples.csv")" -eq 18 ]
-[ "$(grep -c '^floor,' "$OUT/samples.csv")" -eq 18 ]
+# 3 iterations x 7 snippets for pysbx and for the floor at least
+[ "$(grep -c '^pysbx,' "$OUT/samples.csv")" -eq 21 ]
+[ "$(grep -c '^floor,' "$OUT/samples.csv")" -eq 21 ]
 ! grep -q ',0$' "$OUT/samples.csv"
 # one round: the floor with 1 and one loop per core, pysbx with 1, 2, 8 callers,
 # each with its CPU per run

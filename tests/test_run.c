@@ -335,6 +335,29 @@ static void output_printed_before_a_limit_is_in_the_answer(void **state)
     }
 }
 
+/* Past what the answer shows, the output goes in blocks (a write per line
+ * costs more than the line); what the answer shows of a stopped run is
+ * still all there. */
+static void a_stopped_run_shows_all_it_can_of_a_long_output(void **state)
+{
+    struct sbx_limits l = limits(0.5, 10);
+    l.max_output_chars = 1000;
+    struct sbx_result *r =
+        run_with(SBX(state),
+                 "import sys, time\nfor i in range(10000): print('%04d' % i, 'x' * 14)\n"
+                 "print('line buffered:', sys.stdout.line_buffering, file=sys.stderr)\n"
+                 "time.sleep(30)\n",
+                 &l, NULL, 0);
+    char want[1001];
+    for (int i = 0; i < 50; i++)
+        snprintf(want + 20 * i, sizeof(want) - 20 * (size_t)i, "%04d xxxxxxxxxxxxxx\n", i);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    assert_true(r->stdout_truncated);
+    assert_memory_equal(r->stdout_text, want, 1000);
+    assert_string_equal(r->stderr_text, "line buffered: False\n");
+    sbx_result_free(r);
+}
+
 static void cpu_limit_fires(void **state)
 {
     struct sbx_limits l = limits(10, 0.3);
@@ -938,6 +961,7 @@ int main(void)
         cmocka_unit_test(an_exception_comes_back_typed),
         cmocka_unit_test(wall_limit_fires_with_partial_output),
         cmocka_unit_test(output_printed_before_a_limit_is_in_the_answer),
+        cmocka_unit_test(a_stopped_run_shows_all_it_can_of_a_long_output),
         cmocka_unit_test(cpu_limit_fires),
         cmocka_unit_test(cpu_limit_counts_every_thread),
         cmocka_unit_test(ignoring_sigxcpu_does_not_help),

@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define WIRE_VERSION 3
+#define WIRE_VERSION 4
 
 enum wire_msg_type {
     WIRE_CONFIG = 1,
@@ -208,6 +208,7 @@ struct wire_req {
     uint64_t code_len;
     uint32_t n_files;
     uint32_t reserved;
+    uint64_t max_output_chars; /* how much of stdout the answer shows */
 };
 
 /* Each file follows as: struct wire_file, the name (name_len bytes, no NUL),

@@ -100,6 +100,7 @@ static int send_request(struct supervision *sv, int *fdp)
         .memory_bytes = req->limits.memory_bytes,
         .code_len = req->code_len,
         .n_files = (uint32_t)req->n_files,
+        .max_output_chars = req->limits.max_output_chars,
     };
     int rc;
 

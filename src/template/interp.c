@@ -58,28 +58,6 @@ static int import_all(const char *const *names, char *err, size_t errlen)
     return 0;
 }
 
-/* The code's stdout is a pipe, where Python would buffer it in blocks: a
- * run stopped at a limit would lose what it printed last (all of it, for a
- * short run). Line-buffered, as on a terminal, each line goes out as it is
- * printed (one write per line; stderr is line-buffered already). Returns
- * 0, or -1 with a Python exception. */
-static int line_buffered_stdout(void)
-{
-    PyObject *out = PySys_GetObject("stdout"); /* borrowed */
-    PyObject *reconfigure = out ? PyObject_GetAttrString(out, "reconfigure") : NULL;
-    PyObject *args = PyTuple_New(0);
-    PyObject *kw = Py_BuildValue("{s:O}", "line_buffering", Py_True);
-    PyObject *r = reconfigure && args && kw ? PyObject_Call(reconfigure, args, kw) : NULL;
-
-    Py_XDECREF(reconfigure);
-    Py_XDECREF(args);
-    Py_XDECREF(kw);
-    if (!r && !PyErr_Occurred())
-        PyErr_SetString(PyExc_RuntimeError, "no sys.stdout");
-    Py_XDECREF(r);
-    return r ? 0 : -1;
-}
-
 int interp_start(const struct interp_config *c, char *err, size_t errlen)
 {
     PyPreConfig pre;
@@ -130,8 +108,8 @@ int interp_start(const struct interp_config *c, char *err, size_t errlen)
     if (PyStatus_Exception(st))
         return status_message(st, "Python initialisation", err, errlen);
 
-    if (line_buffered_stdout() < 0)
-        return pyrun_error_text("sys.stdout.reconfigure", err, errlen);
+    if (pyrun_stdout_install() < 0)
+        return pyrun_error_text("sys.stdout", err, errlen);
     if (import_all(warm, err, errlen) < 0 || import_all(c->package_modules, err, errlen) < 0)
         return -EIO;
     if (c->after_packages && c->after_packages(c->arg, err, errlen) < 0)

@@ -272,6 +272,154 @@ out:
  * pages it touches are copied now and not on the request path: seed
  * linecache, compile() bytes, run in a namespace like __main__'s, print,
  * flush. Output goes to |devnull|. */
+/* --- the code's stdout --------------------------------------------------------
+ *
+ * A pipe, where Python would buffer it in blocks: a run stopped at a limit
+ * would lose what it printed last (all of it, for a short run). It is
+ * line-buffered, as on a terminal: each line goes out as it is printed.
+ * But a write per line costs more than most lines (a system call, on some
+ * machines several microseconds), and the answer shows only the first
+ * max_output_chars characters: once the code has written that many, the
+ * stream goes to blocks of 8 KiB, and a run stopped after that loses at
+ * most its last block, of which the answer would show nothing. The switch
+ * cannot be made inside a write (the buffer's lock is held there): it is a
+ * pending call, made at the interpreter's next chance. stderr is
+ * line-buffered, as Python makes it. */
+
+static PyObject *out_stream;   /* our sys.stdout, a TextIOWrapper */
+static uint64_t out_left;      /* characters still to go out line by line */
+static bool out_switch_queued; /* the pending call is queued */
+
+static int out_set_lines(bool lines)
+{
+    PyObject *kw = Py_BuildValue("{s:O}", "line_buffering", lines ? Py_True : Py_False);
+    PyObject *args = PyTuple_New(0);
+    PyObject *reconf = out_stream ? PyObject_GetAttrString(out_stream, "reconfigure") : NULL;
+    PyObject *r = kw && args && reconf ? PyObject_Call(reconf, args, kw) : NULL;
+    int rc = r ? 0 : -1;
+
+    Py_XDECREF(kw);
+    Py_XDECREF(args);
+    Py_XDECREF(reconf);
+    Py_XDECREF(r);
+    return rc;
+}
+
+static int out_to_blocks(void *unused)
+{
+    (void)unused;
+    out_switch_queued = false;
+    /* The code may have closed or broken its stream: it stays as it is. */
+    if (out_set_lines(false) < 0)
+        PyErr_Clear();
+    return 0;
+}
+
+/* The raw layer's write(b): to descriptor 1, counting characters (bytes
+ * that do not continue a UTF-8 sequence: never more than the answer will
+ * count). As FileIO.write: the bytes written, None when the pipe would
+ * block, OSError otherwise. */
+static PyObject *out_write(PyObject *self, PyObject *arg)
+{
+    Py_buffer b;
+    ssize_t n;
+
+    (void)self;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS n = write(1, b.buf, (size_t)b.len);
+        Py_END_ALLOW_THREADS if (n >= 0 || errno != EINTR) break;
+        if (PyErr_CheckSignals() < 0) {
+            PyBuffer_Release(&b);
+            return NULL;
+        }
+    }
+    if (n < 0) {
+        int e = errno;
+        PyBuffer_Release(&b);
+        if (e == EAGAIN)
+            Py_RETURN_NONE;
+        errno = e;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    uint64_t chars = 0;
+    for (ssize_t i = 0; i < n; i++)
+        chars += (((const unsigned char *)b.buf)[i] & 0xC0) != 0x80;
+    PyBuffer_Release(&b);
+    if (out_left && chars >= out_left) {
+        out_left = 0;
+        if (!out_switch_queued && Py_AddPendingCall(out_to_blocks, NULL) == 0)
+            out_switch_queued = true;
+    } else if (out_left)
+        out_left -= chars;
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef out_write_def = {"write", out_write, METH_O,
+                                    "Write the bytes to the standard output."};
+
+/* sys.stdout (and sys.__stdout__) afresh: a TextIOWrapper as Python's own,
+ * over a FileIO of descriptor 1 whose write is out_write. */
+int pyrun_stdout_install(void)
+{
+    PyObject *io = PyImport_ImportModule("io");
+    PyObject *old = PySys_GetObject("stdout"); /* borrowed */
+    PyObject *fn = PyCFunction_New(&out_write_def, NULL);
+    PyObject *sm = fn ? PyStaticMethod_New(fn) : NULL;
+    PyObject *fileio = io ? PyObject_GetAttrString(io, "FileIO") : NULL;
+    PyObject *cls = NULL, *raw = NULL, *buf = NULL, *text = NULL;
+    int rc = -1;
+
+    if (sm && fileio && old)
+        cls = PyObject_CallFunction((PyObject *)&PyType_Type, "s(O){s:O}", "StdoutFileIO", fileio,
+                                    "write", sm);
+    if (cls)
+        raw = PyObject_CallFunction(cls, "isO", 1, "wb", Py_False);
+    if (raw && PyObject_SetAttrString(raw, "name", PyUnicode_FromString("<stdout>")) == 0)
+        buf = PyObject_CallMethod(io, "BufferedWriter", "O", raw);
+    PyObject *enc = old ? PyObject_GetAttrString(old, "encoding") : NULL;
+    PyObject *errs = old ? PyObject_GetAttrString(old, "errors") : NULL;
+    if (buf && enc && errs) {
+        PyObject *kw = Py_BuildValue("{s:O, s:O, s:O}", "encoding", enc, "errors", errs,
+                                     "line_buffering", Py_True);
+        PyObject *args = PyTuple_Pack(1, buf);
+        PyObject *wrapper = PyObject_GetAttrString(io, "TextIOWrapper");
+        text = kw && args && wrapper ? PyObject_Call(wrapper, args, kw) : NULL;
+        Py_XDECREF(kw);
+        Py_XDECREF(args);
+        Py_XDECREF(wrapper);
+    }
+    PyObject *mode = PyUnicode_FromString("w");
+    if (text && mode && PyObject_SetAttrString(text, "mode", mode) == 0 &&
+        PySys_SetObject("stdout", text) == 0 && PySys_SetObject("__stdout__", text) == 0) {
+        out_stream = Py_NewRef(text);
+        rc = 0;
+    }
+    Py_XDECREF(mode);
+    Py_XDECREF(enc);
+    Py_XDECREF(errs);
+    Py_XDECREF(io);
+    Py_XDECREF(fn);
+    Py_XDECREF(sm);
+    Py_XDECREF(fileio);
+    Py_XDECREF(cls);
+    Py_XDECREF(raw);
+    Py_XDECREF(buf);
+    Py_XDECREF(text);
+    if (rc < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "no sys.stdout");
+    return rc;
+}
+
+/* Before a run's (or a cell's) code: line by line again, for |chars|. */
+static void out_reset(uint64_t chars)
+{
+    out_left = chars;
+    if (out_set_lines(true) < 0)
+        PyErr_Clear(); /* a cell's code may have closed it: as it left it */
+}
+
 static int rehearse(int devnull)
 {
     static const char snippet[] = "print(1)\n";
@@ -558,8 +706,9 @@ static int run_code(char *code, size_t len)
     return status;
 }
 
-_Noreturn void pyrun_main(char *code, size_t len)
+_Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars)
 {
+    out_reset(output_chars);
     int status = run_code(code, len);
 
     /* What Py_FinalizeEx does that the code can observe, without the rest:
@@ -574,8 +723,9 @@ _Noreturn void pyrun_main(char *code, size_t len)
     _exit(status & 0xff);
 }
 
-int pyrun_cell(char *code, size_t len)
+int pyrun_cell(char *code, size_t len, uint64_t output_chars)
 {
+    out_reset(output_chars);
     int status = run_code(code, len);
 
     /* The process lives on as the session's state: no thread is waited

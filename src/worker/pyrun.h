@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* In an idle worker, before any request: points HOME and TMPDIR at the
  * workspace and, with |rehearse|, runs a small snippet of our own so that
@@ -21,14 +22,21 @@ int pyrun_prepare(const char *workspace, bool rehearse, int devnull, char *err, 
  * handlers run first. An uncaught MemoryError ends with WIRE_NOMEM_SIGNAL.
  * When the last statement is an expression, its repr() goes to the
  * supervisor (WIRE_VALUE_FILE) instead of being thrown away; figures left
- * open are saved (figures.h). Takes ownership of |code| (malloc'd). */
-_Noreturn void pyrun_main(char *code, size_t len);
+ * open are saved (figures.h). Takes ownership of |code| (malloc'd).
+ * |output_chars|: the run's max_output_chars (pyrun_stdout_install). */
+_Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars);
 
 /* A session's cell: as pyrun_main, but returns the exit status instead of
  * ending the process (an uncaught MemoryError still ends it), without
  * waiting for threads or running exit hooks. The status is the code's
  * whole one (sys.exit(256) is 256, not the kernel's 0). */
-int pyrun_cell(char *code, size_t len);
+int pyrun_cell(char *code, size_t len, uint64_t output_chars);
+
+/* In the template: sys.stdout as every run has it, line-buffered for the
+ * first |output_chars| characters a run writes (the run's
+ * max_output_chars, given to pyrun_main), then in blocks. Returns 0, or -1
+ * with a Python exception. */
+int pyrun_stdout_install(void);
 
 /* The pending Python exception as "|what|: Type: message" in |err|; clears
  * it. Returns -EIO, for `return pyrun_error_text(...)`. */
