@@ -464,11 +464,33 @@ out:
     return rc;
 }
 
+/* Random state the template's modules made as they were imported would be
+ * every worker's, the same draws in every run: each worker gets its own,
+ * from the kernel's randomness, before its request. Which modules keep
+ * such state was looked for, not guessed (test_packages.sh scans every
+ * module of the warm set and the vetted packages for random-state
+ * objects): numpy's global RandomState, behind np.random.random() and
+ * pandas' sample(). random reseeds itself after a fork (os.register_at_fork);
+ * SystemRandom, secrets, uuid4 and numpy's Generators read the kernel at
+ * each draw. Returns 0, or -1 with a Python exception. */
+static int reseed(void)
+{
+    PyObject *mtrand = loaded_module("numpy.random.mtrand");
+    PyObject *rand = mtrand ? PyObject_GetAttrString(mtrand, "_rand") : NULL;
+    PyObject *r = rand ? PyObject_CallMethod(rand, "seed", NULL) : NULL;
+    int rc = !mtrand || r ? 0 : -1;
+
+    Py_XDECREF(mtrand);
+    Py_XDECREF(rand);
+    Py_XDECREF(r);
+    return rc;
+}
+
 int pyrun_prepare(const char *workspace, bool rehearsal, int devnull, char *err, size_t errlen)
 {
     fmt(value_path, sizeof(value_path), "%s/" WIRE_VALUE_FILE, workspace);
     fmt(error_path, sizeof(error_path), "%s/" WIRE_ERROR_FILE, workspace);
-    if (set_environment(workspace) < 0 || (rehearsal && rehearse(devnull) < 0))
+    if (set_environment(workspace) < 0 || reseed() < 0 || (rehearsal && rehearse(devnull) < 0))
         return pyrun_error_text("preparing the worker", err, errlen);
     return 0;
 }
