@@ -42,8 +42,8 @@
  * structs are allocated by the caller and initialised with the library's
  * sizeof (sbx_config_init, sbx_request_init), and a release may add fields to
  * them, so a program runs only against the 0.y it was built with: the SONAME
- * carries the minor version (libpysbx.so.0.2, PYSBX_SONAME), the CMake
- * package accepts only the same 0.y (find_package(pysbx 0.2)), and a 0.y.z
+ * carries the minor version (libpysbx.so.0.3, PYSBX_SONAME), the CMake
+ * package accepts only the same 0.y (find_package(pysbx 0.3)), and a 0.y.z
  * release changes no struct and removes no function. From 1.0 the SONAME is
  * the major version and structs only grow under a new major.
  */
@@ -58,13 +58,13 @@
 extern "C" {
 #endif
 
-#define PYSBX_VERSION "0.2.0"
+#define PYSBX_VERSION "0.3.0"
 
 #define PYSBX_VERSION_MAJOR 0
-#define PYSBX_VERSION_MINOR 2
+#define PYSBX_VERSION_MINOR 3
 #define PYSBX_VERSION_PATCH 0
 /* The shared library this header describes (see the ABI rule above). */
-#define PYSBX_SONAME "libpysbx.so.0.2"
+#define PYSBX_SONAME "libpysbx.so.0.3"
 
 #if defined(__GNUC__)
 #define PYSBX_API __attribute__((visibility("default")))
@@ -92,6 +92,7 @@ extern "C" {
 #define SBX_MAX_CODE_BYTES    (64ULL << 20)
 #define SBX_MAX_INPUT_FILES   10000u
 #define SBX_MAX_REQUEST_BYTES (256ULL << 20)
+#define SBX_MAX_ARGS          4096u
 
 /* Opaque handle: one template process and its workers. Thread-safe. */
 struct sbx;
@@ -247,6 +248,16 @@ struct sbx_request {
     /* When every worker is busy: how long to wait for one before the run is
      * refused with SBX_ERR_BUSY. 0: as long as it takes. */
     double queue_timeout_seconds;
+    /* Optional: the program's standard input, |stdin_len| bytes, whole
+     * before the code starts (NULL: none; input() raises EOFError), counted
+     * with the code and the files against SBX_MAX_REQUEST_BYTES. */
+    const void *stdin_data;
+    size_t stdin_len;
+    /* Optional: the program's arguments, sys.argv[1:]: |argc| strings of
+     * valid UTF-8 (at most SBX_MAX_ARGS, counted against
+     * SBX_MAX_REQUEST_BYTES); sys.argv[0] stays "". */
+    const char *const *argv;
+    size_t argc;
 };
 
 enum sbx_status {

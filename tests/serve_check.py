@@ -108,6 +108,33 @@ check("an exception: its error, typed", by_id['10'][0]["error"]["type"] == "Valu
       and by_id['10'][0]["error"]["traceback"].endswith("ValueError: v\n"), by_id.get('10'))
 check("no exception: error null", by_id['1'][0]["error"] is None, by_id.get('1'))
 
+# --- stdin and argv -----------------------------------------------------------
+rc, answers = serve([
+    json.dumps({"id": "in", "code": "import sys\nprint(input(), sys.argv, repr(sys.stdin.read()))",
+                "stdin": "5\nrest", "argv": ["a", "-b"]}),
+    json.dumps({"id": "in64", "code": "import sys\nprint(sys.stdin.buffer.read())",
+                "stdin_base64": "/wA="}),
+    json.dumps({"id": "none", "code": "input()"}),
+    json.dumps({"id": "both", "code": "pass", "stdin": "a", "stdin_base64": "YQ=="}),
+    json.dumps({"id": "badargv", "code": "pass", "argv": "a b"}),
+    json.dumps({"id": "cellin", "session": "s", "code": "pass", "stdin": "x"}),
+    json.dumps({"id": "cellargv", "session": "s", "code": "import sys\nprint(sys.argv)",
+                "argv": ["c"]}),
+])
+by = {a.get("id"): a for a in answers}
+check("stdin and argv reach the program",
+      by.get("in", {}).get("stdout") == "5 ['', 'a', '-b'] 'rest'\n"
+      and by.get("in64", {}).get("stdout") == "b'\\xff\\x00'\n", answers)
+check("no stdin: input() raises EOFError",
+      (by.get("none", {}).get("error") or {}).get("type") == "EOFError", by.get("none"))
+check("stdin and stdin_base64 together, or argv not a list: invalid_request",
+      refusal(by.get("both", {})).get("code") == "invalid_request"
+      and refusal(by.get("badargv", {})).get("code") == "invalid_request", answers)
+check("a session's cell takes argv, and refuses stdin, saying so",
+      refusal(by.get("cellin", {})).get("code") == "invalid_request"
+      and "stdin" in refusal(by.get("cellin", {})).get("message", "")
+      and by.get("cellargv", {}).get("stdout") == "['', 'c']\n", answers)
+
 check("the results obey the schema", not valid_results(answers), valid_results(answers))
 
 # --- a UNIX socket --------------------------------------------------------
@@ -972,12 +999,17 @@ with open(jl, "w") as f:
     f.write(json.dumps({"code": "print('no id')"}) + "\n")
     f.write('{"id": 1.00000000001, "code": "pass"}\n')
     f.write(json.dumps({"id": "sess", "session": "s", "code": "pass"}) + "\n")
+    f.write(json.dumps({"id": "in", "code": "import sys\nprint(input(), sys.argv[1:])",
+                        "stdin": "6\n", "argv": ["z"]}) + "\n")
 out = os.path.join(d, "out.jsonl")
 p = subprocess.run([PYSBX, "batch", jl, "--out", out], capture_output=True, text=True,
                    timeout=120)
 lines = [json.loads(l) for l in open(out)]
 check("batch of JSONL: one line each, labelled", sorted(l["program"] for l in lines)
-      == ["line 1", "line 2", "line 3", "line 4", "line 5"], lines)
+      == ["line 1", "line 2", "line 3", "line 4", "line 5", "line 6"], lines)
+check("batch of JSONL: a line's stdin and argv", any(l.get("id") == "in"
+                                                     and l.get("stdout") == "6 ['z']\n"
+                                                     for l in lines), lines)
 check("batch refuses a session (served over JSON lines and MCP)",
       any(l.get("id") == "sess" and refusal(l).get("code") == "invalid_request"
           and "JSON lines and MCP" in l["error"]["message"] for l in lines), lines)

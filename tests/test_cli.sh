@@ -114,6 +114,18 @@ printf 'import time\nfor i in range(100): print("step", i)\ntime.sleep(5)\n' |
 [ "$(json_field "$T/w.json" 'r["status"], r["limit"], r["partial"], r["stdout"].count("step"), r["stdout"].endswith("step 99\n")')" = "('timeout', 'wall', True, 100, True)" ] ||
     { echo "FAIL output before the wall limit"; cat "$T/w.json"; fails=$((fails + 1)); }
 
+# Arguments and standard input reach the program; without --stdin its
+# stdin is empty.
+printf 'import sys\nprint(sys.argv, input())\n' >"$T/args.py"
+echo hello >"$T/in.txt"
+check "run FILE ARG... --stdin FILE" "['', 'a', 'b c'] hello" \
+    "$("$PYSBX" run "$T/args.py" a "b c" --stdin "$T/in.txt")"
+check "run --stdin - FILE -- -v" "['', '-v', 'x'] piped" \
+    "$(echo piped | "$PYSBX" run --stdin - "$T/args.py" -- -v x)"
+"$PYSBX" run "$T/args.py" </dev/null >/dev/null 2>"$T/err"; check "no --stdin: input() meets its end" 1 $?
+expect_in "no --stdin: EOFError" "EOFError" "$T/err"
+echo x | "$PYSBX" run --stdin - - >/dev/null 2>&1; check "--stdin - with the program on stdin: usage error" 2 $?
+
 # Every JSON answer obeys the published schema.
 for f in "$T/r.json" "$T/t.json" "$T/w.json"; do
     $PY - "$SRC/docs/result.schema.json" "$f" <<'PYEOF' && echo "ok   schema $(basename "$f")" ||
@@ -245,6 +257,8 @@ expect_in "--connect: says which limit" "wall time limit" "$T/err"
 printf 'print(1' >"$T/syntax.py"
 "$PYSBX" run --connect "$SOCK" "$T/syntax.py" >/dev/null 2>"$T/err"; check "--connect: a syntax error" 1 $?
 expect_in "--connect: its traceback" "SyntaxError" "$T/err"
+check "--connect: arguments and stdin are sent" "['', 'a', '-b'] hello" \
+    "$("$PYSBX" run --connect "$SOCK" --stdin "$T/in.txt" "$T/args.py" a -- -b)"
 # An exception is a result (with its error), not a refusal of the request.
 "$PYSBX" run --connect "$SOCK" --json "$T/syntax.py" >"$T/e.json"; check "--connect --json: an exception is a result" 0 $?
 check "--connect --json: the code's error as the server sent it" "completed 1 SyntaxError" "$(json_field "$T/e.json" "r['status'], r['exit_code'], r['error']['type']" | tr -d "(),'")"

@@ -296,6 +296,64 @@ static void an_exception_comes_back_typed(void **state)
     }
 }
 
+/* A request's stdin and arguments reach the program; without stdin,
+ * input() meets the end of its input. */
+static void stdin_and_arguments_reach_the_program(void **state)
+{
+    static const char *const args[] = {"a", "b c", "-x", "\xc3\xa9"};
+    static char big[1 << 20];
+    struct sbx_request req;
+    struct sbx_result *r = NULL;
+    struct sbx_error err;
+
+    sbx_request_init(&req);
+    req.code = "import sys, os\nprint(input(), input(), sys.argv, sorted(os.listdir()))\n"
+               "print(repr(sys.stdin.read()))";
+    req.code_len = strlen(req.code);
+    req.stdin_data = "5\n7\nrest";
+    req.stdin_len = strlen(req.stdin_data);
+    req.argv = args;
+    req.argc = 4;
+    assert_int_equal(test_run(SBX(state), &req, &r, &err), 0);
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "5 7 ['', 'a', 'b c', '-x', '\xc3\xa9'] []\n'rest'\n");
+    assert_int_equal(r->n_artifacts, 0);
+    sbx_result_free(r);
+
+    /* A megabyte, whole. */
+    memset(big, 'x', sizeof(big));
+    sbx_request_init(&req);
+    req.code = "import sys\nprint(len(sys.stdin.buffer.read()), sys.argv)";
+    req.code_len = strlen(req.code);
+    req.stdin_data = big;
+    req.stdin_len = sizeof(big);
+    assert_int_equal(test_run(SBX(state), &req, &r, &err), 0);
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "1048576 ['']\n");
+    sbx_result_free(r);
+
+    /* None: the end of the input at once. */
+    r = run_code(SBX(state), "input()");
+    expect_completed(r, 1);
+    assert_string_equal(r->error_type, "EOFError");
+    sbx_result_free(r);
+
+    /* Refused: an argument that is not UTF-8, stdin_len without data. */
+    static const char *const bad[] = {"\xff"};
+    sbx_request_init(&req);
+    req.code = "pass";
+    req.code_len = 4;
+    req.argv = bad;
+    req.argc = 1;
+    assert_true(test_run(SBX(state), &req, &r, &err) < 0);
+    assert_int_equal(err.code, SBX_ERR_INVALID_REQUEST);
+    assert_non_null(strstr(err.message, "UTF-8"));
+    req.argc = 0;
+    req.stdin_len = 3;
+    assert_true(test_run(SBX(state), &req, &r, &err) < 0);
+    assert_int_equal(err.code, SBX_ERR_INVALID_REQUEST);
+}
+
 /* --- ceilings ------------------------------------------------------------- */
 
 static void wall_limit_fires_with_partial_output(void **state)
@@ -959,6 +1017,7 @@ int main(void)
         cmocka_unit_test(flood_that_ends_completes_with_a_bounded_result),
         cmocka_unit_test(invalid_utf8_output_is_replaced),
         cmocka_unit_test(an_exception_comes_back_typed),
+        cmocka_unit_test(stdin_and_arguments_reach_the_program),
         cmocka_unit_test(wall_limit_fires_with_partial_output),
         cmocka_unit_test(output_printed_before_a_limit_is_in_the_answer),
         cmocka_unit_test(a_stopped_run_shows_all_it_can_of_a_long_output),

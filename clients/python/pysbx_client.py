@@ -193,13 +193,29 @@ class Client:
         self._lock = threading.Lock()
 
     def run(self, code: str, files: Optional[Mapping[str, Union[str, bytes]]] = None,
-            limits: Optional[Mapping[str, Any]] = None) -> Result:
+            limits: Optional[Mapping[str, Any]] = None,
+            stdin: Optional[Union[str, bytes]] = None,
+            argv: Optional[List[str]] = None) -> Result:
         """Runs |code| with |files| (name to str, or to bytes for binary
         content) in the workspace and |limits| (wall_seconds, cpu_seconds,
-        memory_bytes, max_output_chars, max_artifact_bytes, max_artifacts)."""
+        memory_bytes, max_output_chars, max_artifact_bytes, max_artifacts);
+        |stdin| (str or bytes) is its standard input, |argv| its
+        sys.argv[1:]."""
         with self._lock:
             id = next(self._ids)
-        body = json.dumps(_request(code, files, limits, id)).encode()
+        req = _request(code, files, limits, id)
+        if stdin is not None:
+            if isinstance(stdin, str):
+                req["stdin"] = stdin
+            elif isinstance(stdin, (bytes, bytearray, memoryview)):
+                req["stdin_base64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+            else:
+                raise TypeError("stdin is str or bytes")
+        if argv is not None:
+            if not all(isinstance(a, str) for a in argv):
+                raise TypeError("argv is a list of str")
+            req["argv"] = list(argv)
+        body = json.dumps(req).encode()
         answer = self._post(body) if self._http else self._unix(body)
         if isinstance(answer, dict) and answer.get("id") not in (id, None):
             raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")

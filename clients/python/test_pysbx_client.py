@@ -95,6 +95,14 @@ class Common:
         self.assertEqual((r.exit_code, r.error), (1, None))
         self.assertIsNone(self.client.run("print(1)").error)
 
+    def test_stdin_and_argv(self):
+        r = self.client.run("import sys\nprint(input(), sys.argv[1:], repr(sys.stdin.read()))",
+                            stdin="x\n\xe9", argv=["a", "-b"])
+        self.assertEqual(r.stdout, "x ['a', '-b'] '\xe9'\n")
+        r = self.client.run("import sys\nprint(sys.stdin.buffer.read())", stdin=b"\xff\x00")
+        self.assertEqual(r.stdout, "b'\\xff\\x00'\n")
+        self.assertEqual(self.client.run("input()").error.type, "EOFError")
+
     def test_limits_are_sent(self):
         r = self.client.run("while True: pass", limits={"cpu_seconds": 0.3, "wall_seconds": 5})
         self.assertEqual((r.status, r.limit, r.exit_code), ("timeout", "cpu", None))

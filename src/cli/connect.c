@@ -72,6 +72,21 @@ static json_t *request_json(const struct sbx_request *req, unsigned given, struc
     files = limits = NULL;
     if (json_object_set_new(o, "files_base64", f) < 0 || json_object_set_new(o, "limits", lim) < 0)
         goto nomem;
+    if (req->argc) {
+        json_t *args = json_array();
+        if (!args || json_object_set_new(o, "argv", args) < 0)
+            goto nomem;
+        for (size_t i = 0; i < req->argc; i++)
+            if (json_array_append_new(args, json_string(req->argv[i])) < 0)
+                goto nomem;
+    }
+    if (req->stdin_len) {
+        char *b64 = base64_encode(req->stdin_data, req->stdin_len, NULL);
+        int rc = b64 ? json_object_set_new(o, "stdin_base64", json_string(b64)) : -1;
+        free(b64);
+        if (rc < 0)
+            goto nomem;
+    }
     return o;
 nomem:
     sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");

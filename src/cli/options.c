@@ -53,10 +53,11 @@ static const char backend_help[] =
     "                          but no confinement: a baseline, never for untrusted code)\n";
 
 static const char run_usage_head[] =
-    "usage: pysbx run [options] FILE|-\n"
+    "usage: pysbx run [options] FILE|- [ARG...]\n"
     "\n"
     "Runs the Python script FILE (or standard input, for -) in a fresh sandboxed\n"
-    "worker. By default prints the code's stdout and stderr as they were and exits\n"
+    "worker, with the ARGs as sys.argv[1:] (after -- when one starts with -). By default prints "
+    "the code's stdout and stderr as they were and exits\n"
     "with its exit status; when a limit stops it, prints one line saying which and\n"
     "exits 124 (time), 125 (memory), 128+N (killed by signal N) or 70 (the sandbox\n"
     "failed).\n"
@@ -72,6 +73,9 @@ static const char run_usage_tail[] =
     "                          never '..'\n"
     "  --artifacts-dir DIR     write the files the code left in its workspace to DIR\n"
     "                          (made if missing)\n"
+    "  --stdin FILE            the program's standard input: FILE, or - for this\n"
+    "                          command's own (read whole before the program starts);\n"
+    "                          without it the program's stdin is empty\n"
     "  --connect SOCKET        send the program to a running `pysbx serve --listen\n"
     "                          SOCKET` instead of starting a sandbox (so do the\n"
     "                          environment variable PYSBX_CONNECT); the same output\n"
@@ -411,6 +415,7 @@ enum {
     O_ARTS,
     O_FILE,
     O_DIR,
+    O_STDIN,
     O_TMPL,
     O_REQUIRE,
     O_DEBUG,
@@ -456,6 +461,7 @@ static const struct {
     {{"max-pending-bytes", required_argument, NULL, O_PENDING}, CMD_SERVE},
     {{"file", required_argument, NULL, O_FILE}, CMD_RUN},
     {{"artifacts-dir", required_argument, NULL, O_DIR}, CMD_RUN},
+    {{"stdin", required_argument, NULL, O_STDIN}, CMD_RUN},
     {{"connect", required_argument, NULL, O_CONNECT}, CMD_RUN},
     {{"template", required_argument, NULL, O_TMPL}, SANDBOX},
     {{"require", required_argument, NULL, O_REQUIRE}, SANDBOX},
@@ -574,6 +580,9 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         case O_DIR:
             o->artifacts_dir = optarg;
             break;
+        case O_STDIN:
+            o->stdin_path = optarg;
+            break;
         case O_TMPL:
             o->template_path = optarg;
             break;
@@ -652,10 +661,20 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         return usage_error(cmd, cmd == CMD_RUN
                                     ? "no script given (FILE, or - for standard input)"
                                     : "no programs given (a directory or a .jsonl file)");
-    if (optind + (wants_target ? 1 : 0) < argc)
+    /* run: what follows the script is its arguments (after "--" when they
+     * start with "-"). */
+    if (cmd != CMD_RUN && optind + (wants_target ? 1 : 0) < argc)
         return usage_error(cmd, "unexpected '%s'", argv[optind + (wants_target ? 1 : 0)]);
     if (wants_target)
         o->target = argv[optind];
+    if (cmd == CMD_RUN) {
+        o->args = (const char *const *)&argv[optind + 1];
+        o->n_args = (size_t)(argc - optind - 1);
+    }
+    if (o->stdin_path && strcmp(o->stdin_path, "-") == 0 && o->target &&
+        strcmp(o->target, "-") == 0)
+        return usage_error(cmd, "the program comes from standard input (-): --stdin - cannot "
+                                "be its input too");
     if (o->http && o->listen)
         return usage_error(cmd, "--http and --listen are two ways to serve: choose one");
     if (o->token_file && !o->http)

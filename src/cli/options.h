@@ -41,7 +41,10 @@ struct opts {
     unsigned socket_mode;
     const char *out;
     const char *artifacts_dir;
-    const char *target; /* run: the script; batch: the source */
+    const char *target;      /* run: the script; batch: the source */
+    const char *const *args; /* run: the script's arguments (in argv) */
+    size_t n_args;
+    const char *stdin_path; /* run --stdin: a file, or - */
     unsigned jobs;
     size_t max_line;
     struct sbx_file *files;

@@ -29,8 +29,9 @@ static const struct limit_field {
 };
 
 /* What a request may hold, besides the limits' own keys. */
-static const char *const request_fields[] = {"id",     "code",    "files",   "files_base64",
-                                             "limits", "session", "rollback"};
+static const char *const request_fields[] = {"id",           "code",    "files",    "files_base64",
+                                             "limits",       "session", "rollback", "stdin",
+                                             "stdin_base64", "argv"};
 
 static double *seconds_of(struct sbx_limits *l, const struct limit_field *f)
 {
@@ -253,6 +254,55 @@ static int unknown_field(json_t *o, const char *const *known, size_t n, const ch
     return 0;
 }
 
+/* "stdin" (text) or "stdin_base64", and "argv" (a list of strings), into
+ * r->req. */
+static int parse_input(json_t *o, struct json_request *r, struct sbx_error *err)
+{
+    json_t *text = json_object_get(o, "stdin"), *b64 = json_object_get(o, "stdin_base64");
+    json_t *argv = json_object_get(o, "argv");
+
+    if (text && b64)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "give stdin or stdin_base64, not both");
+    if (text && !json_is_string(text))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "\"stdin\" is a string");
+    if (b64 && !json_is_string(b64))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "\"stdin_base64\" is a string");
+    if (text) {
+        r->req.stdin_data = json_string_value(text);
+        r->req.stdin_len = json_string_length(text);
+    } else if (b64) {
+        size_t len = 0;
+        r->stdin_decoded = base64_decode(json_string_value(b64), json_string_length(b64), &len);
+        if (!r->stdin_decoded)
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                            errno == ENOMEM ? "out of memory" : "\"stdin_base64\" is not base64");
+        r->req.stdin_data = r->stdin_decoded;
+        r->req.stdin_len = len;
+    }
+    if (!argv)
+        return 0;
+    if (!json_is_array(argv))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "\"argv\" is a list of strings (sys.argv[1:])");
+    size_t n = json_array_size(argv);
+    if (n > SBX_MAX_ARGS)
+        return sbx_fail(err, SBX_ERR_TOO_LARGE, -E2BIG, "more than %u arguments", SBX_MAX_ARGS);
+    if (n && !(r->args = calloc(n, sizeof(char *))))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *a = json_array_get(argv, i);
+        /* A NUL inside would cut the argument short without a word. */
+        if (!json_is_string(a) || strlen(json_string_value(a)) != json_string_length(a))
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                            "\"argv\" is a list of strings without NUL (item %zu is not)", i);
+        r->args[i] = json_string_value(a);
+    }
+    r->req.argv = r->args;
+    r->req.argc = n;
+    return 0;
+}
+
 int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_request *r,
                       struct sbx_error *err)
 {
@@ -263,8 +313,8 @@ int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_requ
     /* A misspelt field would otherwise be ignored, and the request run
      * without what its caller thinks it asked for. */
     if ((rc = unknown_field(o, request_fields, ARRAY_SIZE(request_fields),
-                            "a request has id, code, files, files_base64, limits, session, "
-                            "rollback",
+                            "a request has id, code, files, files_base64, stdin, stdin_base64, "
+                            "argv, limits, session, rollback",
                             err)) < 0 ||
         (rc = json_session_fields(o, "session", &r->session, &r->rollback, err)) < 0)
         return rc;
@@ -276,6 +326,8 @@ int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_requ
         return rc;
     if ((rc = parse_all_files(json_object_get(o, "files"), json_object_get(o, "files_base64"),
                               json_string_length(code), r, err)) < 0)
+        return rc;
+    if ((rc = parse_input(o, r, err)) < 0)
         return rc;
     /* The code stays in the parsed document, which the caller keeps. */
     r->req.code = json_string_value(code);
@@ -499,6 +551,8 @@ void json_request_free(struct json_request *r)
         free((void *)r->files[i].data);
     }
     free(r->files);
+    free(r->stdin_decoded);
+    free(r->args);
     free(r->id_text);
     free(r->cancel_text);
     json_decref(r->doc);

@@ -32,6 +32,8 @@ struct json_request {
     struct sbx_request req;
     struct sbx_file *files;
     size_t n_files;
+    void *stdin_decoded; /* stdin_base64, decoded (malloc'd) */
+    const char **args;   /* argv's strings (in |doc|), malloc'd array */
     /* In |doc|: the session the request is a cell of (NULL: none), and
      * what a cell that fails does to it. */
     const char *session;

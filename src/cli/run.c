@@ -132,8 +132,8 @@ int cmd_run(int argc, char **argv)
     struct sbx_request req;
     struct sbx_result *res = NULL;
     struct sbx_error err = {0};
-    char *code = NULL;
-    size_t code_len = 0;
+    char *code = NULL, *input = NULL;
+    size_t code_len = 0, input_len = 0;
     int status;
 
     status = parse_opts(CMD_RUN, argc, argv, &o);
@@ -147,12 +147,21 @@ int cmd_run(int argc, char **argv)
                              rc == -EFBIG ? "larger than the code limit" : strerror(-rc));
         goto out;
     }
+    if (o.stdin_path && (rc = slurp(o.stdin_path, SBX_MAX_REQUEST_BYTES, &input, &input_len)) < 0) {
+        status = usage_error(CMD_RUN, "--stdin %s: %s", o.stdin_path,
+                             rc == -EFBIG ? "larger than a request may be" : strerror(-rc));
+        goto out;
+    }
     sbx_request_init(&req);
     req.code = code;
     req.code_len = code_len;
     req.files = o.files;
     req.n_files = o.n_files;
     req.limits = o.limits;
+    req.argv = o.args;
+    req.argc = o.n_args;
+    req.stdin_data = input;
+    req.stdin_len = input_len;
     /* Refuse a bad request before paying for a template. */
     if (sbx_request_check(&req, &err) < 0) {
         status = usage_error(CMD_RUN, "%s", err.message);
@@ -205,6 +214,7 @@ out:
     if (b.close)
         b.close(b.self);
     free(code);
+    free(input);
     opts_free(&o);
     return status;
 }

@@ -207,12 +207,14 @@ struct wire_req {
     uint64_t memory_bytes;
     uint64_t code_len;
     uint32_t n_files;
-    uint32_t reserved;
+    uint32_t n_args;
     uint64_t max_output_chars; /* how much of stdout the answer shows */
+    uint64_t stdin_len;
 };
 
 /* Each file follows as: struct wire_file, the name (name_len bytes, no NUL),
- * then data_len bytes of content. */
+ * then data_len bytes of content. Then each argument, as a uint32_t length
+ * and its bytes (no NUL); then stdin_len bytes of standard input. */
 struct wire_file {
     uint32_t name_len;
     uint32_t reserved;

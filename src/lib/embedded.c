@@ -100,7 +100,9 @@ static int send_request(struct supervision *sv, int *fdp)
         .memory_bytes = req->limits.memory_bytes,
         .code_len = req->code_len,
         .n_files = (uint32_t)req->n_files,
+        .n_args = (uint32_t)req->argc,
         .max_output_chars = req->limits.max_output_chars,
+        .stdin_len = req->stdin_len,
     };
     int rc;
 
@@ -126,6 +128,14 @@ static int send_request(struct supervision *sv, int *fdp)
         if (rc == 0)
             rc = send_segment(sv, fd, (struct segment){f->data, f->len});
     }
+    for (size_t i = 0; rc == 0 && i < req->argc; i++) {
+        uint32_t len = (uint32_t)strlen(req->argv[i]);
+        rc = send_segment(sv, fd, (struct segment){&len, sizeof(len)});
+        if (rc == 0)
+            rc = send_segment(sv, fd, (struct segment){req->argv[i], len});
+    }
+    if (rc == 0 && req->stdin_len)
+        rc = send_segment(sv, fd, (struct segment){req->stdin_data, req->stdin_len});
     /* Closing our end also discards anything the code might send back on
      * it, descriptors included, so nothing of the worker outlives it here. */
     close_fd(fdp);

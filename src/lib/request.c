@@ -170,6 +170,28 @@ static int check_files(const struct sbx_request *req, uint64_t *total, struct sb
     return rc;
 }
 
+/* stdin and the arguments, added to *total. */
+static int check_input(const struct sbx_request *req, uint64_t *total, struct sbx_error *err)
+{
+    if (req->stdin_len > 0 && !req->stdin_data)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "stdin_len is set but stdin_data is NULL");
+    if (req->argc > 0 && !req->argv)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "argc is set but argv is NULL");
+    if (req->argc > SBX_MAX_ARGS)
+        return sbx_fail(err, SBX_ERR_TOO_LARGE, -E2BIG, "more than %u arguments", SBX_MAX_ARGS);
+    *total += req->stdin_len;
+    for (size_t i = 0; i < req->argc; i++) {
+        const char *a = req->argv[i];
+        size_t n = a ? strlen(a) : 0;
+        if (!a || utf8_valid_prefix((const unsigned char *)a, n) != n)
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "argument %zu is %s", i + 1,
+                            a ? "not valid UTF-8" : "NULL");
+        *total += n + 1;
+    }
+    return 0;
+}
+
 int sbx_request_check(const struct sbx_request *req, struct sbx_error *err)
 {
     uint64_t total = 0;
@@ -184,11 +206,11 @@ int sbx_request_check(const struct sbx_request *req, struct sbx_error *err)
                         SBX_MAX_CODE_BYTES >> 20);
     if ((rc = check_limits(&req->limits, err)) < 0)
         return rc;
-    if ((rc = check_files(req, &total, err)) < 0)
+    if ((rc = check_files(req, &total, err)) < 0 || (rc = check_input(req, &total, err)) < 0)
         return rc;
     if (total + req->code_len > SBX_MAX_REQUEST_BYTES)
         return sbx_fail(err, SBX_ERR_TOO_LARGE, -E2BIG,
-                        "code and input files together are larger than %llu MiB",
+                        "code, input files, stdin and arguments together are larger than %llu MiB",
                         SBX_MAX_REQUEST_BYTES >> 20);
     return 0;
 }

@@ -464,6 +464,11 @@ int sbx_session_run(struct sbx_session *s, const struct sbx_request *req,
     rc = sbx_request_check(req, err);
     if (rc == 0)
         rc = embedded_check_fits(s->sbx, req, err);
+    /* The state's sys.stdin would carry what one cell left unread into the
+     * next: a cell has no standard input. */
+    if (rc == 0 && req->stdin_len)
+        rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                      "a session's cell takes no stdin (put the input in a file instead)");
     if (rc < 0)
         return rc;
     /* Behind another caller's cell: its cancellation still ends it, as it

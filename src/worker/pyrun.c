@@ -728,9 +728,36 @@ static int run_code(char *code, size_t len)
     return status;
 }
 
-_Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars)
+/* sys.argv = ["", *args]. Returns 0, or -1 with a Python exception. */
+static int set_argv(char *const *args, uint32_t n)
+{
+    PyObject *list = PyList_New((Py_ssize_t)n + 1);
+
+    for (uint32_t i = 0; list && i <= n; i++) {
+        PyObject *a = PyUnicode_DecodeUTF8(
+            i ? args[i - 1] : "", i ? (Py_ssize_t)strlen(args[i - 1]) : 0, "surrogateescape");
+        if (!a)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, a);
+    }
+    int rc = list ? PySys_SetObject("argv", list) : -1;
+    Py_XDECREF(list);
+    return rc;
+}
+
+/* Before a run's code: its arguments and its stdout. */
+static void before_code(uint64_t output_chars, char *const *args, uint32_t n_args)
 {
     out_reset(output_chars);
+    if (set_argv(args, n_args) < 0)
+        PyErr_Clear(); /* out of memory: sys.argv as it was */
+}
+
+_Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars, char *const *args,
+                          uint32_t n_args)
+{
+    before_code(output_chars, args, n_args);
     int status = run_code(code, len);
 
     /* What Py_FinalizeEx does that the code can observe, without the rest:
@@ -745,9 +772,9 @@ _Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars)
     _exit(status & 0xff);
 }
 
-int pyrun_cell(char *code, size_t len, uint64_t output_chars)
+int pyrun_cell(char *code, size_t len, uint64_t output_chars, char *const *args, uint32_t n_args)
 {
-    out_reset(output_chars);
+    before_code(output_chars, args, n_args);
     int status = run_code(code, len);
 
     /* The process lives on as the session's state: no thread is waited

@@ -110,3 +110,72 @@ int request_read(int fd, int ws_fd, bool replace, struct wire_req *req, char **c
     }
     return rc;
 }
+
+void request_input_free(struct request_input *in)
+{
+    for (uint32_t i = 0; in->args && i < in->n_args; i++)
+        free(in->args[i]);
+    free(in->args);
+    in->args = NULL;
+    in->n_args = 0;
+    if (in->stdin_fd >= 0)
+        close(in->stdin_fd);
+    in->stdin_fd = -1;
+}
+
+/* A file beneath |ws_fd| that has no name, open for reading and writing:
+ * O_TMPFILE, else a name taken and let go at once. */
+static int unnamed_file(int ws_fd)
+{
+    int fd = openat(ws_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+
+    if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR))
+        return fd >= 0 ? fd : -errno;
+    fd = open_beneath(ws_fd, ".pysbx-stdin", O_RDWR | O_CREAT | O_EXCL, 0600, false);
+    if (fd >= 0)
+        (void)unlinkat(ws_fd, ".pysbx-stdin", 0);
+    return fd;
+}
+
+int request_read_input(int fd, int ws_fd, const struct wire_req *req, struct request_input *in,
+                       char *why, size_t cap)
+{
+    static char buf[FILE_COPY_CHUNK];
+    uint64_t total = 0;
+
+    *in = (struct request_input){.stdin_fd = -1};
+    if (req->n_args > SBX_MAX_ARGS || req->stdin_len > SBX_MAX_REQUEST_BYTES)
+        return errmsg(why, cap, -EPROTO, "pysbx: malformed request (input)\n");
+    if (req->n_args && !(in->args = calloc(req->n_args, sizeof(char *))))
+        return errmsg(why, cap, -ENOMEM, "pysbx: out of memory reading the arguments\n");
+    for (uint32_t i = 0; i < req->n_args; i++) {
+        uint32_t len;
+        if (read_full(fd, &len, sizeof(len)) != (ssize_t)sizeof(len) ||
+            (total += len) > SBX_MAX_REQUEST_BYTES)
+            return errmsg(why, cap, -EPROTO, "pysbx: malformed request (argument)\n");
+        in->n_args = i + 1;
+        if (!(in->args[i] = malloc((size_t)len + 1)))
+            return errmsg(why, cap, -ENOMEM, "pysbx: out of memory reading the arguments\n");
+        if (read_full(fd, in->args[i], len) != (ssize_t)len)
+            return errmsg(why, cap, -EPROTO, "pysbx: malformed request (argument cut short)\n");
+        in->args[i][len] = '\0';
+    }
+    if (!req->stdin_len)
+        return 0;
+    in->stdin_fd = unnamed_file(ws_fd);
+    if (in->stdin_fd < 0)
+        return errmsg(why, cap, in->stdin_fd, "pysbx: standard input: %s\n",
+                      strerror(-in->stdin_fd));
+    for (uint64_t left = req->stdin_len; left > 0;) {
+        size_t want = left < sizeof(buf) ? (size_t)left : sizeof(buf);
+        if (read_full(fd, buf, want) != (ssize_t)want)
+            return errmsg(why, cap, -EPROTO, "pysbx: malformed request (stdin cut short)\n");
+        int w = write_full(in->stdin_fd, buf, want);
+        if (w < 0)
+            return errmsg(why, cap, w, "pysbx: standard input: %s\n", strerror(-w));
+        left -= want;
+    }
+    if (lseek(in->stdin_fd, 0, SEEK_SET) < 0)
+        return errmsg(why, cap, -errno, "pysbx: standard input: %s\n", strerror(errno));
+    return 0;
+}

@@ -9,8 +9,8 @@
 #include "wire.h"
 
 #include <stdbool.h>
-
 #include <stddef.h>
+#include <stdint.h>
 
 /* Reads the request from |fd| and writes its files beneath |ws_fd|. Returns
  * 0 with *code (malloc'd, NUL-terminated, req->code_len bytes before the
@@ -21,5 +21,19 @@
  * input file replaces what is at its name. */
 int request_read(int fd, int ws_fd, bool replace, struct wire_req *req, char **code, char *why,
                  size_t cap);
+
+/* What follows the files: the program's arguments and its standard input. */
+struct request_input {
+    char **args; /* n_args NUL-terminated strings, malloc'd (request_input_free) */
+    uint32_t n_args;
+    int stdin_fd; /* an unnamed file beneath the workspace holding it, at its start; or -1 */
+};
+
+/* After request_read: reads the arguments and the standard input (into a
+ * file of the workspace that has no name, so it is never an artifact).
+ * Returns 0 or -errno with |why| set as request_read's. */
+int request_read_input(int fd, int ws_fd, const struct wire_req *req, struct request_input *in,
+                       char *why, size_t cap);
+void request_input_free(struct request_input *in);
 
 #endif

@@ -173,6 +173,7 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
     static const int at[CELL_FDS] = {FD_REQUEST, FD_STDOUT, FD_STDERR};
     int fds[CELL_FDS];
     struct wire_req req;
+    struct request_input in = {.stdin_fd = -1};
     char err[WIRE_TEXT_MAX];
     char *code;
     int rc;
@@ -199,6 +200,12 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
     rc = ws < 0 ? -errno : request_read(FD_REQUEST, ws, true, &req, &code, err, sizeof(err));
     if (rc == -ENODATA)
         _exit(0); /* the supervisor closed without a request */
+    /* A cell takes arguments, not standard input (the library refuses it:
+     * the state's sys.stdin would carry one cell's input into the next). */
+    if (rc == 0 && req.stdin_len)
+        rc = errmsg(err, sizeof(err), -EINVAL, "pysbx: a session's cell takes no stdin\n");
+    if (rc == 0)
+        rc = request_read_input(FD_REQUEST, ws, &req, &in, err, sizeof(err));
     if (rc < 0) {
         (void)write_full(FD_STDERR, err, strnlen(err, sizeof(err)));
         _exit(125);
@@ -206,7 +213,8 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
     /* While the code runs, it holds its three streams and its channel. */
     close(ws);
     close(FD_REQUEST);
-    int32_t status = pyrun_cell(code, req.code_len, req.max_output_chars);
+    int32_t status = pyrun_cell(code, req.code_len, req.max_output_chars, in.args, in.n_args);
+    request_input_free(&in);
     /* Let go of the cell's pipes: the supervisor sees their end. */
     if (dup2(FD_STDIN, FD_STDOUT) < 0 || dup2(FD_STDIN, FD_STDERR) < 0)
         _exit(127);

@@ -133,6 +133,7 @@ _Noreturn void worker_main(const struct worker_args *a)
     char err[WIRE_TEXT_MAX];
     sigset_t none;
     struct wire_req req;
+    struct request_input in = {.stdin_fd = -1};
     char *code;
     int rc;
 
@@ -203,8 +204,14 @@ _Noreturn void worker_main(const struct worker_args *a)
     rc = request_read(FD_REQUEST, FD_WORKSPACE, false, &req, &code, err, sizeof(err));
     if (rc == -ENODATA)
         _exit(0); /* the supervisor closed without a request: nothing to do */
+    if (rc == 0)
+        rc = request_read_input(FD_REQUEST, FD_WORKSPACE, &req, &in, err, sizeof(err));
     if (rc < 0)
         fail_request("%s", err);
+    /* The code's standard input: what the request gave, else /dev/null. */
+    if (in.stdin_fd >= 0 && dup2(in.stdin_fd, FD_STDIN) < 0)
+        fail_request("pysbx: standard input: %s\n", strerror(errno));
+    close_fd(&in.stdin_fd);
     prof_mark(PROF_REQUEST);
     close(FD_REQUEST);
     close(FD_WORKSPACE);
@@ -219,5 +226,5 @@ _Noreturn void worker_main(const struct worker_args *a)
         fail_request("pysbx: CPU limit: %s\n", strerror(-rc));
     close(FD_READY);
     prof_mark(PROF_STARTED);
-    pyrun_main(code, req.code_len, req.max_output_chars);
+    pyrun_main(code, req.code_len, req.max_output_chars, in.args, in.n_args);
 }

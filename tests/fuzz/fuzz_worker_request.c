@@ -46,6 +46,7 @@ static size_t count_files(int dirfd, const char *prefix)
     size_t count = 0;
 
     CHECK(d);
+    rewinddir(d); /* the offset is shared with |dirfd|, which may have been read */
     while ((e = readdir(d))) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
@@ -124,6 +125,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int rc = request_read(stream_fd, ws_fd, false, &req, &code, why, sizeof(why));
     if (rc == 0) {
         check_success(data, size, &req, code, ws_fd);
+        /* Then the arguments and stdin: all of them, or a message. */
+        struct request_input in;
+        why[0] = '\0';
+        if (request_read_input(stream_fd, ws_fd, &req, &in, why, sizeof(why)) == 0) {
+            CHECK(in.n_args == req.n_args && (req.stdin_len == 0) == (in.stdin_fd < 0));
+            for (uint32_t i = 0; i < in.n_args; i++)
+                CHECK(in.args[i] != NULL);
+            if (in.stdin_fd >= 0)
+                CHECK(lseek(in.stdin_fd, 0, SEEK_END) == (off_t)req.stdin_len);
+        } else {
+            CHECK(strncmp(why, "pysbx: ", 7) == 0 && strnlen(why, sizeof(why)) < sizeof(why));
+        }
+        request_input_free(&in);
+        CHECK(count_files(ws_fd, "") == req.n_files);
     } else {
         CHECK(code == NULL);
         if (rc == -ENODATA) {
