@@ -268,10 +268,6 @@ out:
     return rc;
 }
 
-/* What a request will do, done once on a snippet of our own, so that the
- * pages it touches are copied now and not on the request path: seed
- * linecache, compile() bytes, run in a namespace like __main__'s, print,
- * flush. Output goes to |devnull|. */
 /* --- the code's stdout --------------------------------------------------------
  *
  * A pipe, where Python would buffer it in blocks: a run stopped at a limit
@@ -315,6 +311,19 @@ static int out_to_blocks(void *unused)
     return 0;
 }
 
+/* One write(2) of |buf| to descriptor 1 without the GIL; *n what it
+ * returned, and errno as it left it. */
+static int out_write_once(const void *buf, size_t len, ssize_t *n)
+{
+    int e = 0;
+
+    Py_BEGIN_ALLOW_THREADS;
+    *n = write(1, buf, len);
+    e = *n < 0 ? errno : 0;
+    Py_END_ALLOW_THREADS;
+    return e;
+}
+
 /* The raw layer's write(b): to descriptor 1, counting characters (bytes
  * that do not continue a UTF-8 sequence: never more than the answer will
  * count). As FileIO.write: the bytes written, None when the pipe would
@@ -327,19 +336,16 @@ static PyObject *out_write(PyObject *self, PyObject *arg)
     (void)self;
     if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
         return NULL;
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS n = write(1, b.buf, (size_t)b.len);
-        Py_END_ALLOW_THREADS if (n >= 0 || errno != EINTR) break;
-        if (PyErr_CheckSignals() < 0) {
-            PyBuffer_Release(&b);
-            return NULL;
-        }
-    }
+    int e = 0;
+    do {
+        e = out_write_once(b.buf, (size_t)b.len, &n);
+    } while (e == EINTR && PyErr_CheckSignals() == 0);
     if (n < 0) {
-        int e = errno;
         PyBuffer_Release(&b);
         if (e == EAGAIN)
             Py_RETURN_NONE;
+        if (e == EINTR)
+            return NULL; /* a signal handler raised */
         errno = e;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
@@ -376,8 +382,10 @@ int pyrun_stdout_install(void)
                                     "write", sm);
     if (cls)
         raw = PyObject_CallFunction(cls, "isO", 1, "wb", Py_False);
-    if (raw && PyObject_SetAttrString(raw, "name", PyUnicode_FromString("<stdout>")) == 0)
+    PyObject *name = PyUnicode_FromString("<stdout>");
+    if (raw && name && PyObject_SetAttrString(raw, "name", name) == 0)
         buf = PyObject_CallMethod(io, "BufferedWriter", "O", raw);
+    Py_XDECREF(name);
     PyObject *enc = old ? PyObject_GetAttrString(old, "encoding") : NULL;
     PyObject *errs = old ? PyObject_GetAttrString(old, "errors") : NULL;
     if (buf && enc && errs) {
@@ -420,6 +428,10 @@ static void out_reset(uint64_t chars)
         PyErr_Clear(); /* a cell's code may have closed it: as it left it */
 }
 
+/* What a request will do, done once on a snippet of our own, so that the
+ * pages it touches are copied now and not on the request path: seed
+ * linecache, compile() bytes, run in a namespace like __main__'s, print,
+ * flush. Output goes to |devnull|. */
 static int rehearse(int devnull)
 {
     static const char snippet[] = "print(1)\n";
@@ -560,9 +572,6 @@ static int flush_stream(const char *name)
     return 0;
 }
 
-/* As PyErr_Print, but through the traceback module when sys.excepthook is
- * the default: the C printer reads source lines from files only, and the
- * code's lines live in linecache. */
 /* |o| as UTF-8 bytes and a NUL (new reference), |fallback| when it cannot
  * be had (str() may be the code's own, and raise). */
 static PyObject *report_part(PyObject *o, const char *fallback)
@@ -619,6 +628,9 @@ static void send_error(PyObject *type, PyObject *value)
     Py_XDECREF(text);
 }
 
+/* As PyErr_Print, but through the traceback module when sys.excepthook is
+ * the default: the C printer reads source lines from files only, and the
+ * code's lines live in linecache. */
 static void print_exception(void)
 {
     PyObject *type = NULL, *value = NULL, *tb = NULL;
