@@ -263,8 +263,11 @@ static double run_peer(const struct snippet *s, const char *tmp_root, int *statu
     bool cut;
     free(outbuf_finish(&ob_out, &len, &cut));
     free(outbuf_finish(&ob_err, &len, &cut));
-    struct artifact_spec spec = {l.max_artifact_bytes, l.max_artifacts, s->with_input ? &f : NULL,
-                                 s->with_input ? 1u : 0u};
+    struct artifact_spec spec = {.max_bytes = l.max_artifact_bytes,
+                                 .max_count = l.max_artifacts,
+                                 .max_total = l.max_artifacts_total_bytes,
+                                 .inputs = s->with_input ? &f : NULL,
+                                 .n_inputs = s->with_input ? 1u : 0u};
     struct sbx_artifact *arts = NULL;
     size_t n_arts = 0;
     uint64_t dropped = 0;

@@ -73,21 +73,23 @@ extern "C" {
 #endif
 
 /* Defaults of struct sbx_limits (see sbx_limits_init). */
-#define SBX_DEFAULT_WALL_SECONDS       10.0
-#define SBX_DEFAULT_CPU_SECONDS        5.0
-#define SBX_DEFAULT_MEMORY_BYTES       (256ULL << 20)
-#define SBX_DEFAULT_MAX_OUTPUT_CHARS   100000ULL
-#define SBX_DEFAULT_MAX_ARTIFACT_BYTES (4ULL << 20)
-#define SBX_DEFAULT_MAX_ARTIFACTS      32ULL
+#define SBX_DEFAULT_WALL_SECONDS              10.0
+#define SBX_DEFAULT_CPU_SECONDS               5.0
+#define SBX_DEFAULT_MEMORY_BYTES              (256ULL << 20)
+#define SBX_DEFAULT_MAX_OUTPUT_CHARS          100000ULL
+#define SBX_DEFAULT_MAX_ARTIFACT_BYTES        (4ULL << 20)
+#define SBX_DEFAULT_MAX_ARTIFACTS             32ULL
+#define SBX_DEFAULT_MAX_ARTIFACTS_TOTAL_BYTES (16ULL << 20)
 
 /* Ranges accepted by sbx_run; anything outside is refused with
  * SBX_ERR_INVALID_LIMIT before anything runs. */
-#define SBX_MAX_SECONDS              86400.0
-#define SBX_MIN_MEMORY_BYTES         (32ULL << 20)
-#define SBX_MAX_MEMORY_BYTES         (1ULL << 40)
-#define SBX_MAX_OUTPUT_CHARS_LIMIT   (16ULL << 20)
-#define SBX_MAX_ARTIFACT_BYTES_LIMIT (256ULL << 20)
-#define SBX_MAX_ARTIFACTS_LIMIT      100000ULL
+#define SBX_MAX_SECONDS               86400.0
+#define SBX_MIN_MEMORY_BYTES          (32ULL << 20)
+#define SBX_MAX_MEMORY_BYTES          (1ULL << 40)
+#define SBX_MAX_OUTPUT_CHARS_LIMIT    (16ULL << 20)
+#define SBX_MAX_ARTIFACT_BYTES_LIMIT  (256ULL << 20)
+#define SBX_MAX_ARTIFACTS_LIMIT       100000ULL
+#define SBX_MAX_ARTIFACTS_TOTAL_LIMIT (1ULL << 30)
 /* Size limits of a request: the code, and the code plus all input files. */
 #define SBX_MAX_CODE_BYTES    (64ULL << 20)
 #define SBX_MAX_INPUT_FILES   10000u
@@ -217,6 +219,9 @@ struct sbx_limits {
     uint64_t max_output_chars;   /* per stream, in characters; 0 keeps none */
     uint64_t max_artifact_bytes; /* per file returned */
     uint64_t max_artifacts;      /* files returned; the first by name */
+    /* Bytes returned of all files together: a file whose returned bytes
+     * would pass it is not returned, and counted in artifacts_dropped. */
+    uint64_t max_artifacts_total_bytes;
 };
 
 /* An input file written into the workspace before the code runs. |name| is

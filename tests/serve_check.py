@@ -406,20 +406,27 @@ def ceilings():
         json.dumps({"id": "out", "code": "pass", "limits": {"max_output_chars": 1001}}),
         json.dumps({"id": "cpu", "code": "pass", "limits": {"cpu_seconds": 2.5}}),
         json.dumps({"id": "ab", "code": "pass", "limits": {"max_artifact_bytes": 4097}}),
+        json.dumps({"id": "at", "code": "pass", "limits": {"max_artifacts_total_bytes": 8193}}),
+        json.dumps({"id": "atok", "code": "open('a', 'w').write('x' * 5000)\nopen('b', 'w').write('y')",
+                    "limits": {"max_artifacts_total_bytes": 4000}}),
         json.dumps({"id": "ok", "code": "print(1)", "limits": {"wall_seconds": 1, "max_artifacts": 2}}),
         json.dumps({"id": "lowered", "code": "import time\nprint('before')\ntime.sleep(5)"}),
     ], "--max-wall", "1", "--max-cpu", "2", "--max-memory", "64M", "--max-output", "1000",
-        "--max-artifact-bytes", "4096", "--max-artifacts", "2")
+        "--max-artifact-bytes", "4096", "--max-artifacts", "2",
+        "--max-artifacts-total-bytes", "8192")
     by = {a.get("id"): a for a in answers}
     msg = lambda k: refusal(by.get(k, {})).get("message", "")
     check("over a ceiling: invalid_limit naming it",
           all(refusal(by.get(k, {})).get("code") == "invalid_limit"
-              for k in ("wall", "mem", "arts", "out", "cpu", "ab"))
+              for k in ("wall", "mem", "arts", "out", "cpu", "ab", "at"))
           and msg("wall") == "wall_seconds 100 exceeds the server's ceiling of 1"
           and msg("mem") == "memory_bytes 1073741824 exceeds the server's ceiling of 67108864"
           and msg("arts") == "max_artifacts 3 exceeds the server's ceiling of 2"
           and msg("cpu") == "cpu_seconds 2.5 exceeds the server's ceiling of 2", answers)
     check("at the ceiling: runs", by.get("ok", {}).get("stdout") == "1\n", by.get("ok"))
+    check("max_artifacts_total_bytes: a file past what is left is counted, not returned",
+          [a["name"] for a in by.get("atok", {}).get("artifacts", [])] == ["b"]
+          and by["atok"]["artifacts_dropped"] == 1, by.get("atok"))
     check("a default above a ceiling is lowered to it",
           by.get("lowered", {}).get("status") == "timeout" and by["lowered"]["limit"] == "wall"
           and "1 s" in by["lowered"]["reason"], by.get("lowered"))

@@ -52,12 +52,58 @@ static void put(struct ws *w, const char *name, const char *data)
     fclose(f);
 }
 
+static void collect_total(struct ws *w, uint64_t max_bytes, uint64_t max_count, uint64_t max_total,
+                          const struct sbx_file *inputs, size_t n_inputs, struct sbx_artifact **a,
+                          size_t *n, uint64_t *dropped)
+{
+    struct artifact_spec s = {.max_bytes = max_bytes,
+                              .max_count = max_count,
+                              .max_total = max_total,
+                              .inputs = inputs,
+                              .n_inputs = n_inputs};
+    assert_int_equal(artifacts_collect(w->fd, &s, a, n, dropped), 0);
+}
+
 static void collect(struct ws *w, uint64_t max_bytes, uint64_t max_count,
                     const struct sbx_file *inputs, size_t n_inputs, struct sbx_artifact **a,
                     size_t *n, uint64_t *dropped)
 {
-    struct artifact_spec s = {max_bytes, max_count, inputs, n_inputs};
-    assert_int_equal(artifacts_collect(w->fd, &s, a, n, dropped), 0);
+    collect_total(w, max_bytes, max_count, UINT64_MAX, inputs, n_inputs, a, n, dropped);
+}
+
+/* The files returned hold at most max_total bytes together: the first by
+ * name that fit, each counted in full or not at all, and a sparse file of
+ * a gigabyte is never read past what may be returned. */
+static void the_total_is_bounded(void **state)
+{
+    struct ws *w = *state;
+    struct sbx_artifact *a = NULL;
+    size_t n = 0;
+    uint64_t dropped = 0;
+
+    put(w, "a", "0123456789");
+    put(w, "b", "01234567890123456789");
+    put(w, "c", "0123");
+    int fd = openat(w->fd, "sparse", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 1LL << 30), 0);
+    close(fd);
+    /* 16 bytes each at most, 30 in all: a (10) fits, b (16 of its 20) fits
+     * in the 20 left, c (4) in the 4 left, the sparse file's 16 do not. */
+    collect_total(w, 16, 100, 30, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 3);
+    assert_string_equal(a[0].name, "a");
+    assert_string_equal(a[1].name, "b");
+    assert_int_equal(a[1].data_len, 16);
+    assert_true(a[1].truncated);
+    assert_string_equal(a[2].name, "c");
+    assert_int_equal(dropped, 1);
+    artifacts_free(a, n);
+    /* A total of 0 returns none of them, and counts them all. */
+    collect_total(w, 16, 100, 0, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 0);
+    assert_int_equal(dropped, 4);
+    artifacts_free(a, n);
 }
 
 static void files_come_back_sorted_by_name_bytewise(void **state)
@@ -258,10 +304,15 @@ static void too_deep_and_odd_names(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(files_come_back_sorted_by_name_bytewise), T(count_cap_keeps_the_first_by_name),
-        T(byte_cap_cuts_and_reports_the_real_size), T(huge_sparse_file_costs_only_the_cap),
-        T(ten_thousand_files_keep_only_the_cap),    T(links_fifos_and_hardlinks_are_never_read),
-        T(unchanged_inputs_are_not_returned),       T(too_deep_and_odd_names),
+        T(the_total_is_bounded),
+        T(files_come_back_sorted_by_name_bytewise),
+        T(count_cap_keeps_the_first_by_name),
+        T(byte_cap_cuts_and_reports_the_real_size),
+        T(huge_sparse_file_costs_only_the_cap),
+        T(ten_thousand_files_keep_only_the_cap),
+        T(links_fifos_and_hardlinks_are_never_read),
+        T(unchanged_inputs_are_not_returned),
+        T(too_deep_and_odd_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

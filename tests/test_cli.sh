@@ -126,6 +126,14 @@ check "run --stdin - FILE -- -v" "['', '-v', 'x'] piped" \
 expect_in "no --stdin: EOFError" "EOFError" "$T/err"
 echo x | "$PYSBX" run --stdin - - >/dev/null 2>&1; check "--stdin - with the program on stdin: usage error" 2 $?
 
+# The bytes of all artifacts together are bounded: 32 sparse files of a
+# gigabyte give at most the ceiling, the rest counted.
+printf 'for i in range(32):\n    with open("s%%02d" %% i, "wb") as f: f.truncate(1 << 30)\n' >"$T/sparse.py"
+"$PYSBX" run --json --memory 1G --max-artifacts-total-bytes 5000000 "$T/sparse.py" >"$T/s.json"; check "json sparse" 0 $?
+check "the artifacts' total is bounded" "1 31 True" \
+    "$(json_field "$T/s.json" 'len(r["artifacts"]), r["artifacts_dropped"], sum(len(a["content_base64"]) for a in r["artifacts"]) <= 4 * 5000000 // 3 + 4' | tr -d "(),")"
+"$PYSBX" run --max-artifacts-total-bytes 2000000000 "$T/sparse.py" >/dev/null 2>&1; check "a total past the range: usage error" 2 $?
+
 # Every JSON answer obeys the published schema.
 for f in "$T/r.json" "$T/t.json" "$T/w.json"; do
     $PY - "$SRC/docs/result.schema.json" "$f" <<'PYEOF' && echo "ok   schema $(basename "$f")" ||

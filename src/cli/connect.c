@@ -21,8 +21,13 @@
 #define ANSWER_MAX (1ULL << 30)
 
 static const char *const limit_keys[GIVEN_COUNT] = {
-    "wall_seconds",     "cpu_seconds",        "memory_bytes",
-    "max_output_chars", "max_artifact_bytes", "max_artifacts",
+    "wall_seconds",
+    "cpu_seconds",
+    "memory_bytes",
+    "max_output_chars",
+    "max_artifact_bytes",
+    "max_artifacts",
+    "max_artifacts_total_bytes",
 };
 
 static json_t *request_json(const struct sbx_request *req, unsigned given, struct sbx_error *err)
@@ -35,6 +40,7 @@ static json_t *request_json(const struct sbx_request *req, unsigned given, struc
         (double)l->max_output_chars,
         (double)l->max_artifact_bytes,
         (double)l->max_artifacts,
+        (double)l->max_artifacts_total_bytes,
     };
     json_t *o = json_object(), *files = json_object(), *limits = json_object();
     json_t *code = json_stringn(req->code, req->code_len);

@@ -31,7 +31,10 @@ static const char limits_help[] =
     "  --max-output CHARS      characters kept of stdout and of stderr each\n"
     "                          (default 100000)\n"
     "  --max-artifact-bytes N  bytes returned of each file (default 4194304)\n"
-    "  --max-artifacts N       files returned, the first by name (default 32)\n";
+    "  --max-artifacts N       files returned, the first by name (default 32)\n"
+    "  --max-artifacts-total-bytes N\n"
+    "                          bytes returned of all files together; a file past it\n"
+    "                          is counted in artifacts_dropped (default 16777216)\n";
 
 static const char sandbox_help[] =
     "  --require LAYER,...     refuse to run unless these layers are active; 'default'\n"
@@ -153,7 +156,9 @@ static const char serve_ceilings_help[] =
     "  --max-memory SIZE       memory_bytes (bytes, or with K, M, G, T)\n"
     "  --max-output CHARS      max_output_chars\n"
     "  --max-artifact-bytes N  max_artifact_bytes\n"
-    "  --max-artifacts N       max_artifacts\n";
+    "  --max-artifacts N       max_artifacts\n"
+    "  --max-artifacts-total-bytes N\n"
+    "                          max_artifacts_total_bytes\n";
 
 static const char mcp_usage[] =
     "usage: pysbx mcp [options]\n"
@@ -413,6 +418,7 @@ enum {
     O_OUT,
     O_ABYTES,
     O_ARTS,
+    O_ATOTAL,
     O_FILE,
     O_DIR,
     O_STDIN,
@@ -454,6 +460,7 @@ static const struct {
     {{"max-output", required_argument, NULL, O_OUT}, LIMITS | CMD_SERVE},
     {{"max-artifact-bytes", required_argument, NULL, O_ABYTES}, LIMITS | CMD_SERVE},
     {{"max-artifacts", required_argument, NULL, O_ARTS}, LIMITS | CMD_SERVE},
+    {{"max-artifacts-total-bytes", required_argument, NULL, O_ATOTAL}, LIMITS | CMD_SERVE},
     {{"max-wall", required_argument, NULL, O_MAXWALL}, CMD_SERVE},
     {{"max-cpu", required_argument, NULL, O_MAXCPU}, CMD_SERVE},
     {{"max-memory", required_argument, NULL, O_MAXMEM}, CMD_SERVE},
@@ -548,16 +555,19 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
             break;
         case O_OUT:
         case O_ABYTES:
-        case O_ARTS: {
+        case O_ARTS:
+        case O_ATOTAL: {
             struct sbx_limits *l = cmd == CMD_SERVE ? &o->ceilings : &o->limits;
             if (parse_u64(optarg, c == O_OUT      ? &l->max_output_chars
                                   : c == O_ABYTES ? &l->max_artifact_bytes
-                                                  : &l->max_artifacts) < 0)
+                                  : c == O_ARTS   ? &l->max_artifacts
+                                                  : &l->max_artifacts_total_bytes) < 0)
                 return usage_error(cmd, "--%s wants a whole number, not '%s'", option_name(c),
                                    optarg);
             o->limits_given |= 1u << (c == O_OUT      ? GIVEN_OUTPUT
                                       : c == O_ABYTES ? GIVEN_ARTIFACT_BYTES
-                                                      : GIVEN_ARTIFACTS);
+                                      : c == O_ARTS   ? GIVEN_ARTIFACTS
+                                                      : GIVEN_ARTIFACTS_TOTAL);
             break;
         }
         case O_GRACE:

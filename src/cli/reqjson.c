@@ -26,6 +26,8 @@ static const struct limit_field {
     {"max_artifact_bytes", false, offsetof(struct sbx_limits, max_artifact_bytes),
      SBX_MAX_ARTIFACT_BYTES_LIMIT},
     {"max_artifacts", false, offsetof(struct sbx_limits, max_artifacts), SBX_MAX_ARTIFACTS_LIMIT},
+    {"max_artifacts_total_bytes", false, offsetof(struct sbx_limits, max_artifacts_total_bytes),
+     SBX_MAX_ARTIFACTS_TOTAL_LIMIT},
 };
 
 /* What a request may hold, besides the limits' own keys. */

@@ -242,7 +242,9 @@ static int walk(int ws_fd, const struct artifact_spec *s, struct heap *h, uint64
     return rc;
 }
 
-static int read_artifact(int ws_fd, const struct entry *e, uint64_t max_bytes,
+/* |e|'s first |max_bytes| into |a|; -EFBIG, without reading a byte, when
+ * that is more than |left| (what remains of the run's total). */
+static int read_artifact(int ws_fd, const struct entry *e, uint64_t max_bytes, uint64_t left,
                          struct sbx_artifact *a)
 {
     struct stat st;
@@ -256,6 +258,10 @@ static int read_artifact(int ws_fd, const struct entry *e, uint64_t max_bytes,
         goto out;
     }
     uint64_t want = (uint64_t)st.st_size < max_bytes ? (uint64_t)st.st_size : max_bytes;
+    if (want > left) {
+        rc = -EFBIG;
+        goto out;
+    }
     a->data = malloc(want ? want : 1);
     if (!a->data) {
         rc = -ENOMEM;
@@ -296,14 +302,21 @@ int artifacts_collect(int ws_fd, const struct artifact_spec *s, struct sbx_artif
         rc = -ENOMEM;
         goto out;
     }
+    uint64_t left = s->max_total;
     for (size_t i = 0; i < h.n; i++) {
         struct sbx_artifact *a = &arts[n];
-        if (read_artifact(ws_fd, &h.v[i], s->max_bytes, a) < 0) {
+        int got = read_artifact(ws_fd, &h.v[i], s->max_bytes, left, a);
+        if (got == -EFBIG) {
+            memset(a, 0, sizeof(*a));
+            continue; /* past the total: counted as dropped */
+        }
+        if (got < 0) {
             free(a->data);
             memset(a, 0, sizeof(*a));
             total--; /* gone or changed kind: not a file any more */
             continue;
         }
+        left -= a->data_len;
         a->name = h.v[i].name;
         if (h.v[i].path != h.v[i].name)
             free(h.v[i].path);

@@ -14,6 +14,7 @@
 struct artifact_spec {
     uint64_t max_bytes;            /* per file returned */
     uint64_t max_count;            /* files returned: the first by name */
+    uint64_t max_total;            /* bytes returned of all files together */
     const struct sbx_file *inputs; /* returned only if changed */
     size_t n_inputs;
     /* When set: only the files it says yes to (a session's cell: what the
@@ -23,7 +24,8 @@ struct artifact_spec {
 };
 
 /* Walks the workspace |ws_fd|. Returns 0 with *out (n_out entries, sorted by
- * name bytewise) and *dropped (regular files past max_count), or -errno. */
+ * name bytewise) and *dropped (regular files past max_count, or whose
+ * returned bytes would pass max_total), or -errno. */
 int artifacts_collect(int ws_fd, const struct artifact_spec *spec, struct sbx_artifact **out,
                       size_t *n_out, uint64_t *dropped);
 

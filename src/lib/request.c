@@ -19,6 +19,7 @@ void sbx_limits_init(struct sbx_limits *l)
     l->max_output_chars = SBX_DEFAULT_MAX_OUTPUT_CHARS;
     l->max_artifact_bytes = SBX_DEFAULT_MAX_ARTIFACT_BYTES;
     l->max_artifacts = SBX_DEFAULT_MAX_ARTIFACTS;
+    l->max_artifacts_total_bytes = SBX_DEFAULT_MAX_ARTIFACTS_TOTAL_BYTES;
 }
 
 void sbx_request_init(struct sbx_request *req)
@@ -58,6 +59,10 @@ static int check_limits(const struct sbx_limits *l, struct sbx_error *err)
     if (l->max_artifacts > SBX_MAX_ARTIFACTS_LIMIT)
         return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "max_artifacts must be at most %llu",
                         SBX_MAX_ARTIFACTS_LIMIT);
+    if (l->max_artifacts_total_bytes > SBX_MAX_ARTIFACTS_TOTAL_LIMIT)
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
+                        "max_artifacts_total_bytes must be at most %llu",
+                        SBX_MAX_ARTIFACTS_TOTAL_LIMIT);
     return 0;
 }
 

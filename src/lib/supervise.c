@@ -216,6 +216,7 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
     struct artifact_spec spec = {
         .max_bytes = s->req->limits.max_artifact_bytes,
         .max_count = s->req->limits.max_artifacts,
+        .max_total = s->req->limits.max_artifacts_total_bytes,
         .inputs = s->req->files,
         .n_inputs = s->req->n_files,
         .only = s->only_artifacts,
