@@ -105,6 +105,10 @@ static const char input_schema[] =
     "exception keeps what ran before it; never: as on_stop, and a stopped cell keeps the files "
     "it wrote\"},"
     "\"code\": {\"type\": \"string\", \"description\": \"Python 3 source code to run\"},"
+    "\"stdin\": {\"type\": \"string\", \"description\": \"The program's standard input, "
+    "whole (without it, input() raises EOFError). Not with session_id\"},"
+    "\"argv\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, \"maxItems\": 4096, "
+    "\"description\": \"The program's arguments, sys.argv[1:]\"},"
     "\"files\": {\"type\": \"object\", \"description\": \"Input files, written to the working "
     "directory before the code runs; names may contain '/'. Each is its text, or {\\\"content\\\": "
     "..., \\\"encoding\\\": \\\"base64\\\"} for binary content\", \"additionalProperties\": "
@@ -368,8 +372,17 @@ static json_t *request_for(json_t *args)
         const char *enc = json_string_value(json_object_get(v, "encoding"));
         json_object_set(enc && strcmp(enc, "base64") == 0 ? b64 : files, name, content);
     }
-    return json_pack("{s:O, s:o, s:o, s:o}", "code", json_object_get(args, "code"), "files", files,
-                     "files_base64", b64, "limits", json_object());
+    json_t *req = json_pack("{s:O, s:o, s:o, s:o}", "code", json_object_get(args, "code"), "files",
+                            files, "files_base64", b64, "limits", json_object());
+    /* As given: the request's parser checks them as it does any request's. */
+    static const char *const passed[] = {"stdin", "argv"};
+    for (size_t i = 0; req && i < ARRAY_SIZE(passed); i++)
+        if (json_object_get(args, passed[i]) &&
+            json_object_set(req, passed[i], json_object_get(args, passed[i])) < 0) {
+            json_decref(req);
+            req = NULL;
+        }
+    return req;
 }
 
 static void *run_call(void *p)

@@ -72,6 +72,14 @@ await check("an exception is an error result with its traceback", async () => {
   assert.match(text(r), /raise ValueError\('boom'\)/);
 });
 
+await check("stdin and argv reach the program", async () => {
+  const r = await call({ code: "import sys\nprint(input(), sys.argv[1:])", stdin: "hi\n", argv: ["a", "-b"] });
+  assert.equal(r.isError, false);
+  assert.match(text(r), /hi \['a', '-b'\]/);
+  const none = await call({ code: "input()" });
+  assert.match(text(none), /an uncaught exception: EOFError/);
+});
+
 await check("a CPU spin is stopped: sandbox_limit_exceeded, cpu", async () => {
   const r = await call({ code: "print('spinning', flush=True)\nwhile True: pass" });
   assert.equal(r.isError, true);
