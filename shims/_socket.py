@@ -254,7 +254,10 @@ def gethostbyaddr(*args, **kwargs):
 
 
 def gethostname():
-    return "localhost"
+    # The kernel's, as the real _socket asks it (gethostname(2) is uname's
+    # nodename): the same name os.uname() gives, "sandbox" in the sandbox's
+    # own UTS namespace.
+    return _os.uname().nodename
 
 
 def sethostname(name):

@@ -354,6 +354,15 @@ static void stdin_and_arguments_reach_the_program(void **state)
     assert_int_equal(err.code, SBX_ERR_INVALID_REQUEST);
 }
 
+/* The host name agrees with itself, whichever way the code asks. */
+static void the_host_name_is_one(void **state)
+{
+    expect_stdout(SBX(state),
+                  "import os, socket\nprint(socket.gethostname() == os.uname().nodename == "
+                  "socket.getfqdn())\n",
+                  "True\n");
+}
+
 /* --- ceilings ------------------------------------------------------------- */
 
 static void wall_limit_fires_with_partial_output(void **state)
@@ -1018,6 +1027,7 @@ int main(void)
         cmocka_unit_test(invalid_utf8_output_is_replaced),
         cmocka_unit_test(an_exception_comes_back_typed),
         cmocka_unit_test(stdin_and_arguments_reach_the_program),
+        cmocka_unit_test(the_host_name_is_one),
         cmocka_unit_test(wall_limit_fires_with_partial_output),
         cmocka_unit_test(output_printed_before_a_limit_is_in_the_answer),
         cmocka_unit_test(a_stopped_run_shows_all_it_can_of_a_long_output),
