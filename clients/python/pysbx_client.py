@@ -294,11 +294,16 @@ class Session:
 
     def run(self, code: str, files: Optional[Mapping[str, Union[str, bytes]]] = None,
             limits: Optional[Mapping[str, Any]] = None,
-            rollback: Optional[str] = None) -> Result:
-        """Runs |code| as the session's next cell (files and limits as for
-        Client.run); rollback: on_error (the default), on_stop or never."""
+            rollback: Optional[str] = None, argv: Optional[List[str]] = None) -> Result:
+        """Runs |code| as the session's next cell (files, limits and argv as
+        for Client.run; a cell has no stdin); rollback: on_error (the
+        default), on_stop or never."""
         req = _request(code, files, limits, None)
         req["session"] = self.name
+        if argv is not None:
+            if not all(isinstance(a, str) for a in argv):
+                raise TypeError("argv is a list of str")
+            req["argv"] = list(argv)
         if rollback is not None:
             req["rollback"] = rollback
         return _result(self._ask(req))

@@ -184,6 +184,9 @@ class OverUnixSocket(Common, unittest.TestCase):
             with self.assertRaises(SandboxError) as e:
                 s.run("pass", rollback="sometimes")
             self.assertEqual(e.exception.code, "invalid_request")
+            # A cell takes arguments; its error comes back typed.
+            r = s.run("import sys\nprint(sys.argv[1:])\nrows", argv=["x"])
+            self.assertEqual((r.stdout, r.error.type), ("['x']\n", "NameError"))
         with self.assertRaises(ValueError):
             s.run("pass")  # closed
 
