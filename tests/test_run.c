@@ -278,6 +278,16 @@ static void an_exception_comes_back_typed(void **state)
         assert_int_equal(r->n_artifacts, 0);
         sbx_result_free(r);
     }
+    /* A small max_output_chars cuts each part, and still gives all three. */
+    struct sbx_limits l;
+    sbx_limits_init(&l);
+    l.max_output_chars = 5;
+    struct sbx_result *small = run_with(SBX(state), "d = {}\nd['key']\n", &l, NULL, 0);
+    assert_string_equal(small->error_type, "KeyEr");
+    assert_string_equal(small->error_message, "'key'");
+    assert_string_equal(small->error_traceback, "Trace");
+    sbx_result_free(small);
+
     static const char *const none[] = {
         "import sys\nsys.exit(1)\n",
         "import sys\nsys.exit('bye')\n",

@@ -367,6 +367,9 @@ int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len
     return take_report(ws_fd, WIRE_VALUE_FILE, max_chars, text, len, truncated);
 }
 
+/* How much of each part of an error report is read at least. */
+#define ERROR_PART_READ 65536
+
 /* |s| (valid UTF-8) ended after |max_chars| characters. */
 static void cut_chars(char *s, uint64_t max_chars)
 {
@@ -396,8 +399,10 @@ int artifacts_take_error(int ws_fd, uint64_t max_chars, struct sbx_result *res)
     char *text = NULL;
     size_t len = 0;
     bool truncated;
-    /* Three parts of max_chars each at most, and their NULs. */
-    int rc = take_report(ws_fd, WIRE_ERROR_FILE, 3 * max_chars + 3, &text, &len, &truncated);
+    /* Three parts, each cut to max_chars below: read enough that a small
+     * max_chars still gets the type and the message whole. */
+    uint64_t part = max_chars > ERROR_PART_READ ? max_chars : ERROR_PART_READ;
+    int rc = take_report(ws_fd, WIRE_ERROR_FILE, 3 * part + 3, &text, &len, &truncated);
 
     if (rc < 0 || !text)
         return rc;
@@ -405,6 +410,9 @@ int artifacts_take_error(int ws_fd, uint64_t max_chars, struct sbx_result *res)
     res->error_type = report_field(&at, end);
     res->error_message = res->error_type ? report_field(&at, end) : NULL;
     res->error_traceback = res->error_message ? report_field(&at, end) : NULL;
+    /* A traceback cut on the way: what came of it. */
+    if (res->error_message && !res->error_traceback && truncated)
+        res->error_traceback = strndup(at, (size_t)(end - at));
     free(text);
     if (!res->error_traceback) {
         /* Not the worker's report (or cut): none, rather than half of one. */
