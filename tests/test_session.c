@@ -302,6 +302,31 @@ static void a_cell_runs_at_its_own_priority(void **state)
     sbx_session_close(s);
 }
 
+/* Each cell starts as a run does: stdout line-buffered though the cell
+ * before went to blocks past its output limit, sys.argv its own. */
+static void a_cell_starts_with_its_own_stdout_and_arguments(void **state)
+{
+    static const char *const args[] = {"a"};
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    struct sbx_request req;
+    struct sbx_result *r = NULL;
+    struct sbx_error err;
+
+    sbx_request_init(&req);
+    req.code = "import sys\nprint('x' * 200)\n"
+               "print(sys.stdout.line_buffering, sys.argv, file=sys.stderr)";
+    req.code_len = strlen(req.code);
+    req.limits.max_output_chars = 100;
+    req.argv = args;
+    req.argc = 1;
+    assert_int_equal(sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &r, &err), 0);
+    expect_completed(r, 0);
+    assert_string_equal(r->stderr_text, "False ['', 'a']\n");
+    sbx_result_free(r);
+    expect_cell(s, "import sys\nprint(sys.stdout.line_buffering, sys.argv)", "True ['']\n");
+    sbx_session_close(s);
+}
+
 static void killed_session_process_is_lost(void **state)
 {
     struct sbx_session *s = open_session(SBX(state), NULL);
@@ -633,6 +658,7 @@ int main(void)
         cmocka_unit_test(a_cell_cannot_fork),
         cmocka_unit_test(the_state_is_stopped_between_cells),
         cmocka_unit_test(a_cell_runs_at_its_own_priority),
+        cmocka_unit_test(a_cell_starts_with_its_own_stdout_and_arguments),
         cmocka_unit_test(killed_session_process_is_lost),
         cmocka_unit_test(killing_a_state_at_any_moment_leaves_the_template_up),
         cmocka_unit_test(idle_sessions_expire),

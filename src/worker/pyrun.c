@@ -285,6 +285,7 @@ out:
 static PyObject *out_stream;   /* our sys.stdout, a TextIOWrapper */
 static uint64_t out_left;      /* characters still to go out line by line */
 static bool out_switch_queued; /* the pending call is queued */
+static bool out_in_blocks;     /* out_to_blocks switched it (the code's own reconfigure stays) */
 
 static int out_set_lines(bool lines)
 {
@@ -308,6 +309,8 @@ static int out_to_blocks(void *unused)
     /* The code may have closed or broken its stream: it stays as it is. */
     if (out_set_lines(false) < 0)
         PyErr_Clear();
+    else
+        out_in_blocks = true;
     return 0;
 }
 
@@ -420,10 +423,15 @@ int pyrun_stdout_install(void)
     return rc;
 }
 
-/* Before a run's (or a cell's) code: line by line again, for |chars|. */
+/* Before a run's (or a cell's) code: line by line again, for |chars|
+ * (nothing to do in a worker: the template's stream is line-buffered; a
+ * cell after one that went to blocks switches back). */
 static void out_reset(uint64_t chars)
 {
     out_left = chars;
+    if (!out_in_blocks)
+        return;
+    out_in_blocks = false;
     if (out_set_lines(true) < 0)
         PyErr_Clear(); /* a cell's code may have closed it: as it left it */
 }
@@ -758,10 +766,17 @@ static int set_argv(char *const *args, uint32_t n)
     return rc;
 }
 
-/* Before a run's code: its arguments and its stdout. */
+/* Before a run's code: its arguments and its stdout. sys.argv is the
+ * template's [""] until a request gives arguments (a cell after one that
+ * had some gets [""] again). */
 static void before_code(uint64_t output_chars, char *const *args, uint32_t n_args)
 {
+    static bool argv_given;
+
     out_reset(output_chars);
+    if (!n_args && !argv_given)
+        return;
+    argv_given = n_args > 0;
     if (set_argv(args, n_args) < 0)
         PyErr_Clear(); /* out of memory: sys.argv as it was */
 }
