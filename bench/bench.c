@@ -268,11 +268,9 @@ static double run_peer(const struct snippet *s, const char *tmp_root, int *statu
                                  .max_total = l.max_artifacts_total_bytes,
                                  .inputs = s->with_input ? &f : NULL,
                                  .n_inputs = s->with_input ? 1u : 0u};
-    struct sbx_artifact *arts = NULL;
-    size_t n_arts = 0;
-    uint64_t dropped = 0;
-    artifacts_collect(wsfd, &spec, &arts, &n_arts, &dropped);
-    artifacts_free(arts, n_arts);
+    struct artifact_set arts;
+    if (artifacts_collect(wsfd, &spec, artifacts_private_fs(wsfd), &arts) == 0)
+        artifact_set_free(&arts);
     close(wsfd);
     close(out[0]);
     close(err[0]);

@@ -281,12 +281,47 @@ enum sbx_limit_kind {
     SBX_LIMIT_MEMORY,
 };
 
+/* A file's name as the result gives it: its path relative to the
+ * workspace, '/'-separated, as valid UTF-8. A name that is not valid UTF-8,
+ * or that holds U+FFFD itself, is escaped: each byte that is not part of a
+ * valid character other than U+FFFD is written as U+FFFD and two lowercase
+ * hex digits ("\xff" is "\xef\xbf\xbdff"), so that two files never share a
+ * name; |raw_name| is then its bytes on disk (else the same pointer as
+ * |name|). */
 struct sbx_artifact {
     char *name;          /* relative to the workspace, '/'-separated, UTF-8 */
     uint64_t size;       /* the file's size on disk */
     bool truncated;      /* size > max_artifact_bytes */
     unsigned char *data; /* at most max_artifact_bytes of the file */
     size_t data_len;
+    char *raw_name; /* the name's bytes on disk; == name unless it was escaped */
+};
+
+/* Why a file the code left was not returned. */
+enum sbx_drop_reason {
+    SBX_DROP_MAX_ARTIFACTS = 1, /* "max_artifacts": past the number returned */
+    SBX_DROP_MAX_TOTAL_BYTES,   /* "max_artifacts_total_bytes": past what was left of it */
+    SBX_DROP_TOO_DEEP,          /* "too_deep": a directory deeper than SBX_MAX_ARTIFACT_DEPTH */
+    SBX_DROP_UNREADABLE,        /* "unreadable": the sandbox could not open it */
+    SBX_DROP_LINKED,            /* "linked": a file of several names, not read (see README) */
+};
+
+/* Directories nested deeper than this in the workspace are not looked
+ * into: each is listed once, as itself, with SBX_DROP_TOO_DEEP. */
+#define SBX_MAX_ARTIFACT_DEPTH 1024
+/* Files not returned are all counted in artifacts_dropped; the first (by
+ * name) are listed with why, at most this many, and at most
+ * SBX_MAX_DROPPED_NAME_BYTES of their names together. */
+#define SBX_MAX_DROPPED_LISTED     256
+#define SBX_MAX_DROPPED_NAME_BYTES (1U << 20)
+
+/* A file (or a directory, whose name then ends with '/') the code left and
+ * the result does not return. */
+struct sbx_dropped_artifact {
+    char *name;     /* as sbx_artifact's */
+    char *raw_name; /* == name unless it was escaped */
+    uint64_t size;  /* a file's size on disk; 0 for a directory */
+    enum sbx_drop_reason reason;
 };
 
 /* Mirrors the JSON result object of the design (see sbx_result_to_json).
@@ -335,6 +370,10 @@ struct sbx_result {
     char *error_type;
     char *error_message;
     char *error_traceback;
+    /* What artifacts_dropped counts, listed with why: the first by name, at
+     * most SBX_MAX_DROPPED_LISTED (so n_dropped <= artifacts_dropped). */
+    struct sbx_dropped_artifact *dropped;
+    size_t n_dropped;
 };
 
 /* Stable codes for refused requests; sbx_error_code_name() gives the JSON
@@ -424,8 +463,10 @@ PYSBX_API void sbx_close(struct sbx *sbx);
  * free() it. NULL only when out of memory. */
 PYSBX_API char *sbx_result_to_json(const struct sbx_result *res);
 
-PYSBX_API const char *sbx_status_name(enum sbx_status status);       /* "completed", ... */
-PYSBX_API const char *sbx_limit_name(enum sbx_limit_kind limit);     /* "wall", ... or NULL */
+PYSBX_API const char *sbx_status_name(enum sbx_status status);   /* "completed", ... */
+PYSBX_API const char *sbx_limit_name(enum sbx_limit_kind limit); /* "wall", ... or NULL */
+/* "too_deep", ... or NULL for a value that is not one */
+PYSBX_API const char *sbx_drop_reason_name(enum sbx_drop_reason reason);
 PYSBX_API const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid_limit", ... */
 
 /*

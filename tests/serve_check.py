@@ -1,6 +1,7 @@
 """pysbx serve and pysbx batch as a client sees them. Run by test_serve.sh
 with Debian's python3; exits non-zero on the first failed check."""
 import atexit, json, os, random, select, shutil, signal, socket, stat, subprocess, sys, tempfile, time
+import base64
 import jsonschema
 from procs import children, comm, none_of_uids
 
@@ -452,6 +453,39 @@ def ceilings():
 
 
 # --- cancel, on standard input ------------------------------------------------
+
+
+def files_the_code_hides():
+    """Every file the code left comes back or is listed with why: a deep
+    tree, a long path, two names of one file, unreadable ones, names that
+    are not UTF-8 (each its own name, with its bytes)."""
+    code = ("import os\n"
+            "top = os.open('.', os.O_RDONLY)\n"
+            "for _ in range(70):\n    os.makedirs('d', exist_ok=True); os.chdir('d')\n"
+            "open('deep', 'w').write('deep')\nos.fchdir(top)\n"
+            "for _ in range(20):\n    os.makedirs('L' * 250, exist_ok=True); os.chdir('L' * 250)\n"
+            "open('long', 'w').write('long')\nos.fchdir(top)\n"
+            "open('a', 'w').write('linked')\nos.link('a', 'b')\nos.chmod('a', 0)\n"
+            "for n in (b'\\xff', b'\\xfe', '\\ufffd'):\n    open(n, 'w').write('x')\n")
+    rc, answers = serve([json.dumps({"id": "hide", "code": code}),
+                         json.dumps({"id": "few", "code": code, "limits": {"max_artifacts": 2}})])
+    by = {a.get("id"): a for a in answers}
+    h, few = by.get("hide", {}), by.get("few", {})
+    raw = [base64.b64decode(a["name_base64"]) if "name_base64" in a else a["name"].encode()
+           for a in h.get("artifacts", [])]
+    short = lambda a: {k: [(x["name"][:40], x.get("reason")) for x in a.get(k, [])]
+                       for k in ("artifacts", "dropped_artifacts")}
+    check("serve: every file comes back under its own name",
+          len(raw) == 7 and raw == sorted(raw) and len({a["name"] for a in h["artifacts"]}) == 7
+          and raw[:3] == [b"L" * 250 + (b"/" + b"L" * 250) * 19 + b"/long", b"a", b"b"]
+          and raw[3] == b"d/" * 70 + b"deep" and raw[4:] == [b"\xef\xbf\xbd", b"\xfe", b"\xff"]
+          and h["artifacts"][1]["content_base64"] == "bGlua2Vk"  # "linked", mode 000
+          and h["artifacts_dropped"] == 0 and h["dropped_artifacts"] == [], short(h))
+    check("serve: what is not returned is counted and listed with why",
+          few.get("artifacts_dropped") == 5
+          and [d["reason"] for d in few.get("dropped_artifacts", [])] == ["max_artifacts"] * 5
+          and few["dropped_artifacts"][0] == {"name": "b", "size": 6, "reason": "max_artifacts"},
+          short(few))
 
 
 def cancel_on_standard_input():
@@ -974,6 +1008,7 @@ section(generated_ids)
 section(unknown_fields)
 section(messages_cut_inside_a_character_still_make_an_answer_with_the_id)
 section(ceilings)
+section(files_the_code_hides)
 section(cancel_on_standard_input)
 section(cancel_behind_the_queue)
 section(sigterm_on_standard_input_the_grace_then_cancelled)

@@ -5,6 +5,7 @@
 
 #include "artifacts.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 struct ws {
     char path[256];
     int fd;
+    struct artifact_set set; /* the last collection's */
 };
 
 static int ws_setup(void **state)
@@ -30,6 +32,7 @@ static int ws_setup(void **state)
 static int ws_teardown(void **state)
 {
     struct ws *w = *state;
+    artifact_set_free(&w->set);
     close(w->fd);
     remove_dir(w->path);
     free(w);
@@ -61,7 +64,11 @@ static void collect_total(struct ws *w, uint64_t max_bytes, uint64_t max_count, 
                               .max_total = max_total,
                               .inputs = inputs,
                               .n_inputs = n_inputs};
-    assert_int_equal(artifacts_collect(w->fd, &s, a, n, dropped), 0);
+    artifact_set_free(&w->set);
+    assert_int_equal(artifacts_collect(w->fd, &s, false, &w->set), 0);
+    *a = w->set.v;
+    *n = w->set.n;
+    *dropped = w->set.dropped;
 }
 
 static void collect(struct ws *w, uint64_t max_bytes, uint64_t max_count,
@@ -88,9 +95,10 @@ static void the_total_is_bounded(void **state)
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, 1LL << 30), 0);
     close(fd);
-    /* 16 bytes each at most, 30 in all: a (10) fits, b (16 of its 20) fits
-     * in the 20 left, c (4) in the 4 left, the sparse file's 16 do not. */
-    collect_total(w, 16, 100, 30, NULL, 0, &a, &n, &dropped);
+    /* 16 bytes each at most, 36 in all, each name costing twice its
+     * length: a (10 + 2) fits, b (16 of its 20, + 2) fits in the 24 left,
+     * c (4 + 2) in the 6 left, the sparse file's 16 do not. */
+    collect_total(w, 16, 100, 36, NULL, 0, &a, &n, &dropped);
     assert_int_equal(n, 3);
     assert_string_equal(a[0].name, "a");
     assert_string_equal(a[1].name, "b");
@@ -98,12 +106,14 @@ static void the_total_is_bounded(void **state)
     assert_true(a[1].truncated);
     assert_string_equal(a[2].name, "c");
     assert_int_equal(dropped, 1);
-    artifacts_free(a, n);
+    assert_int_equal(w->set.n_gone, 1); /* listed, with why */
+    assert_string_equal(w->set.gone[0].name, "sparse");
+    assert_int_equal(w->set.gone[0].reason, SBX_DROP_MAX_TOTAL_BYTES);
+    assert_int_equal(w->set.gone[0].size, 1ULL << 30);
     /* A total of 0 returns none of them, and counts them all. */
     collect_total(w, 16, 100, 0, NULL, 0, &a, &n, &dropped);
     assert_int_equal(n, 0);
     assert_int_equal(dropped, 4);
-    artifacts_free(a, n);
 }
 
 static void files_come_back_sorted_by_name_bytewise(void **state)
@@ -125,7 +135,6 @@ static void files_come_back_sorted_by_name_bytewise(void **state)
     assert_int_equal(a[4].size, 3);
     assert_memory_equal(a[4].data, "png", 3);
     assert_int_equal(dropped, 0);
-    artifacts_free(a, n);
 }
 
 static void count_cap_keeps_the_first_by_name(void **state)
@@ -142,11 +151,9 @@ static void count_cap_keeps_the_first_by_name(void **state)
     assert_string_equal(a[0].name, "a");
     assert_string_equal(a[2].name, "c");
     assert_int_equal(dropped, 2);
-    artifacts_free(a, n);
     collect(w, 1024, 0, NULL, 0, &a, &n, &dropped);
     assert_int_equal(n, 0);
     assert_int_equal(dropped, 5);
-    artifacts_free(a, n);
 }
 
 static void byte_cap_cuts_and_reports_the_real_size(void **state)
@@ -164,7 +171,6 @@ static void byte_cap_cuts_and_reports_the_real_size(void **state)
     assert_int_equal(a[0].size, 1000);
     assert_int_equal(a[0].data_len, 100);
     assert_true(a[0].truncated);
-    artifacts_free(a, n);
 }
 
 /* rchar of /proc/self/io: bytes read through read(2) and the like. */
@@ -201,7 +207,6 @@ static void huge_sparse_file_costs_only_the_cap(void **state)
     assert_int_equal(a[0].size, 64ULL << 30);
     assert_int_equal(a[0].data_len, 4096);
     assert_true(a[0].truncated);
-    artifacts_free(a, n);
 }
 
 static void ten_thousand_files_keep_only_the_cap(void **state)
@@ -222,9 +227,11 @@ static void ten_thousand_files_keep_only_the_cap(void **state)
     assert_string_equal(a[0].name, "f00000");
     assert_string_equal(a[4].name, "f00004");
     assert_int_equal(dropped, 9995);
-    artifacts_free(a, n);
 }
 
+/* Links, FIFOs and the like are never artifacts, and are never followed
+ * or opened; a file of two names on a workspace that is not a file system
+ * of its own may be a host file linked in: not read, but listed. */
 static void links_fifos_and_hardlinks_are_never_read(void **state)
 {
     struct ws *w = *state;
@@ -251,8 +258,10 @@ static void links_fifos_and_hardlinks_are_never_read(void **state)
     collect(w, 1024, 10, NULL, 0, &a, &n, &dropped);
     assert_int_equal(n, 1);
     assert_string_equal(a[0].name, "real.txt");
-    assert_int_equal(dropped, 0);
-    artifacts_free(a, n);
+    assert_int_equal(dropped, 1);
+    assert_int_equal(w->set.n_gone, 1);
+    assert_string_equal(w->set.gone[0].name, "hard");
+    assert_int_equal(w->set.gone[0].reason, SBX_DROP_LINKED);
     remove_dir(outside);
 }
 
@@ -277,26 +286,123 @@ static void unchanged_inputs_are_not_returned(void **state)
     assert_string_equal(a[0].name, "in/changed.csv");
     assert_string_equal(a[1].name, "in/grown.csv");
     assert_string_equal(a[2].name, "new.txt");
-    artifacts_free(a, n);
 }
 
-static void too_deep_and_odd_names(void **state)
+/* Makes |depth| nested directories named |name| under the workspace, and
+ * in the deepest a file |leaf|; returns the file's path. */
+static char *nest(struct ws *w, int depth, const char *name, const char *leaf)
+{
+    size_t cap = (size_t)depth * (strlen(name) + 1) + strlen(leaf) + 1;
+    char *path = calloc(1, cap);
+    int dir = dup(w->fd);
+    for (int i = 0; i < depth; i++) {
+        assert_true(mkdirat(dir, name, 0755) == 0 || errno == EEXIST);
+        int next = openat(dir, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_true(next >= 0);
+        close(dir);
+        dir = next;
+        strcat(strcat(path, name), "/");
+    }
+    int fd = openat(dir, leaf, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, leaf, strlen(leaf)), (ssize_t)strlen(leaf));
+    close(fd);
+    close(dir);
+    return strcat(path, leaf);
+}
+
+/* Deep trees and long paths come back whole; past the depth the walk looks
+ * into, the directory is listed as too deep. */
+static void deep_trees_and_long_paths(void **state)
 {
     struct ws *w = *state;
-    char path[4096] = "";
-    for (int i = 0; i < ARTIFACT_MAX_DEPTH + 2; i++)
-        strcat(path, "d/");
-    strcat(path, "deep.txt");
-    put(w, path, "deep");
-    put(w, "bad\xff.txt", "odd");
+    char x250[251];
+    memset(x250, 'x', 250);
+    x250[250] = '\0';
+    char *deep = nest(w, 70, "d", "deep.txt");
+    char *longp = nest(w, 20, x250, "long.txt"); /* 5,028 bytes */
+    char *too = nest(w, SBX_MAX_ARTIFACT_DEPTH + 1, "t", "lost.txt");
     struct sbx_artifact *a;
     size_t n;
     uint64_t dropped;
     collect(w, 1024, 10, NULL, 0, &a, &n, &dropped);
-    assert_int_equal(n, 1);
-    assert_string_equal(a[0].name, "bad\xef\xbf\xbd.txt"); /* shown as U+FFFD */
-    assert_memory_equal(a[0].data, "odd", 3);
-    artifacts_free(a, n);
+    assert_int_equal(n, 2);
+    assert_string_equal(a[0].name, deep);
+    assert_memory_equal(a[0].data, "deep.txt", 8);
+    assert_string_equal(a[1].name, longp);
+    assert_true(strlen(a[1].name) > 4096);
+    assert_int_equal(dropped, 1);
+    assert_int_equal(w->set.n_gone, 1);
+    assert_int_equal(w->set.gone[0].reason, SBX_DROP_TOO_DEEP);
+    /* The directory at the depth not looked into: t/ 1025 times. */
+    size_t dirs = (size_t)SBX_MAX_ARTIFACT_DEPTH + 1;
+    assert_int_equal(strlen(w->set.gone[0].name), 2 * dirs);
+    assert_memory_equal(w->set.gone[0].name, too, 2 * dirs);
+    free(deep);
+    free(longp);
+    free(too);
+}
+
+/* Names that are not UTF-8 (or hold U+FFFD) are escaped so that no two
+ * files share one, and carry their bytes; order is by the bytes. */
+static void odd_names_stay_apart(void **state)
+{
+    struct ws *w = *state;
+    put(w, "ok", "0");
+    put(w, "\xff", "1");
+    put(w, "\xfe", "2");
+    put(w, "\xef\xbf\xbd", "3");         /* U+FFFD, valid UTF-8 */
+    put(w, "caf\xc3\xa9/\xe2\x82", "4"); /* a cut character */
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    collect(w, 1024, 10, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 5);
+    static const char *const want[][2] = {
+        {"caf\xc3\xa9/\xef\xbf\xbd"
+         "e2\xef\xbf\xbd"
+         "82",
+         "caf\xc3\xa9/\xe2\x82"},
+        {"ok", "ok"},
+        {"\xef\xbf\xbd"
+         "ef\xef\xbf\xbd"
+         "bf\xef\xbf\xbd"
+         "bd",
+         "\xef\xbf\xbd"},
+        {"\xef\xbf\xbd"
+         "fe",
+         "\xfe"},
+        {"\xef\xbf\xbd"
+         "ff",
+         "\xff"},
+    };
+    for (size_t i = 0; i < n; i++) {
+        assert_string_equal(a[i].name, want[i][0]);
+        assert_string_equal(a[i].raw_name, want[i][1]);
+        assert_int_equal(a[i].name == a[i].raw_name, strcmp(want[i][0], want[i][1]) == 0);
+    }
+    assert_memory_equal(a[4].data, "1", 1);
+}
+
+/* Every file not returned is counted; the first are listed, no more. */
+static void the_dropped_list_is_bounded(void **state)
+{
+    struct ws *w = *state;
+    for (int i = 0; i < SBX_MAX_DROPPED_LISTED + 44; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "f%04d", i);
+        put(w, name, "x");
+    }
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    collect(w, 1024, 4, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 4);
+    assert_int_equal(dropped, SBX_MAX_DROPPED_LISTED + 40);
+    assert_int_equal(w->set.n_gone, SBX_MAX_DROPPED_LISTED);
+    assert_string_equal(w->set.gone[0].name, "f0004");
+    assert_int_equal(w->set.gone[0].reason, SBX_DROP_MAX_ARTIFACTS);
+    assert_int_equal(w->set.gone[0].size, 1);
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, ws_setup, ws_teardown)
@@ -312,7 +418,9 @@ int main(void)
         T(ten_thousand_files_keep_only_the_cap),
         T(links_fifos_and_hardlinks_are_never_read),
         T(unchanged_inputs_are_not_returned),
-        T(too_deep_and_odd_names),
+        T(deep_trees_and_long_paths),
+        T(odd_names_stay_apart),
+        T(the_dropped_list_is_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,7 +100,7 @@ check "crash" $((128 + 11)) $?
 # --- JSON ---
 echo 'print("x" * 50); open("o.txt", "w").write("data")' |
     "$PYSBX" run --json --max-output 10 - >"$T/r.json"; check "json" 0 $?
-[ "$(json_field "$T/r.json" 'sorted(r)')" = "['artifacts', 'artifacts_dropped', 'error', 'exit_code', 'limit', 'partial', 'reason', 'signal', 'stats', 'status', 'stderr', 'stderr_truncated', 'stdout', 'stdout_truncated', 'value']" ] ||
+[ "$(json_field "$T/r.json" 'sorted(r)')" = "['artifacts', 'artifacts_dropped', 'dropped_artifacts', 'error', 'exit_code', 'limit', 'partial', 'reason', 'signal', 'stats', 'status', 'stderr', 'stderr_truncated', 'stdout', 'stdout_truncated', 'value']" ] ||
     { echo "FAIL json fields: $(json_field "$T/r.json" 'sorted(r)')"; fails=$((fails + 1)); }
 [ "$(json_field "$T/r.json" 'r["status"], r["exit_code"], r["stdout_truncated"], r["artifacts"][0]["name"], r["artifacts"][0]["content_base64"]')" = "('completed', 0, True, 'o.txt', 'ZGF0YQ==')" ] ||
     { echo "FAIL json values"; cat "$T/r.json"; fails=$((fails + 1)); }
@@ -134,14 +134,6 @@ check "the artifacts' total is bounded" "1 31 True" \
     "$(json_field "$T/s.json" 'len(r["artifacts"]), r["artifacts_dropped"], sum(len(a["content_base64"]) for a in r["artifacts"]) <= 4 * 5000000 // 3 + 4' | tr -d "(),")"
 "$PYSBX" run --max-artifacts-total-bytes 2000000000 "$T/sparse.py" >/dev/null 2>&1; check "a total past the range: usage error" 2 $?
 
-# Every JSON answer obeys the published schema.
-for f in "$T/r.json" "$T/t.json" "$T/w.json"; do
-    $PY - "$SRC/docs/result.schema.json" "$f" <<'PYEOF' && echo "ok   schema $(basename "$f")" ||
-import json, sys, jsonschema
-jsonschema.validate(json.load(open(sys.argv[2])), json.load(open(sys.argv[1])))
-PYEOF
-    { echo "FAIL $f does not match the schema"; fails=$((fails + 1)); }
-done
 
 # --- the shipped example, files in and out ---
 "$PYSBX" run --file sales.csv="$SRC/examples/sales.csv" --artifacts-dir "$T/arts" \
@@ -160,6 +152,32 @@ echo 'import os; os.mkdir("link"); open("link/planted", "w").write("x")' |
     "$PYSBX" run --artifacts-dir "$T/dir" - >/dev/null 2>&1
 [ -e "$T/outside/planted" ] && { echo "FAIL artifact followed a link"; fails=$((fails + 1)); } ||
     echo "ok   artifacts-dir does not follow links"
+
+# Names that are not UTF-8 stay apart: each its own escaped name with its
+# bytes, and --artifacts-dir writes each under its true name.
+printf 'for n in (b"\\xff", b"\\xfe", "\\ufffd"):\n    open(n, "w").write(repr(n))\nimport os\nopen("a", "w").write("a")\nos.link("a", "b")\nos.chmod("a", 0)\n' >"$T/odd.py"
+"$PYSBX" run --json "$T/odd.py" >"$T/odd.json"; check "odd names: run --json" 0 $?
+check "odd names: five files, five names, their bytes" "5 5 ['a', 'b', '\\ufffd', '\\xfe', '\\xff'] 0" \
+    "$(json_field "$T/odd.json" '" ".join(map(str, (len(r["artifacts"]), len({a["name"] for a in r["artifacts"]}), ascii([__import__("base64").b64decode(a.get("name_base64") or __import__("base64").b64encode(a["name"].encode())).decode("utf-8", "surrogateescape") for a in r["artifacts"]]), r["artifacts_dropped"])))' | sed 's/\\udc/\\x/g')"
+"$PYSBX" run --artifacts-dir "$T/odd" "$T/odd.py" 2>"$T/err"; check "odd names: --artifacts-dir" 0 $?
+check "odd names: each written under its true name" "a b $(printf '\xef\xbf\xbd \xfe \xff')" "$(cd "$T/odd" && ls | LC_ALL=C sort | tr '\n' ' ' | sed 's/ $//')"
+check "odd names: what each holds" "b'\\xff'" "$(cat "$T/odd/$(printf '\xff')")"
+# What is not returned is said, with why.
+printf 'for n in "abc":\n    open(n, "w").write(n)\n' >"$T/three.py"
+"$PYSBX" run --json --max-artifacts 1 "$T/three.py" >"$T/three.json"
+check "dropped files are listed with why" "['b', 'c'] max_artifacts 2" \
+    "$(json_field "$T/three.json" '[d["name"] for d in r["dropped_artifacts"]], r["dropped_artifacts"][0]["reason"], r["artifacts_dropped"]' | tr -d "(),'" | sed "s/\[b c\]/['b', 'c']/")"
+"$PYSBX" run --max-artifacts 1 --artifacts-dir "$T/three" "$T/three.py" 2>"$T/err"
+expect_in "--artifacts-dir says what was not returned" "not returned: b (past --max-artifacts)" "$T/err"
+
+# Every JSON answer obeys the published schema.
+for f in "$T/r.json" "$T/t.json" "$T/w.json" "$T/odd.json" "$T/three.json"; do
+    $PY - "$SRC/docs/result.schema.json" "$f" <<'PYEOF' && echo "ok   schema $(basename "$f")" ||
+import json, sys, jsonschema
+jsonschema.validate(json.load(open(sys.argv[2])), json.load(open(sys.argv[1])))
+PYEOF
+    { echo "FAIL $f does not match the schema"; fails=$((fails + 1)); }
+done
 
 # --- nothing left behind ---
 # SIGTERM (and SIGINT) cancel the run, close the sandbox and remove its work
@@ -270,6 +288,11 @@ check "--connect: arguments and stdin are sent" "['', 'a', '-b'] hello" \
 # An exception is a result (with its error), not a refusal of the request.
 "$PYSBX" run --connect "$SOCK" --json "$T/syntax.py" >"$T/e.json"; check "--connect --json: an exception is a result" 0 $?
 check "--connect --json: the code's error as the server sent it" "completed 1 SyntaxError" "$(json_field "$T/e.json" "r['status'], r['exit_code'], r['error']['type']" | tr -d "(),'")"
+"$PYSBX" run --connect "$SOCK" --artifacts-dir "$T/rodd" "$T/odd.py" 2>"$T/err"; check "--connect: odd names saved" 0 $?
+check "--connect: each under its true name" "a b $(printf '\xef\xbf\xbd \xfe \xff')" "$(cd "$T/rodd" && ls | LC_ALL=C sort | tr '\n' ' ' | sed 's/ $//')"
+"$PYSBX" run --connect "$SOCK" --json --max-artifacts 1 "$T/three.py" >"$T/rthree.json"
+check "--connect --json: the dropped list as the server sent it" "2 2" \
+    "$(json_field "$T/rthree.json" 'len(r["dropped_artifacts"]), r["artifacts_dropped"]' | tr -d "(),")"
 printf '\xff\xfe' >"$T/bytes.py"
 "$PYSBX" run --connect "$SOCK" "$T/bytes.py" >/dev/null 2>"$T/err"; check "--connect: a program that is not UTF-8 is refused" 2 $?
 "$PYSBX" run --connect "$SOCK" --template /bin/true "$T/one.py" >/dev/null 2>&1; check "--connect refuses local sandbox options" 2 $?

@@ -572,6 +572,8 @@ static void inputs_are_readable_and_come_back_only_if_changed(void **state)
 
 static void links_and_fifos_are_skipped(void **state)
 {
+    struct sbx_error err;
+    bool private_fs = sbx_check_layers(SBX(state), SBX_LAYER_MOUNTNS, &err) == 0;
     struct sbx_result *r = run_code(SBX(state), "import os\n"
                                                 "os.symlink('/etc/passwd', 'passwd')\n"
                                                 "os.symlink('/etc', 'etc')\n"
@@ -580,10 +582,131 @@ static void links_and_fifos_are_skipped(void **state)
                                                 "os.link('real', 'real2')\n"
                                                 "open('plain', 'w').write('p')\n");
     expect_completed(r, 0);
-    /* Two names for one file could be a host file linked in: neither is
-     * read. The FIFO has no writer: opening it would have hung. */
-    assert_int_equal(r->n_artifacts, 1);
+    /* Links are not followed, and the FIFO has no writer: opening it would
+     * have hung. A file of two names comes back under each when the
+     * workspace is a file system of its own (nothing on it is the host's),
+     * else is listed as not read. */
+    if (private_fs) {
+        assert_int_equal(r->n_artifacts, 3);
+        assert_string_equal(r->artifacts[1].name, "real");
+        assert_string_equal(r->artifacts[2].name, "real2");
+        assert_memory_equal(r->artifacts[2].data, "ok", 2);
+    } else {
+        assert_int_equal(r->n_artifacts, 1);
+        assert_int_equal(r->n_dropped, 2);
+        assert_int_equal(r->dropped[0].reason, SBX_DROP_LINKED);
+    }
     assert_string_equal(r->artifacts[0].name, "plain");
+    sbx_result_free(r);
+}
+
+/* Makes N nested directories NAME, writes DATA to LEAF in the deepest. */
+#define NEST_PY                                                                                    \
+    "import os\n"                                                                                  \
+    "def nest(n, name, leaf, data):\n"                                                             \
+    "    top = os.open('.', os.O_RDONLY)\n"                                                        \
+    "    for _ in range(n):\n"                                                                     \
+    "        os.makedirs(name, exist_ok=True)\n"                                                   \
+    "        os.chdir(name)\n"                                                                     \
+    "    open(leaf, 'w').write(data)\n"                                                            \
+    "    os.fchdir(top)\n"                                                                         \
+    "    os.close(top)\n"
+
+/* What the code hides from an honest answer comes back whole: a deep tree,
+ * a path past 4,096 bytes, two names of one file, files and a directory it
+ * made unreadable, names that are not UTF-8 (each its own name). */
+static void files_the_code_hides_come_back(void **state)
+{
+    struct sbx_error err;
+    if (sbx_check_layers(SBX(state), SBX_LAYER_MOUNTNS, &err) != 0)
+        skip(); /* the workspace is not a file system of its own */
+    struct sbx_result *r =
+        run_code(SBX(state), NEST_PY "nest(70, 'd', 'deep.txt', 'deep')\n"
+                                     "nest(20, 'L' * 250, 'long.txt', 'long')\n"
+                                     "open('a', 'w').write('linked')\n"
+                                     "os.link('a', 'b')\n"
+                                     "open('m000', 'w').write('zero')\n"
+                                     "os.chmod('m000', 0)\n"
+                                     "os.mkdir('dz')\n"
+                                     "open('dz/in', 'w').write('in dz')\n"
+                                     "os.chmod('dz', 0)\n"
+                                     "for n in (b'\\xff', b'\\xfe', '\\ufffd'):\n"
+                                     "    open(n, 'w').write(repr(n))\n");
+    expect_completed(r, 0);
+    assert_int_equal(r->artifacts_dropped, 0);
+    assert_int_equal(r->n_dropped, 0);
+    assert_int_equal(r->n_artifacts, 9);
+    /* In the order of their bytes on disk. */
+    static const char *const raw[] = {"dz/in", "m000", "\xef\xbf\xbd", "\xfe", "\xff"};
+    static const char *const shown[] = {"\xef\xbf\xbd"
+                                        "ef\xef\xbf\xbd"
+                                        "bf\xef\xbf\xbd"
+                                        "bd",
+                                        "\xef\xbf\xbd"
+                                        "fe",
+                                        "\xef\xbf\xbd"
+                                        "ff"};
+    assert_true(strncmp(r->artifacts[0].name, "LLLL", 4) == 0);
+    assert_int_equal(strlen(r->artifacts[0].name), 20 * 251 + 8);
+    assert_memory_equal(r->artifacts[0].data, "long", 4);
+    assert_string_equal(r->artifacts[1].name, "a");
+    assert_string_equal(r->artifacts[2].name, "b");
+    assert_memory_equal(r->artifacts[2].data, "linked", 6);
+    assert_true(strncmp(r->artifacts[3].name, "d/d/d/", 6) == 0);
+    assert_int_equal(strlen(r->artifacts[3].name), 70 * 2 + 8);
+    assert_memory_equal(r->artifacts[3].data, "deep", 4);
+    for (size_t i = 4; i < 9; i++) {
+        const struct sbx_artifact *a = &r->artifacts[i];
+        assert_string_equal(a->raw_name, raw[i - 4]);
+        assert_string_equal(a->name, i < 6 ? raw[i - 4] : shown[i - 6]);
+    }
+    assert_memory_equal(r->artifacts[4].data, "in dz", 5);
+    assert_memory_equal(r->artifacts[5].data, "zero", 4);
+    assert_memory_equal(r->artifacts[8].data, "b'\\xff'", 7);
+    sbx_result_free(r);
+
+    /* A workspace whose root the code made unreadable. */
+    r = run_code(SBX(state), "import os\nopen('x', 'w').write('x')\nos.chmod('.', 0)\n");
+    expect_completed(r, 0);
+    assert_int_equal(r->n_artifacts, 1);
+    assert_string_equal(r->artifacts[0].name, "x");
+    sbx_result_free(r);
+}
+
+/* Every file not returned is counted and listed with why. */
+static void files_not_returned_are_listed_with_why(void **state)
+{
+    struct sbx_limits l = limits(20, 10);
+    l.max_artifacts = 2;
+    l.max_artifacts_total_bytes = 1000;
+    char depth[16];
+    snprintf(depth, sizeof(depth), "%d", SBX_MAX_ARTIFACT_DEPTH + 1);
+    char code[1024];
+    snprintf(code, sizeof(code),
+             NEST_PY "nest(%s, 't', 'lost', 'x')\n"
+                     "open('a', 'w').write('a' * 600)\n"
+                     "open('b', 'w').write('b' * 600)\n"
+                     "open('c', 'w').write('c')\n"
+                     "open('d', 'w').write('d')\n",
+             depth);
+    struct sbx_result *r = run_with(SBX(state), code, &l, NULL, 0);
+    expect_completed(r, 0);
+    assert_int_equal(r->n_artifacts, 2);
+    assert_string_equal(r->artifacts[0].name, "a");
+    assert_string_equal(r->artifacts[1].name, "c");
+    assert_int_equal(r->artifacts_dropped, 3);
+    assert_int_equal(r->n_dropped, 3);
+    assert_string_equal(r->dropped[0].name, "b");
+    assert_int_equal(r->dropped[0].reason, SBX_DROP_MAX_TOTAL_BYTES);
+    assert_int_equal(r->dropped[0].size, 600);
+    assert_string_equal(r->dropped[1].name, "d");
+    assert_int_equal(r->dropped[1].reason, SBX_DROP_MAX_ARTIFACTS);
+    assert_int_equal(r->dropped[2].reason, SBX_DROP_TOO_DEEP);
+    assert_int_equal(strlen(r->dropped[2].name), 2 * (SBX_MAX_ARTIFACT_DEPTH + 1));
+    char *json = sbx_result_to_json(r);
+    assert_non_null(strstr(json, "\"dropped_artifacts\":[{\"name\":\"b\","));
+    assert_non_null(strstr(json, "\"reason\":\"too_deep\""));
+    free(json);
     sbx_result_free(r);
 }
 
@@ -1051,6 +1174,8 @@ int main(void)
         cmocka_unit_test(artifacts_come_back_sorted_and_capped),
         cmocka_unit_test(inputs_are_readable_and_come_back_only_if_changed),
         cmocka_unit_test(links_and_fifos_are_skipped),
+        cmocka_unit_test(files_the_code_hides_come_back),
+        cmocka_unit_test(files_not_returned_are_listed_with_why),
         cmocka_unit_test(artifacts_are_not_returned_from_a_stopped_run),
         cmocka_unit_test(workspace_is_deleted_on_every_outcome),
         cmocka_unit_test(each_run_starts_in_a_fresh_empty_workspace),

@@ -41,6 +41,7 @@ import base64
 import http.client
 import itertools
 import json
+import os
 import socket
 import threading
 import urllib.error
@@ -70,10 +71,28 @@ class ProtocolError(Exception):
 
 @dataclass
 class Artifact:
-    name: str
+    name: str  # escaped when not valid UTF-8 (see raw_name)
     size: int  # the file's real size
     truncated: bool  # content cut at the request's max_artifact_bytes
     content: bytes
+    raw_name: bytes = b""  # the name's bytes on disk
+
+    @property
+    def path(self) -> str:
+        """The name as os.fsdecode() gives it: bytes that are not UTF-8 as
+        surrogates, so that open(artifact.path, "wb") makes the true name."""
+        return os.fsdecode(self.raw_name or self.name.encode())
+
+
+@dataclass
+class DroppedArtifact:
+    """A file (a directory when the name ends with "/") the run left and the
+    answer does not return: reason is max_artifacts,
+    max_artifacts_total_bytes, too_deep, unreadable or linked."""
+    name: str
+    reason: str
+    size: Optional[int] = None  # a file's size; None for a directory
+    raw_name: bytes = b""
 
 
 @dataclass
@@ -98,7 +117,8 @@ class Result:
     stderr_truncated: bool = False
     partial: bool = False
     artifacts: List[Artifact] = field(default_factory=list)
-    artifacts_dropped: int = 0
+    artifacts_dropped: int = 0  # all files not returned, listed or not
+    dropped_artifacts: List[DroppedArtifact] = field(default_factory=list)  # the first, with why
     stats: Dict[str, Any] = field(default_factory=dict)
     reason: Optional[str] = None
     # As in a notebook cell: repr() of the program's last statement when it
@@ -126,6 +146,13 @@ def _code_error(err: Any) -> Optional[CodeError]:
     return CodeError(err["type"], err["message"], err["traceback"])
 
 
+def _raw_name(a: Dict[str, Any]) -> bytes:
+    """A file's name on disk: name_base64 when the server escaped its name."""
+    if "name_base64" in a:
+        return base64.b64decode(a["name_base64"], validate=True)
+    return a["name"].encode()
+
+
 def _result(answer: Dict[str, Any]) -> Result:
     if not isinstance(answer, dict):
         raise ProtocolError(f"an answer is a JSON object, not {type(answer).__name__}")
@@ -137,8 +164,10 @@ def _result(answer: Dict[str, Any]) -> Result:
         raise SandboxError(str(err.get("code")), str(err.get("message")))
     try:
         arts = [Artifact(a["name"], a["size"], a["truncated"],
-                         base64.b64decode(a["content_base64"], validate=True))
+                         base64.b64decode(a["content_base64"], validate=True), _raw_name(a))
                 for a in answer.get("artifacts") or []]
+        gone = [DroppedArtifact(d["name"], d["reason"], d.get("size"), _raw_name(d))
+                for d in answer.get("dropped_artifacts") or []]
         return Result(status=answer["status"], exit_code=answer.get("exit_code"),
                       stdout=answer.get("stdout", ""), stderr=answer.get("stderr", ""),
                       limit=answer.get("limit"), signal=answer.get("signal"),
@@ -146,6 +175,7 @@ def _result(answer: Dict[str, Any]) -> Result:
                       stderr_truncated=answer.get("stderr_truncated", False),
                       partial=answer.get("partial", False), artifacts=arts,
                       artifacts_dropped=answer.get("artifacts_dropped", 0),
+                      dropped_artifacts=gone,
                       stats=answer.get("stats") or {}, reason=answer.get("reason"),
                       value=answer.get("value"), session=answer.get("session"),
                       error=_code_error(answer.get("error")), raw=answer)

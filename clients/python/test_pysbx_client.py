@@ -81,6 +81,17 @@ class Common:
         self.assertFalse(arts["out.bin"].truncated)
         self.assertEqual(arts["echo.bin"].content, b"\xff\x01\x00")
 
+    def test_odd_names_and_files_not_returned(self):
+        r = self.client.run("for n in (b'\\xff', '\\ufffd', 'a', 'b'):\n    open(n, 'w').write('x')",
+                            limits={"max_artifacts": 3})
+        self.assertEqual([a.raw_name for a in r.artifacts], [b"a", b"b", b"\xef\xbf\xbd"])
+        self.assertEqual(r.artifacts[2].name, "\ufffdef\ufffdbf\ufffdbd")
+        self.assertEqual(r.artifacts[2].path, "\ufffd")
+        self.assertEqual(r.artifacts_dropped, 1)
+        gone = r.dropped_artifacts[0]
+        self.assertEqual((gone.name, gone.raw_name, gone.reason, gone.size),
+                         ("\ufffdff", b"\xff", "max_artifacts", 1))
+
     def test_an_exception_is_a_result(self):
         r = self.client.run("raise ValueError('boom')")
         self.assertEqual((r.status, r.exit_code), ("completed", 1))

@@ -120,6 +120,11 @@ static const char *status_name(int i)
     return sbx_status_name((enum sbx_status)i);
 }
 
+static const char *drop_reason_name(int i)
+{
+    return sbx_drop_reason_name((enum sbx_drop_reason)i);
+}
+
 static const char *limit_name(int i)
 {
     return sbx_limit_name((enum sbx_limit_kind)i);
@@ -158,6 +163,47 @@ static char *text_of(json_t *o, const char *key, size_t *len)
     return t;
 }
 
+/* The bytes of an answer's name: its "name_base64" when it has one (a name
+ * the server escaped), else |name| itself. NULL when that is not a name. */
+static char *raw_name_of(json_t *o, char *name)
+{
+    const char *b64 = json_string_value(json_object_get(o, "name_base64"));
+    size_t len;
+
+    if (!name || !b64)
+        return name;
+    char *raw = (char *)base64_decode(b64, strlen(b64), &len);
+    char *z = raw ? realloc(raw, len + 1) : NULL;
+    if (!z || len == 0 || memchr(z, '\0', len)) {
+        free(z ? z : raw);
+        return NULL;
+    }
+    z[len] = '\0';
+    return z;
+}
+
+static int dropped_from(json_t *arr, struct sbx_result *r)
+{
+    size_t n = json_array_size(arr);
+
+    r->dropped = n ? calloc(n, sizeof(*r->dropped)) : NULL;
+    if (n && !r->dropped)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        json_t *d = json_array_get(arr, i);
+        struct sbx_dropped_artifact *out = &r->dropped[r->n_dropped];
+        const char *why = json_string_value(json_object_get(d, "reason"));
+        out->name = text_of(d, "name", NULL);
+        out->raw_name = raw_name_of(d, out->name);
+        out->size = (uint64_t)json_integer_value(json_object_get(d, "size"));
+        out->reason = (enum sbx_drop_reason)lookup(why, drop_reason_name, SBX_DROP_LINKED + 1, 0);
+        r->n_dropped++;
+        if (!out->name || !out->raw_name || out->reason == 0)
+            return -EPROTO;
+    }
+    return 0;
+}
+
 static int artifacts_from(json_t *arr, struct sbx_result *r)
 {
     size_t n = json_array_size(arr);
@@ -170,11 +216,12 @@ static int artifacts_from(json_t *arr, struct sbx_result *r)
         const char *b64 = json_string_value(json_object_get(a, "content_base64"));
         struct sbx_artifact *out = &r->artifacts[r->n_artifacts];
         out->name = text_of(a, "name", NULL);
+        out->raw_name = raw_name_of(a, out->name);
         out->data = b64 ? base64_decode(b64, strlen(b64), &out->data_len) : NULL;
         out->size = (uint64_t)json_integer_value(json_object_get(a, "size"));
         out->truncated = json_is_true(json_object_get(a, "truncated"));
         r->n_artifacts++;
-        if (!out->name || !out->data)
+        if (!out->name || !out->raw_name || !out->data)
             return -EPROTO;
     }
     return 0;
@@ -219,7 +266,8 @@ static int result_from(json_t *o, struct sbx_result **out)
     }
     if ((int)r->status < 0 || !r->stdout_text || !r->stderr_text)
         return -EPROTO;
-    return artifacts_from(json_object_get(o, "artifacts"), r);
+    int rc = dropped_from(json_object_get(o, "dropped_artifacts"), r);
+    return rc < 0 ? rc : artifacts_from(json_object_get(o, "artifacts"), r);
 }
 
 /* The whole of |buf|, without SIGPIPE should the server be gone. */

@@ -315,17 +315,28 @@ static json_t *tool_result(const struct sbx_result *r, const char *session)
         add_stream(content, "value:\n", r->value, r->value_len);
     for (size_t i = 0; i < r->n_artifacts; i++) {
         const struct sbx_artifact *a = &r->artifacts[i];
-        char note[4300];
-        fmt(note, sizeof(note), "file %s (%llu bytes%s)", a->name, (unsigned long long)a->size,
-            a->truncated ? ", cut to the size limit" : "");
-        add_text(content, note, strlen(note));
+        char *note = NULL;
+        if (asprintf(&note, "file %s (%llu bytes%s)", a->name, (unsigned long long)a->size,
+                     a->truncated ? ", cut to the size limit" : "") >= 0) {
+            add_text(content, note, strlen(note));
+            free(note);
+        }
         json_t *c = artifact_content(a);
         if (c)
             json_array_append_new(content, c);
     }
-    if (r->artifacts_dropped) {
-        fmt(head, sizeof(head), "%llu more files not returned (limit on the number of files)",
-            (unsigned long long)r->artifacts_dropped);
+    for (size_t i = 0; i < r->n_dropped; i++) {
+        const struct sbx_dropped_artifact *d = &r->dropped[i];
+        char *note = NULL;
+        if (asprintf(&note, "not returned: %s (%s)", d->name, sbx_drop_reason_name(d->reason)) >=
+            0) {
+            add_text(content, note, strlen(note));
+            free(note);
+        }
+    }
+    if (r->artifacts_dropped > r->n_dropped) {
+        fmt(head, sizeof(head), "%llu more files not returned",
+            (unsigned long long)(r->artifacts_dropped - r->n_dropped));
         add_text(content, head, strlen(head));
     }
     return json_pack("{s:o, s:b}", "content", content, "isError", error);

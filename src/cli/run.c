@@ -15,6 +15,28 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* What was not returned, and why, on stderr. */
+static void report_dropped(const struct sbx_result *res)
+{
+    static const char *const why[] = {
+        [SBX_DROP_MAX_ARTIFACTS] = "past --max-artifacts",
+        [SBX_DROP_MAX_TOTAL_BYTES] = "past --max-artifacts-total-bytes",
+        [SBX_DROP_TOO_DEEP] = "too deep to look into",
+        [SBX_DROP_UNREADABLE] = "could not be read",
+        [SBX_DROP_LINKED] = "has several names and the workspace is not its own file system",
+    };
+
+    for (size_t i = 0; i < res->n_dropped; i++) {
+        const struct sbx_dropped_artifact *d = &res->dropped[i];
+        fprintf(stderr, "pysbx: not returned: %s (%s)\n", d->name,
+                (unsigned)d->reason < ARRAY_SIZE(why) && why[d->reason] ? why[d->reason]
+                                                                        : "unknown");
+    }
+    if (res->artifacts_dropped > res->n_dropped)
+        fprintf(stderr, "pysbx: %llu more files not returned\n",
+                (unsigned long long)(res->artifacts_dropped - res->n_dropped));
+}
+
 static int save_artifacts(const char *dir, const struct sbx_result *res)
 {
     int dfd, rc = 0;
@@ -30,11 +52,12 @@ static int save_artifacts(const char *dir, const struct sbx_result *res)
     }
     for (size_t i = 0; i < res->n_artifacts; i++) {
         const struct sbx_artifact *a = &res->artifacts[i];
-        /* The name came from the code: it must stay beneath DIR, through no
-         * link that may already be there. */
-        int fd = name_problem(a->name, strlen(a->name))
+        /* Under its true name, which came from the code: it must stay
+         * beneath DIR, through no link that may already be there. */
+        const char *raw = a->raw_name ? a->raw_name : a->name;
+        int fd = path_problem(raw, strlen(raw))
                      ? -EINVAL
-                     : open_beneath(dfd, a->name, O_WRONLY | O_CREAT | O_TRUNC, 0644, true);
+                     : open_beneath(dfd, raw, O_WRONLY | O_CREAT | O_TRUNC, 0644, true);
         if (fd < 0 || write_full(fd, a->data, a->data_len) < 0) {
             fprintf(stderr, "pysbx: saving artifact %s: %s\n", a->name,
                     strerror(fd < 0 ? -fd : errno));
@@ -46,9 +69,7 @@ static int save_artifacts(const char *dir, const struct sbx_result *res)
             fprintf(stderr, "pysbx: artifact %s was cut to %zu of %llu bytes\n", a->name,
                     a->data_len, (unsigned long long)a->size);
     }
-    if (res->artifacts_dropped)
-        fprintf(stderr, "pysbx: %llu more files were not returned (--max-artifacts)\n",
-                (unsigned long long)res->artifacts_dropped);
+    report_dropped(res);
     close(dfd);
     return rc;
 }

@@ -9,18 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *name_problem(const char *name, size_t len)
+const char *path_problem(const char *name, size_t len)
 {
     size_t start = 0;
 
     if (!name || len == 0)
         return "the name is empty";
-    if (len > 4096)
-        return "the name is longer than 4096 bytes";
     if (memchr(name, '\0', len))
         return "the name contains a NUL byte";
-    if (utf8_valid_prefix((const unsigned char *)name, len) != len)
-        return "the name is not valid UTF-8";
     if (name[0] == '/')
         return "the name is an absolute path";
     for (size_t i = 0; i <= len; i++) {
@@ -37,6 +33,16 @@ const char *name_problem(const char *name, size_t len)
         start = i + 1;
     }
     return NULL;
+}
+
+const char *name_problem(const char *name, size_t len)
+{
+    if (name && len > 4096)
+        return "the name is longer than 4096 bytes";
+    if (name && !memchr(name, '\0', len) &&
+        utf8_valid_prefix((const unsigned char *)name, len) != len)
+        return "the name is not valid UTF-8";
+    return path_problem(name, len);
 }
 
 size_t utf8_valid_prefix(const unsigned char *s, size_t len)

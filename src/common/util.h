@@ -14,6 +14,9 @@
  * no NUL, no empty, "." or ".." component, each component at most 255 bytes,
  * the whole at most 4096 bytes. Returns NULL if fine, else why not. */
 const char *name_problem(const char *name, size_t len);
+/* The same checks but of bytes: any length, any encoding (an artifact's
+ * name on disk, to be written beneath a directory). */
+const char *path_problem(const char *name, size_t len);
 
 /* Length in bytes of the longest prefix of |s| that is valid UTF-8. */
 size_t utf8_valid_prefix(const unsigned char *s, size_t len);

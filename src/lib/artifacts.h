@@ -8,9 +8,6 @@
 
 #include "pysbx.h"
 
-/* Directories nested deeper than this are not looked into. */
-#define ARTIFACT_MAX_DEPTH 64
-
 struct artifact_spec {
     uint64_t max_bytes;            /* per file returned */
     uint64_t max_count;            /* files returned: the first by name */
@@ -23,11 +20,30 @@ struct artifact_spec {
     const void *only_ctx;
 };
 
-/* Walks the workspace |ws_fd|. Returns 0 with *out (n_out entries, sorted by
- * name bytewise) and *dropped (regular files past max_count, or whose
- * returned bytes would pass max_total), or -errno. */
-int artifacts_collect(int ws_fd, const struct artifact_spec *spec, struct sbx_artifact **out,
-                      size_t *n_out, uint64_t *dropped);
+/* What a collection found. */
+struct artifact_set {
+    struct sbx_artifact *v; /* sorted by their bytes on disk */
+    size_t n;
+    uint64_t dropped;                  /* files (and directories) not returned */
+    struct sbx_dropped_artifact *gone; /* the first of them, with why */
+    size_t n_gone;
+};
+
+/* Whether the workspace |ws_fd| is a file system of its own (the root of a
+ * tmpfs made for the run): everything on it is then the run's, and may be
+ * read with the run's owner's rights over it, whatever its mode or links. */
+bool artifacts_private_fs(int ws_fd);
+
+/* Walks the workspace |ws_fd| in the order of its names' bytes, reading
+ * each file as it comes: the first max_count files, each cut at max_bytes,
+ * while their names and bytes fit max_total. Every other regular file is
+ * counted in |out|->dropped, and so is each directory not looked into (too
+ * deep or unreadable). Files of several names are read only on a private
+ * file system (|private_fs|). Returns 0 with |out| filled (free with
+ * artifact_set_free), or -errno. */
+int artifacts_collect(int ws_fd, const struct artifact_spec *spec, bool private_fs,
+                      struct artifact_set *out);
+void artifact_set_free(struct artifact_set *set);
 
 /* The value the worker left in WIRE_VALUE_FILE, if any, as text of at most
  * |max_chars| characters (cut as output is). Returns 0 with *text (NULL
@@ -40,6 +56,12 @@ int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len
  * 0 or -ENOMEM. */
 int artifacts_take_error(int ws_fd, uint64_t max_chars, struct sbx_result *res);
 
+/* The name of the path |raw| as the result gives it (see struct
+ * sbx_artifact): |raw| itself when it needs no escaping, else a new string
+ * (NULL when out of memory). */
+char *artifacts_escape_name(char *raw);
+
 void artifacts_free(struct sbx_artifact *a, size_t n);
+void dropped_free(struct sbx_dropped_artifact *d, size_t n);
 
 #endif

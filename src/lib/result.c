@@ -55,27 +55,82 @@ static json_t *string_or_null(const char *s)
     return s ? json_string(s) : json_null();
 }
 
-static json_t *artifact_json(const struct sbx_artifact *a)
+static const char *const drop_reason_names[] = {
+    [0] = NULL,
+    [SBX_DROP_MAX_ARTIFACTS] = "max_artifacts",
+    [SBX_DROP_MAX_TOTAL_BYTES] = "max_artifacts_total_bytes",
+    [SBX_DROP_TOO_DEEP] = "too_deep",
+    [SBX_DROP_UNREADABLE] = "unreadable",
+    [SBX_DROP_LINKED] = "linked",
+};
+
+const char *sbx_drop_reason_name(enum sbx_drop_reason r)
 {
+    return NAME_OF(drop_reason_names, r, NULL);
+}
+
+/* Adds "name_base64", the name's bytes, to |o| when its name was escaped
+ * (see struct sbx_artifact). Returns |o|, or NULL (and |o| released). */
+static json_t *with_raw_name(json_t *o, const char *name, const char *raw)
+{
+    if (!o || !raw || raw == name || strcmp(raw, name) == 0)
+        return o;
+    char *b64 = base64_encode(raw, strlen(raw), NULL);
+    if (!b64 || json_object_set_new(o, "name_base64", json_string(b64)) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
+    free(b64);
+    return o;
+}
+
+static json_t *artifact_json(const void *p)
+{
+    const struct sbx_artifact *a = p;
     char *b64 = base64_encode(a->data ? a->data : (const unsigned char *)"", a->data_len, NULL);
     json_t *o =
         b64 ? json_pack("{s:s, s:I, s:b, s:s}", "name", a->name, "size", (json_int_t)a->size,
                         "truncated", a->truncated, "content_base64", b64)
             : NULL;
     free(b64);
-    return o;
+    return with_raw_name(o, a->name, a->raw_name);
+}
+
+static json_t *dropped_json(const void *p)
+{
+    const struct sbx_dropped_artifact *d = p;
+    const char *why = sbx_drop_reason_name(d->reason);
+    json_t *o = json_pack("{s:s, s:s}", "name", d->name, "reason", why ? why : "unreadable");
+    size_t len = strlen(d->name);
+
+    /* A file's size; a directory (its name ends with '/') has none. */
+    if (o && !(len && d->name[len - 1] == '/') &&
+        json_object_set_new(o, "size", json_integer((json_int_t)d->size)) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
+    return with_raw_name(o, d->name, d->raw_name);
+}
+
+/* A JSON array of |n| elements of |size| bytes at |v|, each one(element);
+ * NULL if out of memory. */
+static json_t *json_list(const void *v, size_t n, size_t size, json_t *(*one)(const void *))
+{
+    json_t *list = json_array();
+
+    for (size_t i = 0; list && i < n; i++)
+        if (json_array_append_new(list, one((const char *)v + i * size)) < 0) {
+            json_decref(list);
+            list = NULL;
+        }
+    return list;
 }
 
 static json_t *result_json(const struct sbx_result *r)
 {
-    json_t *arts = json_array();
+    json_t *arts = json_list(r->artifacts, r->n_artifacts, sizeof(*r->artifacts), artifact_json);
     json_t *o = NULL;
 
-    for (size_t i = 0; arts && i < r->n_artifacts; i++)
-        if (json_array_append_new(arts, artifact_json(&r->artifacts[i])) < 0) {
-            json_decref(arts);
-            return NULL;
-        }
     if (!arts)
         return NULL;
     const char *sig = r->status == SBX_CRASHED ? signal_name(r->signal) : NULL;
@@ -99,10 +154,20 @@ static json_t *result_json(const struct sbx_result *r)
     json_t *error = r->error_type ? json_pack("{s:s, s:s, s:s}", "type", r->error_type, "message",
                                               r->error_message, "traceback", r->error_traceback)
                                   : json_null();
-    if (o && (json_object_set_new(o, "value", value) < 0 ||
-              json_object_set_new(o, "error", error) < 0)) {
+    json_t *gone = json_list(r->dropped, r->n_dropped, sizeof(*r->dropped), dropped_json);
+    if (!o) {
+        json_decref(value);
+        json_decref(error);
+        json_decref(gone);
+        return NULL;
+    }
+    /* Each takes its value, set or not (NULL, out of memory: not set). */
+    bool bad = json_object_set_new(o, "value", value) < 0;
+    bad |= json_object_set_new(o, "error", error) < 0;
+    bad |= json_object_set_new(o, "dropped_artifacts", gone) < 0;
+    if (bad) {
         json_decref(o);
-        o = NULL;
+        return NULL;
     }
     return o;
 }
@@ -128,5 +193,6 @@ void sbx_result_free(struct sbx_result *res)
     free(res->error_message);
     free(res->error_traceback);
     artifacts_free(res->artifacts, res->n_artifacts);
+    dropped_free(res->dropped, res->n_dropped);
     free(res);
 }

@@ -222,11 +222,22 @@ int supervise_finish(struct supervision *s, struct sbx_result *res)
         .only = s->only_artifacts,
         .only_ctx = s->only_ctx,
     };
-    bool switched;
-    rc = fsid_enter(s->owner_uid, s->owner_gid, &switched);
+    /* Read as the run's owner: on a file system of the run's own, with the
+     * owner's rights over what it made (a file it made unreadable is still
+     * its own); elsewhere with no more than the run had. */
+    bool private_fs = artifacts_private_fs(s->ws_fd), switched;
+    rc = private_fs ? fsid_enter_owner(s->owner_uid, s->owner_gid, &switched)
+                    : fsid_enter(s->owner_uid, s->owner_gid, &switched);
+    struct artifact_set set;
     if (rc == 0)
-        rc = artifacts_collect(s->ws_fd, &spec, &res->artifacts, &res->n_artifacts,
-                               &res->artifacts_dropped);
+        rc = artifacts_collect(s->ws_fd, &spec, private_fs, &set);
+    if (rc == 0) {
+        res->artifacts = set.v;
+        res->n_artifacts = set.n;
+        res->artifacts_dropped = set.dropped;
+        res->dropped = set.gone;
+        res->n_dropped = set.n_gone;
+    }
     if (rc == 0)
         rc = artifacts_take_value(s->ws_fd, s->req->limits.max_output_chars, &res->value,
                                   &res->value_len, &res->value_truncated);

@@ -51,6 +51,32 @@ static char *take_text(struct bytes *b, size_t *len, bool c_string)
     return s;
 }
 
+/* An artifact's name on disk: |name| itself, or any bytes but NUL. */
+static char *raw_name(struct bytes *b, char *name, bool own)
+{
+    if (!own)
+        return name;
+    const uint8_t *p;
+    size_t n = take_piece(b, &p);
+    if (memchr(p, '\0', n))
+        n = (size_t)((const uint8_t *)memchr(p, '\0', n) - p);
+    return fuzz_string(p, n);
+}
+
+/* The bytes a name_base64 spells are the raw name, when there is one. */
+static void check_raw_name(json_t *o, const char *name, const char *raw)
+{
+    json_t *b64 = json_object_get(o, "name_base64");
+    if (!b64) {
+        CHECK(raw == name || strcmp(raw, name) == 0);
+        return;
+    }
+    size_t len = 0;
+    unsigned char *bytes = base64_decode(json_string_value(b64), json_string_length(b64), &len);
+    CHECK(bytes && len == strlen(raw) && memcmp(bytes, raw, len) == 0);
+    free(bytes);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct bytes b = {data, size};
@@ -85,6 +111,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         a->data = (unsigned char *)fuzz_copy(p, a->data_len);
         a->size = a->data_len + (bits >> 14 & 1);
         a->truncated = a->size > a->data_len;
+        a->raw_name = raw_name(&b, a->name, bits & (1u << 17));
+    }
+    /* Files not returned: any reason a caller's cast may give. */
+    r->n_dropped = bits >> 18 & 3;
+    r->dropped = calloc(r->n_dropped + 1, sizeof(*r->dropped));
+    CHECK(r->dropped);
+    for (size_t i = 0; i < r->n_dropped; i++) {
+        struct sbx_dropped_artifact *d = &r->dropped[i];
+        d->name = take_text(&b, NULL, true);
+        d->raw_name = raw_name(&b, d->name, bits & (1u << 20));
+        d->reason = (enum sbx_drop_reason)(take_u32(&b) % 8);
+        d->size = take_u32(&b);
     }
     /* A session's cell: a name of 1 to SESSION_NAME_MAX bytes, no NUL. */
     char *session = NULL;
@@ -137,6 +175,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(bytes && len == r->artifacts[i].data_len &&
               (len == 0 || memcmp(bytes, r->artifacts[i].data, len) == 0));
         free(bytes);
+        check_raw_name(a, r->artifacts[i].name, r->artifacts[i].raw_name);
+    }
+    json_t *gone = json_object_get(o, "dropped_artifacts");
+    CHECK(json_array_size(gone) == r->n_dropped);
+    for (size_t i = 0; i < r->n_dropped; i++) {
+        json_t *d = json_array_get(gone, i);
+        const char *why = sbx_drop_reason_name(r->dropped[i].reason);
+        CHECK(strcmp(json_string_value(json_object_get(d, "name")), r->dropped[i].name) == 0);
+        CHECK(strcmp(json_string_value(json_object_get(d, "reason")), why ? why : "unreadable") ==
+              0);
+        check_raw_name(d, r->dropped[i].name, r->dropped[i].raw_name);
     }
     json_decref(o);
     free(line);
