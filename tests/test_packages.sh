@@ -120,6 +120,15 @@ echo 'import numpy as np; a = np.ones(10**9); print(a.sum())' |
     "$PYSBX" run --packages numpy --memory 512M --json - >"$T/r.json"
 check "a numpy allocation past the memory limit" "memory_limit memory" \
     "$(field "$T/r.json" 'r["status"], r["limit"]' | tr -d "(),'")"
+# The limit counts the code's data, not what the template maps (here numpy,
+# pandas, matplotlib and whatever BLAS they load): 252 MiB of 256 fit, 257
+# do not.
+printf 'import numpy as np\na = np.ones(252 << 17)\nprint(a.nbytes >> 20)\n' >"$T/fits.py"
+check "a numpy allocation of nearly the default limit fits" "completed 252" \
+    "$("$PYSBX" run --packages numpy,pandas,matplotlib --json "$T/fits.py" | $PY -c 'import json,sys; r=json.load(sys.stdin); print(r["status"], r["stdout"].strip())')"
+sed -i 's/252 << 17/257 << 17/' "$T/fits.py"
+check "and one past it does not" "memory_limit memory" \
+    "$("$PYSBX" run --packages numpy,pandas,matplotlib --json "$T/fits.py" | $PY -c 'import json,sys; r=json.load(sys.stdin); print(r["status"], r["limit"])')"
 echo 'import threading; print(threading.active_count())' |
     "$PYSBX" run --packages numpy,pandas,matplotlib - >"$T/threads"
 check "the packages start no thread of their own" 1 "$(cat "$T/threads")"

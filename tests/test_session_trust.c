@@ -398,6 +398,13 @@ static void a_cells_limits_are_the_requests(void **state)
     assert_null(strstr(r->stdout_text, "raised"));
     sbx_result_free(r);
 
+    /* The session's memory is the code's: nearly all of it can be used
+     * (not what the template maps). */
+    r = cell(s, "b = bytearray(250 << 20)\nprint(len(b) >> 20)\n");
+    assert_int_equal(r->status, SBX_COMPLETED);
+    assert_string_equal(r->stdout_text, "250\n");
+    sbx_result_free(r);
+
     /* A request's own memory figure does not move the session's. */
     struct sbx_request req;
     sbx_request_init(&req);

@@ -8,13 +8,34 @@
 #include "util.h"
 #include "worker_limits.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static void layer(struct wire_hello *h, enum sbx_layer which, bool active, const char *detail)
 {
     int i = __builtin_ctz(which);
     h->layers[i].active = active;
     fmt(h->layers[i].detail, sizeof(h->layers[i].detail), "%s", detail);
+}
+
+/* What the template has mapped (VmSize, through its own /proc), or 0. */
+static uint64_t own_vm_bytes(const struct tmpl *t)
+{
+    char buf[128];
+    unsigned long long pages = 0;
+    int fd = t->proc_fd >= 0 ? openat(t->proc_fd, "self/statm", O_RDONLY | O_CLOEXEC) : -1;
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    if (sscanf(buf, "%llu", &pages) != 1)
+        return 0;
+    return (uint64_t)pages * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
 void layers_describe(const struct tmpl *t, struct wire_hello *h)
@@ -34,11 +55,15 @@ void layers_describe(const struct tmpl *t, struct wire_hello *h)
     layer(h, SBX_LAYER_IPCNS, j->ipc_ns, j->ipc_why);
     layer(h, SBX_LAYER_UTSNS, j->uts_ns, j->uts_why);
     layer(h, SBX_LAYER_USER, j->switch_user, j->user_why);
+    char mapped[48] = "";
+    uint64_t vm = own_vm_bytes(t);
+    if (vm)
+        fmt(mapped, sizeof(mapped), " (here %llu MiB)", (unsigned long long)(vm >> 20));
     fmt(rl, sizeof(rl),
-        "CPU (the template's timer on the worker's CPU clock; RLIMIT_CPU behind it), address "
-        "space, file size %llu MiB, %d descriptors, no core%s",
-        (unsigned long long)(WORKER_FSIZE_LIMIT >> 20), WORKER_NOFILE_LIMIT,
-        j->switch_user ? ", " PYSBX_STR(WORKER_NPROC_LIMIT) " threads per worker uid" : "");
+        "CPU (the template's timer; RLIMIT_CPU behind it), memory_bytes of address space past "
+        "what the template maps%s, file size %llu MiB, %d descriptors, no core%s",
+        mapped, (unsigned long long)(WORKER_FSIZE_LIMIT >> 20), WORKER_NOFILE_LIMIT,
+        j->switch_user ? ", " PYSBX_STR(WORKER_NPROC_LIMIT) " threads per uid" : "");
     layer(h, SBX_LAYER_RLIMITS, true, rl);
     layer(h, SBX_LAYER_CAPS, true,
           t->bounding_empty ? "every capability dropped (bounding set too), no_new_privs"

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -87,6 +88,65 @@ int worker_set_limit(int resource, rlim_t soft, rlim_t hard)
     struct rlimit rl = {.rlim_cur = soft, .rlim_max = hard};
 
     return setrlimit(resource, &rl) < 0 ? -errno : 0;
+}
+
+/* How finely worker_vm_bytes() measures. */
+#define VM_PROBE_STEP (64ULL << 10)
+
+/* Whether one more mapping of VM_PROBE_STEP bytes fits under an address
+ * space limit of |limit| bytes: it does when what is mapped already is at
+ * most |limit| less that step. */
+static bool vm_fits(rlim_t limit, rlim_t hard)
+{
+    struct rlimit rl = {.rlim_cur = limit, .rlim_max = hard};
+    void *p;
+
+    if (setrlimit(RLIMIT_AS, &rl) < 0)
+        return false;
+    p = mmap(NULL, VM_PROBE_STEP, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return false;
+    munmap(p, VM_PROBE_STEP);
+    return true;
+}
+
+/* What this worker had mapped once warm, before any request: the
+ * template's own and its warm-up's, not the code's to pay for. */
+static uint64_t vm_base;
+
+rlim_t worker_memory_limit(uint64_t memory_bytes)
+{
+    uint64_t at = vm_base + memory_bytes;
+    return at < memory_bytes || at >= (uint64_t)RLIM_INFINITY ? RLIM_INFINITY - 1 : (rlim_t)at;
+}
+
+uint64_t worker_vm_bytes(void)
+{
+    struct rlimit old;
+    rlim_t lo = 0, hi = 64ULL << 20;
+
+    /* What RLIMIT_AS counts (the kernel's total_vm), without /proc: the
+     * smallest limit under which one more step still maps, found by
+     * doubling and then halving (a dozen tries for a few hundred MiB). */
+    if (getrlimit(RLIMIT_AS, &old) < 0)
+        return 0;
+    while (hi <= old.rlim_max && hi < (1ULL << 44) && !vm_fits(hi, old.rlim_max)) {
+        lo = hi;
+        hi *= 2;
+    }
+    if (hi > old.rlim_max || hi >= (1ULL << 44)) {
+        setrlimit(RLIMIT_AS, &old);
+        return 0; /* unknown: count from nothing */
+    }
+    while (hi - lo > VM_PROBE_STEP) {
+        rlim_t mid = lo + (hi - lo) / 2 / VM_PROBE_STEP * VM_PROBE_STEP;
+        if (vm_fits(mid, old.rlim_max))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    setrlimit(RLIMIT_AS, &old);
+    return hi - VM_PROBE_STEP;
 }
 
 /* CPU time is kept from outside: the template holds a timer on this
@@ -175,7 +235,10 @@ _Noreturn void worker_main(const struct worker_args *a)
 
     prof_mark(PROF_PREPARE);
 
-    /* 5. Ceilings that do not depend on the request. */
+    /* 5. Ceilings that do not depend on the request; the address space
+     * mapped so far is the sandbox's, and a run's memory limit comes on
+     * top of it. */
+    vm_base = worker_vm_bytes();
     if (worker_set_limit(RLIMIT_CORE, 0, 0) < 0 ||
         worker_set_limit(RLIMIT_NOFILE, WORKER_NOFILE_LIMIT, WORKER_NOFILE_LIMIT) < 0 ||
         (plan.switch_user &&
@@ -217,7 +280,8 @@ _Noreturn void worker_main(const struct worker_args *a)
     close(FD_WORKSPACE);
 
     if (worker_set_limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT) < 0 ||
-        worker_set_limit(RLIMIT_AS, req.memory_bytes, req.memory_bytes) < 0)
+        worker_set_limit(RLIMIT_AS, worker_memory_limit(req.memory_bytes),
+                         worker_memory_limit(req.memory_bytes)) < 0)
         fail_request("pysbx: setrlimit: %s\n", strerror(errno));
     /* From here on, user code may run: the template arms the CPU limit from
      * what this says, and records that the code started. */

@@ -95,6 +95,14 @@ _Noreturn void worker_main(const struct worker_args *a);
  * wall limits' start, told to the template, with RLIMIT_CPU a second past
  * the template's timer. Both return 0 or -errno. */
 int worker_set_limit(int resource, rlim_t soft, rlim_t hard);
+
+/* The address space this process has mapped, in bytes, as RLIMIT_AS counts
+ * it, at most 64 KiB over (0 when it cannot tell); probed through RLIMIT_AS
+ * itself, which it leaves as it was. */
+uint64_t worker_vm_bytes(void);
+/* The RLIMIT_AS that lets a run map |memory_bytes| past what the worker had
+ * mapped once warm (worker_main measures it before any request). */
+rlim_t worker_memory_limit(uint64_t memory_bytes);
 int worker_start_limits(uint64_t cpu_ms, uint64_t wall_ms);
 
 #endif
