@@ -96,11 +96,23 @@ static void lose(struct sbx_session *s, const char *why)
 /* Waits for one message on the channel until |deadline|, also watching the
  * template's end. Returns its length, 0 when the session or its template
  * ended, -ETIMEDOUT, or -errno. */
+/* One message of the session's channel (wire_recv). A template that closes
+ * the channel with a request of ours unread makes the kernel report
+ * ECONNRESET once, ahead of what it sent before closing (its ENDED, say):
+ * that is read on. */
+static ssize_t chan_recv(struct sbx_session *s, void *buf, size_t cap, int *fds, int maxfds,
+                         int *nfds)
+{
+    ssize_t n = wire_recv(s->chan, buf, cap, fds, maxfds, nfds);
+
+    return n == -ECONNRESET ? wire_recv(s->chan, buf, cap, fds, maxfds, nfds) : n;
+}
+
 static ssize_t await(struct sbx_session *s, void *buf, size_t cap, int *fds, int maxfds, int *nfds,
                      uint64_t deadline)
 {
     for (;;) {
-        ssize_t n = wire_recv(s->chan, buf, cap, fds, maxfds, nfds);
+        ssize_t n = chan_recv(s, buf, cap, fds, maxfds, nfds);
         if (n != -EAGAIN && n != -EINTR)
             return n;
         uint64_t now = now_ns();
@@ -245,7 +257,7 @@ static void look_for_end(struct sbx_session *s)
 
     if (s->lost[0])
         return;
-    ssize_t n = wire_recv(s->chan, &f, sizeof(f), NULL, 0, &nfds);
+    ssize_t n = chan_recv(s, &f, sizeof(f), NULL, 0, &nfds);
     if (n == -EAGAIN || n == -EINTR)
         return;
     if (!ended(s, &f, n))

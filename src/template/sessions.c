@@ -543,6 +543,12 @@ static void free_session(struct tmpl *t, struct session_rec *s, bool release_uid
         pp = &(*pp)->next;
     if (*pp)
         *pp = s->next;
+    /* Read what the supervisor sent and we will not answer: closing with it
+     * unread would reset the channel, and the supervisor would read that
+     * before the ENDED we sent it. */
+    char drop[256];
+    while (s->chan >= 0 && recv(s->chan, drop, sizeof(drop), MSG_DONTWAIT) > 0)
+        ; /* descriptors sent with it are released unreceived */
     close_fd(&s->chan);
     close_fd(&s->listener);
     close_fd(&s->ws_fd);
