@@ -221,6 +221,16 @@ wait "$pid" || status=$?
 exec 9>&-
 check "SIGTERM: mcp exits 128+15" 143 "$status"
 check "SIGTERM: mcp leaves nothing in the work root" "" "$(ls -A "$W")"
+# The interpreter is the system's shared libpython, mapped from its file
+# (a security update of it reaches the next template), not a copy linked in.
+"$PYSBX" run "$T/sleep.py" >"$T/m.out" 2>&1 &
+run=$!
+for _ in $(seq 100); do grep -q up "$T/m.out" 2>/dev/null && break; sleep 0.05; done
+tmpl=$(pgrep -P "$run" -x pysbx-template | head -1)
+check "the template maps the system's libpython" 1 \
+    "$([ -n "$tmpl" ] && grep -c 'libpython3\.[0-9]*\.so' <(awk '{print $6}' "/proc/$tmpl/maps" | sort -u))"
+kill -TERM "$run"
+wait "$run" 2>/dev/null || true
 # A run killed with SIGKILL leaves its work directory; the next start
 # removes it (its owner lock is free), but never a live one's.
 TMPDIR="$W" "$PYSBX" run "$T/sleep.py" >"$T/k.out" 2>&1 &

@@ -20,6 +20,9 @@ echo "Depends: $depends"
 for lib in libc6 libjansson4 libseccomp2 libcap2 libpython3 libmicrohttpd; do
     echo "$depends" | grep -q "$lib" || fail "Depends lacks $lib"
 done
+# The interpreter is the system's shared libpython (its security updates
+# reach the sandbox), not a copy linked in.
+echo "$depends" | grep -Eq '(^|, )libpython3\.[0-9]+ \(' || fail "Depends lacks the shared libpython"
 dpkg-deb -c "$DEB" | awk '{print $6}' >"$T/files"
 for f in ./usr/bin/pysbx ./usr/libexec/pysbx/pysbx-template ./usr/include/pysbx.h \
          ./usr/lib/libpysbx.a ./usr/lib/libpysbx.so ./usr/lib/libpysbx.so.0.3 \

@@ -207,6 +207,58 @@ static void open_beneath_refuses_symlinked_components(void **state)
     remove_dir(outside);
 }
 
+/* Writes |text| to |dir|/|name| stamped |when|. */
+static void stamped_file(const char *dir, const char *name, const char *text, time_t when)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    struct timespec t[2] = {{when, 0}, {when, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+/* The core and the standard library are one build, or the template does
+ * not start: another version, or (for a stamped build, the core's time its
+ * file's) another stamp, as a half-done security update leaves them. */
+static void a_core_and_stdlib_of_two_builds_are_told_apart(void **state)
+{
+    (void)state;
+    char dir[256], why[512];
+    make_temp_dir(dir, sizeof(dir));
+    const char *info = "main, Apr 28 2025, 14:11:48";
+    time_t built = 1745849508; /* 2025-04-28 14:11:48 UTC */
+    const char *data = "build_time_vars = {'CC': 'gcc',\n 'VERSION': '3.11',\n}\n";
+    stamped_file(dir, "libpython3.11.so.1.0", "", built);
+    stamped_file(dir, "_sysconfigdata__x86_64-linux-gnu.py", data, built);
+    char lib[512];
+    snprintf(lib, sizeof(lib), "%s/libpython3.11.so.1.0", dir);
+
+    assert_int_equal(python_build_problem(dir, "3.11.2", info, lib, why, sizeof(why)), 0);
+    /* Another version of the core. */
+    assert_int_equal(python_build_problem(dir, "3.12.1", info, lib, why, sizeof(why)), -EINVAL);
+    assert_non_null(strstr(why, "is Python 3.11, the interpreter core (libpython) 3.12.1"));
+    assert_int_equal(python_build_problem(dir, "3.1", info, lib, why, sizeof(why)), -EINVAL);
+    /* A standard library from a later build (a security update). */
+    stamped_file(dir, "_sysconfigdata__x86_64-linux-gnu.py", data, built + 86400 * 160);
+    assert_int_equal(python_build_problem(dir, "3.11.2", info, lib, why, sizeof(why)), -EINVAL);
+    assert_non_null(strstr(why, "built at 2025-10-05 14:11:48 UTC"));
+    assert_non_null(strstr(why, "at 2025-04-28 14:11:48: not one build"));
+    /* A build not stamped (its core's file made later than it was built):
+     * only the version tells. */
+    stamped_file(dir, "libpython3.11.so.1.0", "", built + 60);
+    assert_int_equal(python_build_problem(dir, "3.11.2", info, lib, why, sizeof(why)), 0);
+    assert_int_equal(python_build_problem(dir, "3.11.2", info, NULL, why, sizeof(why)), 0);
+    /* No _sysconfigdata at all: not a standard library. */
+    char gone[600];
+    snprintf(gone, sizeof(gone), "%s/_sysconfigdata__x86_64-linux-gnu.py", dir);
+    unlink(gone);
+    assert_int_equal(python_build_problem(dir, "3.11.2", info, lib, why, sizeof(why)), -EINVAL);
+    remove_dir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -215,6 +267,7 @@ int main(void)
         cmocka_unit_test(chmod_by_name_changes_no_links_target),
         cmocka_unit_test(a_rename_race_cannot_lead_removal_outside),
         cmocka_unit_test(open_beneath_refuses_symlinked_components),
+        cmocka_unit_test(a_core_and_stdlib_of_two_builds_are_told_apart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/capability.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -399,6 +400,79 @@ const char *beside_self(const char *name, char *buf, size_t cap)
     if ((size_t)snprintf(buf, cap, "%s/%s", self, name) >= cap)
         return NULL;
     return access(buf, X_OK) == 0 ? buf : NULL;
+}
+
+/* The time Py_GetBuildInfo() names ("main, Apr 28 2025, 14:11:48": the
+ * compiler's __DATE__ and __TIME__, UTC under SOURCE_DATE_EPOCH), or -1. */
+static time_t build_time(const char *build_info)
+{
+    const char *p = build_info ? strstr(build_info, ", ") : NULL;
+    struct tm tm = {0};
+
+    if (!p)
+        return -1;
+    const char *end = strptime(p + 2, "%b %d %Y, %H:%M:%S", &tm);
+    return end ? timegm(&tm) : -1;
+}
+
+int python_build_problem(const char *stdlib_dir, const char *version, const char *build_info,
+                         const char *lib_path, char *why, size_t cap)
+{
+    static const char key[] = "'VERSION': '";
+    DIR *d = opendir(stdlib_dir);
+    struct stat lib;
+    time_t built = build_time(build_info);
+    /* A stamped build: the core was built at its file's time. */
+    bool stamped = built >= 0 && lib_path && stat(lib_path, &lib) == 0 && lib.st_mtime == built;
+    int seen = 0, rc = 0;
+
+    if (!d)
+        return errmsg(why, cap, -errno, "the standard library %s: %s", stdlib_dir, strerror(errno));
+    for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (strncmp(e->d_name, "_sysconfigdata_", 15) != 0 || n < 3 ||
+            strcmp(e->d_name + n - 3, ".py") != 0)
+            continue;
+        char text[65536], found[32] = "";
+        struct stat st;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC);
+        ssize_t got = fd >= 0 ? read_full(fd, text, sizeof(text) - 1) : -1;
+        if (fd < 0 || got < 0 || fstat(fd, &st) < 0) {
+            rc = errmsg(why, cap, fd < 0 ? -errno : -EIO, "the standard library's %s: %s",
+                        e->d_name, strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            break;
+        }
+        close(fd);
+        text[got] = '\0';
+        const char *at = strstr(text, key);
+        if (at)
+            fmt(found, sizeof(found), "%.*s", (int)strcspn(at + strlen(key), "'"),
+                at + strlen(key));
+        seen++;
+        /* Its major.minor (the file names no more) against the core's. */
+        size_t mm = strlen(found);
+        if (!mm || strncmp(found, version, mm) != 0 || (version[mm] != '.' && version[mm]))
+            rc = errmsg(why, cap, -EINVAL,
+                        "the standard library in %s is Python %s, the interpreter core "
+                        "(libpython) %s: not one build (install or upgrade both together)",
+                        stdlib_dir, found[0] ? found : "(unknown)", version);
+        else if (stamped && st.st_mtime != built) {
+            char a[32], b[32];
+            strftime(a, sizeof(a), "%Y-%m-%d %H:%M:%S", gmtime(&built));
+            strftime(b, sizeof(b), "%Y-%m-%d %H:%M:%S", gmtime(&st.st_mtime));
+            rc = errmsg(why, cap, -EINVAL,
+                        "the standard library in %s was built at %s UTC, the interpreter core "
+                        "(libpython %s) at %s: not one build (install or upgrade both together)",
+                        stdlib_dir, b, version, a);
+        }
+    }
+    closedir(d);
+    if (rc == 0 && seen == 0)
+        rc = errmsg(why, cap, -EINVAL, "the standard library in %s has no _sysconfigdata file",
+                    stdlib_dir);
+    return rc;
 }
 
 int proc_stat_read(const char *pid, struct proc_stat *s)

@@ -62,6 +62,17 @@ int chmod_nofollow(int dirfd, const char *name, mode_t mode);
  * tree. Returns |buf| or NULL. */
 const char *beside_self(const char *name, char *buf, size_t cap);
 
+/* Whether the interpreter core (libpython: its |version|, "3.11.2", its
+ * Py_GetBuildInfo() |build_info|, "main, Apr 28 2025, 14:11:48", and the
+ * file |lib_path| it was loaded from, or NULL) and the standard library in
+ * |stdlib_dir| are one build. Not one when the standard library's
+ * _sysconfigdata files name another major.minor version; or, for a build stamped with
+ * one time (reproducible, as Debian's: the core's build time is its file's
+ * time), when they carry another stamp. Returns 0, or -EINVAL with why in
+ * |why| (-errno when the standard library cannot be read). */
+int python_build_problem(const char *stdlib_dir, const char *version, const char *build_info,
+                         const char *lib_path, char *why, size_t cap);
+
 /* One process's line of /proc/PID/stat. */
 struct proc_stat {
     pid_t pid, ppid;

@@ -11,8 +11,10 @@
 #include "profile.h"
 #include "pyrun.h"
 #include "shim.h"
+#include "sysutil.h"
 #include "util.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -68,6 +70,18 @@ int interp_start(const struct interp_config *c, char *err, size_t errlen)
 
     if (shim_install() < 0)
         return errmsg(err, errlen, -ENOMEM, "out of memory installing the socket shim");
+
+    /* The core is the system's libpython as it is now; the standard library
+     * must be the same build (an upgrade half done, a library from
+     * elsewhere on the loader's path): refuse rather than run a mix. */
+    Dl_info lib = {0};
+    char core[32];
+    fmt(core, sizeof(core), "%.*s", (int)strcspn(Py_GetVersion(), " "), Py_GetVersion());
+    int rc = python_build_problem(PYSBX_PY_STDLIB, core, Py_GetBuildInfo(),
+                                  dladdr((void *)Py_GetVersion, &lib) ? lib.dli_fname : NULL, err,
+                                  errlen);
+    if (rc < 0)
+        return rc;
 
     /* UTF-8 whatever the locale, as `python3 -X utf8`: the worker's locale
      * is C.UTF-8 and its streams must not fall back to ASCII. */
