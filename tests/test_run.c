@@ -863,6 +863,22 @@ static void asyncio_still_runs_without_a_network(void **state)
                   "6\n");
 }
 
+/* As under python3: a terminal query on a closed descriptor is EBADF, not
+ * ENOTTY; the standard library's own links lead somewhere (Debian's
+ * sitecustomize.py, read by code that reads the whole library). */
+static void the_standard_library_reads_as_under_python3(void **state)
+{
+    expect_stdout(SBX(state),
+                  "import errno, json, os, pathlib\n"
+                  "try:\n    os.get_terminal_size(99)\n"
+                  "except OSError as e:\n    print(errno.errorcode[e.errno])\n"
+                  "print(os.isatty(0), os.isatty(1))\n"
+                  "links = [p for p in pathlib.Path(json.__file__).parent.parent.glob('*.py') "
+                  "if p.is_symlink()]\n"
+                  "print([p.name for p in links if not p.exists()])\n",
+                  "EBADF\nFalse False\n[]\n");
+}
+
 static void random_state_differs_between_runs(void **state)
 {
     const char *code = "import random, os\nprint(random.getrandbits(64), os.urandom(8).hex())\n";
@@ -1201,6 +1217,7 @@ int main(void)
         cmocka_unit_test(connect_raises_oserror),
         cmocka_unit_test(asyncio_still_runs_without_a_network),
         cmocka_unit_test(random_state_differs_between_runs),
+        cmocka_unit_test(the_standard_library_reads_as_under_python3),
         cmocka_unit_test(odd_code_gets_a_clear_answer),
         cmocka_unit_test(ten_mib_program_gets_a_clear_answer),
         cmocka_unit_test(bad_limits_are_refused_before_running),

@@ -7,6 +7,10 @@ const struct place places[] = {
     {PYSBX_PY_LIBDIR, PLACE_DIR, "shared libraries that extension modules load"},
     {"/lib/" PYSBX_MULTIARCH, PLACE_DIR, "the same, where /lib is not merged into /usr"},
     {"/etc/ld.so.cache", PLACE_FILE, "finding those libraries"},
+    /* Debian's stdlib links its sitecustomize.py here: without its target
+     * the link dangles and code that reads the whole stdlib fails on it. */
+    {"/etc/python" PYSBX_PY_VERSION "/sitecustomize.py", PLACE_FILE,
+     "the target of the standard library's sitecustomize.py link"},
     {"/etc/localtime", PLACE_FILE, "time.localtime"},
     {"/usr/share/zoneinfo", PLACE_DIR, "zoneinfo"},
     {"/sys/devices/system/cpu", PLACE_DIR, "os.cpu_count"},

@@ -196,13 +196,15 @@ static const struct rule table[] = {
     R_ALLOW_IF(fcntl, "sqlite3", A(1, SCMP_CMP_EQ, F_OFD_SETLK, 0)),
     R_ALLOW_IF(fcntl, "sqlite3", A(1, SCMP_CMP_EQ, F_OFD_SETLKW, 0)),
     R_ALLOW_IF(fcntl, "fcntl module", A(1, SCMP_CMP_EQ, F_GETPIPE_SZ, 0)),
-    /* ioctl: a short list; isatty() and the terminal size get "not a tty". */
+    /* ioctl: a short list. */
     R_ALLOW_IF(ioctl, "select, asyncio", A(1, SCMP_CMP_EQ, FIONREAD, 0)),
     R_ALLOW_IF(ioctl, "glibc non-blocking io", A(1, SCMP_CMP_EQ, FIONBIO, 0)),
     R_ALLOW_IF(ioctl, "close-on-exec", A(1, SCMP_CMP_EQ, FIOCLEX, 0)),
     R_ALLOW_IF(ioctl, "close-on-exec", A(1, SCMP_CMP_EQ, FIONCLEX, 0)),
-    R_FAIL_IF(ioctl, ENOTTY, "isatty()", A(1, SCMP_CMP_EQ, TCGETS, 0)),
-    R_FAIL_IF(ioctl, ENOTTY, "shutil.get_terminal_size", A(1, SCMP_CMP_EQ, TIOCGWINSZ, 0)),
+    /* Terminal queries that only read: the kernel answers them (a worker
+     * has no terminal: ENOTTY; a closed descriptor: EBADF, as os expects). */
+    R_ALLOW_IF(ioctl, "isatty()", A(1, SCMP_CMP_EQ, TCGETS, 0)),
+    R_ALLOW_IF(ioctl, "shutil.get_terminal_size", A(1, SCMP_CMP_EQ, TIOCGWINSZ, 0)),
 
     /* --- waiting and time --- */
     R_ALLOW(poll, "select, subprocess-free waits"),
