@@ -260,9 +260,15 @@ struct sbx_request {
     size_t stdin_len;
     /* Optional: the program's arguments, sys.argv[1:]: |argc| strings of
      * valid UTF-8 (at most SBX_MAX_ARGS, counted against
-     * SBX_MAX_REQUEST_BYTES); sys.argv[0] stays "". */
+     * SBX_MAX_REQUEST_BYTES); sys.argv[0] is the program's |filename|. */
     const char *const *argv;
     size_t argc;
+    /* Optional: the program's name as the caller gave it ("report.py"), as
+     * `python3 report.py` takes it: sys.argv[0], __file__ and the file the
+     * traceback names. "-" is standard input's: sys.argv[0] "-", __file__
+     * and tracebacks "<stdin>". Valid UTF-8, at most 4096 bytes. NULL:
+     * tracebacks name "<main>", __file__ is not set, sys.argv[0] is "". */
+    const char *filename;
 };
 
 enum sbx_status {

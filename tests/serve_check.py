@@ -121,6 +121,9 @@ rc, answers = serve([
     json.dumps({"id": "cellin", "session": "s", "code": "pass", "stdin": "x"}),
     json.dumps({"id": "cellargv", "session": "s", "code": "import sys\nprint(sys.argv)",
                 "argv": ["c"]}),
+    json.dumps({"id": "named", "code": "import sys\nprint(sys.argv, __file__)\n1/0",
+                "filename": "report.py"}),
+    json.dumps({"id": "badname", "code": "pass", "filename": 7}),
 ])
 by = {a.get("id"): a for a in answers}
 check("stdin and argv reach the program",
@@ -131,6 +134,10 @@ check("no stdin: input() raises EOFError",
 check("stdin and stdin_base64 together, or argv not a list: invalid_request",
       refusal(by.get("both", {})).get("code") == "invalid_request"
       and refusal(by.get("badargv", {})).get("code") == "invalid_request", answers)
+check("filename: sys.argv[0], __file__ and the traceback's file",
+      by.get("named", {}).get("stdout") == "['report.py'] report.py\n"
+      and 'File "report.py", line 3' in (by.get("named", {}).get("error") or {}).get("traceback", "")
+      and refusal(by.get("badname", {})).get("code") == "invalid_request", answers)
 check("a session's cell takes argv, and refuses stdin, saying so",
       refusal(by.get("cellin", {})).get("code") == "invalid_request"
       and "stdin" in refusal(by.get("cellin", {})).get("message", "")

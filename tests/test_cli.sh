@@ -4,6 +4,7 @@
 set -u
 PYSBX=$1
 SRC=$2
+PYSBX_ABS=$(cd "$(dirname "$PYSBX")" && pwd)/$(basename "$PYSBX")
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fails=0
@@ -118,12 +119,22 @@ printf 'import time\nfor i in range(100): print("step", i)\ntime.sleep(5)\n' |
 # stdin is empty.
 printf 'import sys\nprint(sys.argv, input())\n' >"$T/args.py"
 echo hello >"$T/in.txt"
-check "run FILE ARG... --stdin FILE" "['', 'a', 'b c'] hello" \
+check "run FILE ARG... --stdin FILE" "['$T/args.py', 'a', 'b c'] hello" \
     "$("$PYSBX" run "$T/args.py" a "b c" --stdin "$T/in.txt")"
-check "run --stdin - FILE -- -v" "['', '-v', 'x'] piped" \
+check "run --stdin - FILE -- -v" "['$T/args.py', '-v', 'x'] piped" \
     "$(echo piped | "$PYSBX" run --stdin - "$T/args.py" -- -v x)"
 "$PYSBX" run "$T/args.py" </dev/null >/dev/null 2>"$T/err"; check "no --stdin: input() meets its end" 1 $?
 expect_in "no --stdin: EOFError" "EOFError" "$T/err"
+# The program's name, as python3 FILE gives it: sys.argv[0], __file__, the
+# traceback's file; standard input's is "<stdin>".
+expect_in "a traceback names the file as given" "File \"$T/args.py\", line 2, in <module>" "$T/err"
+printf 'print(__file__)\n1/0\n' >"$T/named.py"
+(cd "$T" && "$PYSBX_ABS" run named.py) >"$T/out" 2>"$T/err"
+check "__file__ is the name given" "named.py" "$(cat "$T/out")"
+expect_in "and the traceback shows its line" "    1/0" "$T/err"
+printf 'import sys\nprint(__file__, sys.argv)\n1/0\n' | "$PYSBX" run - >"$T/out" 2>"$T/err"
+check "standard input's: <stdin>, argv[0] -" "<stdin> ['-']" "$(cat "$T/out")"
+expect_in "standard input's traceback" 'File "<stdin>", line 3' "$T/err"
 echo x | "$PYSBX" run --stdin - - >/dev/null 2>&1; check "--stdin - with the program on stdin: usage error" 2 $?
 
 # The bytes of all artifacts together are bounded: 32 sparse files of a
@@ -293,7 +304,7 @@ expect_in "--connect: says which limit" "wall time limit" "$T/err"
 printf 'print(1' >"$T/syntax.py"
 "$PYSBX" run --connect "$SOCK" "$T/syntax.py" >/dev/null 2>"$T/err"; check "--connect: a syntax error" 1 $?
 expect_in "--connect: its traceback" "SyntaxError" "$T/err"
-check "--connect: arguments and stdin are sent" "['', 'a', '-b'] hello" \
+check "--connect: arguments, the name and stdin are sent" "['$T/args.py', 'a', '-b'] hello" \
     "$("$PYSBX" run --connect "$SOCK" --stdin "$T/in.txt" "$T/args.py" a -- -b)"
 # An exception is a result (with its error), not a refusal of the request.
 "$PYSBX" run --connect "$SOCK" --json "$T/syntax.py" >"$T/e.json"; check "--connect --json: an exception is a result" 0 $?

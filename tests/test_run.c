@@ -308,6 +308,53 @@ static void an_exception_comes_back_typed(void **state)
 
 /* A request's stdin and arguments reach the program; without stdin,
  * input() meets the end of its input. */
+/* The program's name, as python3 FILE has it: sys.argv[0], __file__ and
+ * the traceback's file; "-" is standard input's; none is "<main>". */
+static void the_program_has_its_name(void **state)
+{
+    static const char *const args[] = {"a"};
+    static const char code[] = "import sys\n"
+                               "print(sys.argv, globals().get('__file__'))\n"
+                               "1 / 0\n";
+    const char *names[] = {"report.py", "-", NULL};
+    const char *want_out[] = {"['report.py', 'a'] report.py\n", "['-', 'a'] <stdin>\n",
+                              "['', 'a'] None\n"};
+    const char *want_tb[] = {"File \"report.py\", line 3", "File \"<stdin>\", line 3",
+                             "File \"<main>\", line 3"};
+    struct sbx_error err;
+
+    for (int i = 0; i < 3; i++) {
+        struct sbx_request req;
+        struct sbx_result *r = NULL;
+        sbx_request_init(&req);
+        req.code = code;
+        req.code_len = strlen(code);
+        req.argv = args;
+        req.argc = 1;
+        req.filename = names[i];
+        assert_int_equal(test_run(SBX(state), &req, &r, &err), 0);
+        expect_completed(r, 1);
+        assert_string_equal(r->stdout_text, want_out[i]);
+        if (!strstr(r->error_traceback, want_tb[i]))
+            fail_msg("traceback without %s: %s", want_tb[i], r->error_traceback);
+        /* The line itself, from the program's own text. */
+        assert_non_null(strstr(r->error_traceback, "    1 / 0\n"));
+        sbx_result_free(r);
+    }
+    /* Refused: empty, not UTF-8. */
+    struct sbx_request req;
+    struct sbx_result *r = NULL;
+    sbx_request_init(&req);
+    req.code = "pass";
+    req.code_len = 4;
+    req.filename = "";
+    assert_int_equal(test_run(SBX(state), &req, &r, &err), -EINVAL);
+    assert_int_equal(err.code, SBX_ERR_INVALID_REQUEST);
+    req.filename = "\xff.py";
+    assert_int_equal(test_run(SBX(state), &req, &r, &err), -EINVAL);
+    assert_null(r);
+}
+
 static void stdin_and_arguments_reach_the_program(void **state)
 {
     static const char *const args[] = {"a", "b c", "-x", "\xc3\xa9"};
@@ -1191,6 +1238,7 @@ int main(void)
         cmocka_unit_test(invalid_utf8_output_is_replaced),
         cmocka_unit_test(an_exception_comes_back_typed),
         cmocka_unit_test(stdin_and_arguments_reach_the_program),
+        cmocka_unit_test(the_program_has_its_name),
         cmocka_unit_test(the_host_name_is_one),
         cmocka_unit_test(wall_limit_fires_with_partial_output),
         cmocka_unit_test(output_printed_before_a_limit_is_in_the_answer),

@@ -303,7 +303,8 @@ static void a_cell_runs_at_its_own_priority(void **state)
 }
 
 /* Each cell starts as a run does: stdout line-buffered though the cell
- * before went to blocks past its output limit, sys.argv its own. */
+ * before went to blocks past its output limit, sys.argv and __file__ its
+ * own. */
 static void a_cell_starts_with_its_own_stdout_and_arguments(void **state)
 {
     static const char *const args[] = {"a"};
@@ -319,11 +320,16 @@ static void a_cell_starts_with_its_own_stdout_and_arguments(void **state)
     req.limits.max_output_chars = 100;
     req.argv = args;
     req.argc = 1;
+    req.filename = "cell.py";
     assert_int_equal(sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &r, &err), 0);
     expect_completed(r, 0);
-    assert_string_equal(r->stderr_text, "False ['', 'a']\n");
+    assert_string_equal(r->stderr_text, "False ['cell.py', 'a']\n");
     sbx_result_free(r);
-    expect_cell(s, "import sys\nprint(sys.stdout.line_buffering, sys.argv)", "True ['']\n");
+    /* The next has none: no name, no __file__ left from the one before. */
+    expect_cell(s,
+                "import sys\nprint(sys.stdout.line_buffering, sys.argv, "
+                "globals().get('__file__'))",
+                "True [''] None\n");
     sbx_session_close(s);
 }
 

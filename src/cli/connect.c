@@ -86,6 +86,8 @@ static json_t *request_json(const struct sbx_request *req, unsigned given, struc
             if (json_array_append_new(args, json_string(req->argv[i])) < 0)
                 goto nomem;
     }
+    if (req->filename && json_object_set_new(o, "filename", json_string(req->filename)) < 0)
+        goto nomem;
     if (req->stdin_len) {
         char *b64 = base64_encode(req->stdin_data, req->stdin_len, NULL);
         int rc = b64 ? json_object_set_new(o, "stdin_base64", json_string(b64)) : -1;

@@ -33,7 +33,7 @@ static const struct limit_field {
 /* What a request may hold, besides the limits' own keys. */
 static const char *const request_fields[] = {"id",           "code",    "files",    "files_base64",
                                              "limits",       "session", "rollback", "stdin",
-                                             "stdin_base64", "argv"};
+                                             "stdin_base64", "argv",    "filename"};
 
 static double *seconds_of(struct sbx_limits *l, const struct limit_field *f)
 {
@@ -256,12 +256,19 @@ static int unknown_field(json_t *o, const char *const *known, size_t n, const ch
     return 0;
 }
 
-/* "stdin" (text) or "stdin_base64", and "argv" (a list of strings), into
- * r->req. */
+/* "stdin" (text) or "stdin_base64", "filename" and "argv" (a list of
+ * strings), into r->req. */
 static int parse_input(json_t *o, struct json_request *r, struct sbx_error *err)
 {
     json_t *text = json_object_get(o, "stdin"), *b64 = json_object_get(o, "stdin_base64");
-    json_t *argv = json_object_get(o, "argv");
+    json_t *argv = json_object_get(o, "argv"), *name = json_object_get(o, "filename");
+
+    if (name &&
+        (!json_is_string(name) || strlen(json_string_value(name)) != json_string_length(name)))
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "\"filename\" is a string without NUL (the program's name)");
+    if (name)
+        r->req.filename = json_string_value(name);
 
     if (text && b64)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,

@@ -183,6 +183,12 @@ int cmd_run(int argc, char **argv)
     req.argc = o.n_args;
     req.stdin_data = input;
     req.stdin_len = input_len;
+    /* The program's name as given, as python3 would have it ("-": standard
+     * input); one that is not UTF-8 is left out rather than refused. */
+    size_t name_len = strlen(o.target);
+    if (name_len && name_len <= 4096 &&
+        utf8_valid_prefix((const unsigned char *)o.target, name_len) == name_len)
+        req.filename = o.target;
     /* Refuse a bad request before paying for a template. */
     if (sbx_request_check(&req, &err) < 0) {
         status = usage_error(CMD_RUN, "%s", err.message);

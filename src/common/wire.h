@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define WIRE_VERSION 4
+#define WIRE_VERSION 5
 
 enum wire_msg_type {
     WIRE_CONFIG = 1,
@@ -210,11 +210,14 @@ struct wire_req {
     uint32_t n_args;
     uint64_t max_output_chars; /* how much of stdout the answer shows */
     uint64_t stdin_len;
+    uint32_t filename_len; /* the program's name (0: none) */
+    uint32_t reserved;
 };
 
 /* Each file follows as: struct wire_file, the name (name_len bytes, no NUL),
  * then data_len bytes of content. Then each argument, as a uint32_t length
- * and its bytes (no NUL); then stdin_len bytes of standard input. */
+ * and its bytes (no NUL); then the program's name (filename_len bytes, no
+ * NUL); then stdin_len bytes of standard input. */
 struct wire_file {
     uint32_t name_len;
     uint32_t reserved;

@@ -103,6 +103,7 @@ static int send_request(struct supervision *sv, int *fdp)
         .n_args = (uint32_t)req->argc,
         .max_output_chars = req->limits.max_output_chars,
         .stdin_len = req->stdin_len,
+        .filename_len = req->filename ? (uint32_t)strlen(req->filename) : 0,
     };
     int rc;
 
@@ -134,6 +135,8 @@ static int send_request(struct supervision *sv, int *fdp)
         if (rc == 0)
             rc = send_segment(sv, fd, (struct segment){req->argv[i], len});
     }
+    if (rc == 0 && h.filename_len)
+        rc = send_segment(sv, fd, (struct segment){req->filename, h.filename_len});
     if (rc == 0 && req->stdin_len)
         rc = send_segment(sv, fd, (struct segment){req->stdin_data, req->stdin_len});
     /* Closing our end also discards anything the code might send back on

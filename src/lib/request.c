@@ -194,6 +194,13 @@ static int check_input(const struct sbx_request *req, uint64_t *total, struct sb
                             a ? "not valid UTF-8" : "NULL");
         *total += n + 1;
     }
+    if (req->filename) {
+        size_t n = strlen(req->filename);
+        if (n == 0 || n > 4096 || utf8_valid_prefix((const unsigned char *)req->filename, n) != n)
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "filename is %s",
+                            n ? "longer than 4096 bytes or not valid UTF-8" : "empty");
+        *total += n;
+    }
     return 0;
 }
 

@@ -22,6 +22,9 @@
 #include <unistd.h>
 
 #define MAIN_FILENAME "<main>"
+/* The name of the code's file in tracebacks (and linecache): the
+ * request's, else MAIN_FILENAME. */
+static const char *code_name = MAIN_FILENAME;
 /* Programs up to this size have their lines in linecache from the start. */
 #define LINECACHE_EAGER_MAX (1u << 20)
 
@@ -47,7 +50,7 @@ int pyrun_error_text(const char *what, char *err, size_t errlen)
     return -EIO;
 }
 
-/* linecache has no file to read "<main>" from; give it the source so that
+/* linecache has no file to read the code from; give it the source so that
  * tracebacks and inspect show the lines. Best effort. */
 static void seed_linecache(const char *code, size_t len)
 {
@@ -56,10 +59,10 @@ static void seed_linecache(const char *code, size_t len)
     PyObject *text = PyUnicode_DecodeUTF8(code, (Py_ssize_t)len, "replace");
     PyObject *lines = text ? PyUnicode_Splitlines(text, 1) : NULL;
     PyObject *entry =
-        lines ? Py_BuildValue("(nOOs)", (Py_ssize_t)len, Py_None, lines, MAIN_FILENAME) : NULL;
+        lines ? Py_BuildValue("(nOOs)", (Py_ssize_t)len, Py_None, lines, code_name) : NULL;
 
     if (!cache || !entry || !PyDict_Check(cache) ||
-        PyDict_SetItemString(cache, MAIN_FILENAME, entry) < 0)
+        PyDict_SetItemString(cache, code_name, entry) < 0)
         PyErr_Clear();
     Py_XDECREF(entry);
     Py_XDECREF(lines);
@@ -80,7 +83,7 @@ static PyObject *compile_bytes(const char *code, size_t len, const char *mode)
     PyObject *co = NULL;
 
     if (compile && src)
-        co = PyObject_CallFunction(compile, "Ossii", src, MAIN_FILENAME, mode, 0, 1);
+        co = PyObject_CallFunction(compile, "Ossii", src, code_name, mode, 0, 1);
     Py_XDECREF(src);
     return co;
 }
@@ -748,14 +751,14 @@ static int run_code(char *code, size_t len)
     return status;
 }
 
-/* sys.argv = ["", *args]. Returns 0, or -1 with a Python exception. */
-static int set_argv(char *const *args, uint32_t n)
+/* sys.argv = [argv0, *args]. Returns 0, or -1 with a Python exception. */
+static int set_argv(const char *argv0, char *const *args, uint32_t n)
 {
     PyObject *list = PyList_New((Py_ssize_t)n + 1);
 
     for (uint32_t i = 0; list && i <= n; i++) {
-        PyObject *a = PyUnicode_DecodeUTF8(
-            i ? args[i - 1] : "", i ? (Py_ssize_t)strlen(args[i - 1]) : 0, "surrogateescape");
+        const char *s = i ? args[i - 1] : argv0;
+        PyObject *a = PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogateescape");
         if (!a)
             Py_CLEAR(list);
         else
@@ -766,25 +769,37 @@ static int set_argv(char *const *args, uint32_t n)
     return rc;
 }
 
-/* Before a run's code: its arguments and its stdout. sys.argv is the
- * template's [""] until a request gives arguments (a cell after one that
- * had some gets [""] again). */
-static void before_code(uint64_t output_chars, char *const *args, uint32_t n_args)
+/* Before a run's code: its name, arguments and stdout. sys.argv is the
+ * template's [""] and __main__ has no __file__ until a request gives a
+ * name or arguments (a cell after one that had some gets them undone). As
+ * python3 has them: "report.py" is sys.argv[0], __file__ and the file a
+ * traceback names; "-" is sys.argv[0] and the others are "<stdin>". */
+static void before_code(uint64_t output_chars, char *const *args, uint32_t n_args,
+                        const char *filename)
 {
     static bool argv_given;
+    bool stdin_named = filename && strcmp(filename, "-") == 0;
 
     out_reset(output_chars);
-    if (!n_args && !argv_given)
+    code_name = !filename ? MAIN_FILENAME : stdin_named ? "<stdin>" : filename;
+    if (!n_args && !filename && !argv_given)
         return;
-    argv_given = n_args > 0;
-    if (set_argv(args, n_args) < 0)
-        PyErr_Clear(); /* out of memory: sys.argv as it was */
+    argv_given = n_args > 0 || filename;
+    if (set_argv(filename ? filename : "", args, n_args) < 0)
+        PyErr_Clear();                                   /* out of memory: sys.argv as it was */
+    PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
+    PyObject *globals = main_mod ? PyModule_GetDict(main_mod) : NULL;
+    PyObject *file = filename ? PyUnicode_FromString(code_name) : NULL;
+    if (!globals || (file ? PyDict_SetItemString(globals, "__file__", file)
+                          : PyDict_DelItemString(globals, "__file__")) < 0)
+        PyErr_Clear(); /* none to delete */
+    Py_XDECREF(file);
 }
 
 _Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars, char *const *args,
-                          uint32_t n_args)
+                          uint32_t n_args, const char *filename)
 {
-    before_code(output_chars, args, n_args);
+    before_code(output_chars, args, n_args, filename);
     int status = run_code(code, len);
 
     /* What Py_FinalizeEx does that the code can observe, without the rest:
@@ -799,9 +814,10 @@ _Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars, char *c
     _exit(status & 0xff);
 }
 
-int pyrun_cell(char *code, size_t len, uint64_t output_chars, char *const *args, uint32_t n_args)
+int pyrun_cell(char *code, size_t len, uint64_t output_chars, char *const *args, uint32_t n_args,
+               const char *filename)
 {
-    before_code(output_chars, args, n_args);
+    before_code(output_chars, args, n_args, filename);
     int status = run_code(code, len);
 
     /* The process lives on as the session's state: no thread is waited

@@ -24,15 +24,17 @@ int pyrun_prepare(const char *workspace, bool rehearse, int devnull, char *err, 
  * supervisor (WIRE_VALUE_FILE) instead of being thrown away; figures left
  * open are saved (figures.h). Takes ownership of |code| (malloc'd).
  * |output_chars|: the run's max_output_chars (pyrun_stdout_install);
- * |args|: sys.argv[1:]. */
+ * |args|: sys.argv[1:]; |filename|: the program's name, or NULL (see
+ * sbx_request.filename). */
 _Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars, char *const *args,
-                          uint32_t n_args);
+                          uint32_t n_args, const char *filename);
 
 /* A session's cell: as pyrun_main, but returns the exit status instead of
  * ending the process (an uncaught MemoryError still ends it), without
  * waiting for threads or running exit hooks. The status is the code's
  * whole one (sys.exit(256) is 256, not the kernel's 0). */
-int pyrun_cell(char *code, size_t len, uint64_t output_chars, char *const *args, uint32_t n_args);
+int pyrun_cell(char *code, size_t len, uint64_t output_chars, char *const *args, uint32_t n_args,
+               const char *filename);
 
 /* In the template: sys.stdout as every run has it, line-buffered for the
  * first |output_chars| characters a run writes (the run's

@@ -118,6 +118,8 @@ void request_input_free(struct request_input *in)
     free(in->args);
     in->args = NULL;
     in->n_args = 0;
+    free(in->filename);
+    in->filename = NULL;
     if (in->stdin_fd >= 0)
         close(in->stdin_fd);
     in->stdin_fd = -1;
@@ -159,6 +161,16 @@ int request_read_input(int fd, int ws_fd, const struct wire_req *req, struct req
         if (read_full(fd, in->args[i], len) != (ssize_t)len)
             return errmsg(why, cap, -EPROTO, "pysbx: malformed request (argument cut short)\n");
         in->args[i][len] = '\0';
+    }
+    if (req->filename_len) {
+        if (req->filename_len > WIRE_FILE_NAME_MAX)
+            return errmsg(why, cap, -EPROTO, "pysbx: malformed request (file name)\n");
+        if (!(in->filename = malloc(req->filename_len + 1)))
+            return errmsg(why, cap, -ENOMEM, "pysbx: out of memory reading the file name\n");
+        if (read_full(fd, in->filename, req->filename_len) != (ssize_t)req->filename_len ||
+            memchr(in->filename, '\0', req->filename_len))
+            return errmsg(why, cap, -EPROTO, "pysbx: malformed request (file name cut short)\n");
+        in->filename[req->filename_len] = '\0';
     }
     if (!req->stdin_len)
         return 0;

@@ -26,7 +26,8 @@ int request_read(int fd, int ws_fd, bool replace, struct wire_req *req, char **c
 struct request_input {
     char **args; /* n_args NUL-terminated strings, malloc'd (request_input_free) */
     uint32_t n_args;
-    int stdin_fd; /* an unnamed file beneath the workspace holding it, at its start; or -1 */
+    int stdin_fd;   /* an unnamed file beneath the workspace holding it, at its start; or -1 */
+    char *filename; /* the program's name, malloc'd; or NULL */
 };
 
 /* After request_read: reads the arguments and the standard input (into a

@@ -213,7 +213,8 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
     /* While the code runs, it holds its three streams and its channel. */
     close(ws);
     close(FD_REQUEST);
-    int32_t status = pyrun_cell(code, req.code_len, req.max_output_chars, in.args, in.n_args);
+    int32_t status =
+        pyrun_cell(code, req.code_len, req.max_output_chars, in.args, in.n_args, in.filename);
     request_input_free(&in);
     /* Let go of the cell's pipes: the supervisor sees their end. */
     if (dup2(FD_STDIN, FD_STDOUT) < 0 || dup2(FD_STDIN, FD_STDERR) < 0)

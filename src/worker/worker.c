@@ -290,5 +290,5 @@ _Noreturn void worker_main(const struct worker_args *a)
         fail_request("pysbx: CPU limit: %s\n", strerror(-rc));
     close(FD_READY);
     prof_mark(PROF_STARTED);
-    pyrun_main(code, req.code_len, req.max_output_chars, in.args, in.n_args);
+    pyrun_main(code, req.code_len, req.max_output_chars, in.args, in.n_args, in.filename);
 }

@@ -125,13 +125,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int rc = request_read(stream_fd, ws_fd, false, &req, &code, why, sizeof(why));
     if (rc == 0) {
         check_success(data, size, &req, code, ws_fd);
-        /* Then the arguments and stdin: all of them, or a message. */
+        /* Then the arguments, the name and stdin: all of them, or a message. */
         struct request_input in;
         why[0] = '\0';
         if (request_read_input(stream_fd, ws_fd, &req, &in, why, sizeof(why)) == 0) {
             CHECK(in.n_args == req.n_args && (req.stdin_len == 0) == (in.stdin_fd < 0));
             for (uint32_t i = 0; i < in.n_args; i++)
                 CHECK(in.args[i] != NULL);
+            /* The program's name: all of its bytes, none of them NUL. */
+            CHECK((req.filename_len == 0) == (in.filename == NULL));
+            CHECK(!in.filename || strlen(in.filename) == req.filename_len);
             if (in.stdin_fd >= 0)
                 CHECK(lseek(in.stdin_fd, 0, SEEK_END) == (off_t)req.stdin_len);
         } else {
