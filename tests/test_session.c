@@ -330,6 +330,17 @@ static void a_cell_starts_with_its_own_stdout_and_arguments(void **state)
                 "import sys\nprint(sys.stdout.line_buffering, sys.argv, "
                 "globals().get('__file__'))",
                 "True [''] None\n");
+    /* A __file__ the code made itself is its own: a cell with arguments
+     * (and no name) leaves it. */
+    expect_cell(s, "__file__ = 'mine'", "");
+    sbx_request_init(&req);
+    req.code = "print(__file__)";
+    req.code_len = strlen(req.code);
+    req.argv = args;
+    req.argc = 1;
+    assert_int_equal(sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &r, &err), 0);
+    assert_string_equal(r->stdout_text, "mine\n");
+    sbx_result_free(r);
     sbx_session_close(s);
 }
 

@@ -777,22 +777,30 @@ static int set_argv(const char *argv0, char *const *args, uint32_t n)
 static void before_code(uint64_t output_chars, char *const *args, uint32_t n_args,
                         const char *filename)
 {
-    static bool argv_given;
+    static bool argv_given, file_given;
+    /* Ours: the request's copy goes with the request (a cell's). */
+    static char name[WIRE_FILE_NAME_MAX + 1];
     bool stdin_named = filename && strcmp(filename, "-") == 0;
 
     out_reset(output_chars);
-    code_name = !filename ? MAIN_FILENAME : stdin_named ? "<stdin>" : filename;
-    if (!n_args && !filename && !argv_given)
+    if (filename)
+        fmt(name, sizeof(name), "%s", stdin_named ? "<stdin>" : filename);
+    code_name = filename ? name : MAIN_FILENAME;
+    if (!n_args && !filename && !argv_given && !file_given)
         return;
     argv_given = n_args > 0 || filename;
     if (set_argv(filename ? filename : "", args, n_args) < 0)
-        PyErr_Clear();                                   /* out of memory: sys.argv as it was */
+        PyErr_Clear(); /* out of memory: sys.argv as it was */
+    /* __file__: set for a named program; taken away after one only (a
+     * variable of that name a cell made itself stays). */
     PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
     PyObject *globals = main_mod ? PyModule_GetDict(main_mod) : NULL;
-    PyObject *file = filename ? PyUnicode_FromString(code_name) : NULL;
-    if (!globals || (file ? PyDict_SetItemString(globals, "__file__", file)
-                          : PyDict_DelItemString(globals, "__file__")) < 0)
-        PyErr_Clear(); /* none to delete */
+    PyObject *file = filename ? PyUnicode_FromString(name) : NULL;
+    if (globals && (file || file_given) &&
+        (file ? PyDict_SetItemString(globals, "__file__", file)
+              : PyDict_DelItemString(globals, "__file__")) < 0)
+        PyErr_Clear(); /* out of memory, or none to take away */
+    file_given = filename != NULL;
     Py_XDECREF(file);
 }
 
