@@ -225,12 +225,13 @@ class Client:
     def run(self, code: str, files: Optional[Mapping[str, Union[str, bytes]]] = None,
             limits: Optional[Mapping[str, Any]] = None,
             stdin: Optional[Union[str, bytes]] = None,
-            argv: Optional[List[str]] = None) -> Result:
+            argv: Optional[List[str]] = None, filename: Optional[str] = None) -> Result:
         """Runs |code| with |files| (name to str, or to bytes for binary
         content) in the workspace and |limits| (wall_seconds, cpu_seconds,
         memory_bytes, max_output_chars, max_artifact_bytes, max_artifacts);
         |stdin| (str or bytes) is its standard input, |argv| its
-        sys.argv[1:]."""
+        sys.argv[1:], |filename| its name (sys.argv[0], __file__ and the
+        file its tracebacks name, as python3 FILENAME gives them)."""
         with self._lock:
             id = next(self._ids)
         req = _request(code, files, limits, id)
@@ -245,6 +246,10 @@ class Client:
             if not all(isinstance(a, str) for a in argv):
                 raise TypeError("argv is a list of str")
             req["argv"] = list(argv)
+        if filename is not None:
+            if not isinstance(filename, str):
+                raise TypeError("filename is a str")
+            req["filename"] = filename
         body = json.dumps(req).encode()
         answer = self._post(body) if self._http else self._unix(body)
         if isinstance(answer, dict) and answer.get("id") not in (id, None):

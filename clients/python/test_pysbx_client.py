@@ -113,6 +113,9 @@ class Common:
         r = self.client.run("import sys\nprint(sys.stdin.buffer.read())", stdin=b"\xff\x00")
         self.assertEqual(r.stdout, "b'\\xff\\x00'\n")
         self.assertEqual(self.client.run("input()").error.type, "EOFError")
+        r = self.client.run("import sys\nprint(sys.argv, __file__)\n1/0", filename="job.py")
+        self.assertEqual(r.stdout, "['job.py'] job.py\n")
+        self.assertIn('File "job.py", line 3', r.error.traceback)
 
     def test_limits_are_sent(self):
         r = self.client.run("while True: pass", limits={"cpu_seconds": 0.3, "wall_seconds": 5})
