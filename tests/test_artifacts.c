@@ -384,6 +384,24 @@ static void odd_names_stay_apart(void **state)
     assert_memory_equal(a[4].data, "1", 1);
 }
 
+/* A name costs what it holds against the total: its bytes and, when it
+ * had to be escaped, the escaped form (five bytes for each odd one). */
+static void escaped_names_cost_what_they_hold(void **state)
+{
+    struct ws *w = *state;
+    struct sbx_artifact *a;
+    size_t n;
+    uint64_t dropped;
+    put(w, "\xff\xff\xff\xff", "x"); /* 1 byte, a name of 4 + 20 */
+    collect_total(w, 16, 10, 24, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 0);
+    assert_int_equal(dropped, 1);
+    assert_int_equal(w->set.gone[0].reason, SBX_DROP_MAX_TOTAL_BYTES);
+    collect_total(w, 16, 10, 25, NULL, 0, &a, &n, &dropped);
+    assert_int_equal(n, 1);
+    assert_int_equal(strlen(a[0].name), 20);
+}
+
 /* Every file not returned is counted; the first are listed, no more. */
 static void the_dropped_list_is_bounded(void **state)
 {
@@ -421,6 +439,7 @@ int main(void)
         T(deep_trees_and_long_paths),
         T(odd_names_stay_apart),
         T(the_dropped_list_is_bounded),
+        T(escaped_names_cost_what_they_hold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

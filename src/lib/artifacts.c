@@ -284,11 +284,17 @@ static int take_file(struct walk *w, int dir, const char *leaf, bool top)
     if (st.st_nlink != 1 && !w->private_fs)
         return drop(w, SBX_DROP_LINKED, (uint64_t)st.st_size);
     uint64_t want = (uint64_t)st.st_size < s->max_bytes ? (uint64_t)st.st_size : s->max_bytes;
-    /* The name costs what its bytes do, both forms: no run makes the
-     * supervisor hold more than the total, however long its paths. */
-    uint64_t cost = want + 2 * strlen(w->path);
-    if (cost > w->left)
+    /* The names cost what bytes do (its bytes and the form shown, or twice
+     * a plain name): no run makes the supervisor hold more than the total,
+     * however long or odd its paths. */
+    char *name, *raw;
+    if (names_of(w, &name, &raw) < 0)
+        return -ENOMEM;
+    uint64_t names = strlen(raw) + strlen(name);
+    if (want + names > w->left) {
+        names_free(name, raw);
         return drop(w, SBX_DROP_MAX_TOTAL_BYTES, (uint64_t)st.st_size);
+    }
 
     int fd = openat(dir, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     struct stat now;
@@ -296,6 +302,7 @@ static int take_file(struct walk *w, int dir, const char *leaf, bool top)
         now.st_dev != w->dev || (now.st_nlink != 1 && !w->private_fs)) {
         if (fd >= 0)
             close(fd);
+        names_free(name, raw);
         return drop(w, SBX_DROP_UNREADABLE, (uint64_t)st.st_size);
     }
     if (w->n == w->alloc) {
@@ -303,6 +310,7 @@ static int take_file(struct walk *w, int dir, const char *leaf, bool top)
         struct sbx_artifact *v = realloc(w->v, want_n * sizeof(*v));
         if (!v) {
             close(fd);
+            names_free(name, raw);
             return -ENOMEM;
         }
         w->v = v;
@@ -314,19 +322,18 @@ static int take_file(struct walk *w, int dir, const char *leaf, bool top)
     a->data = malloc(want ? want : 1);
     ssize_t got = a->data ? read_full(fd, a->data, (size_t)want) : -ENOMEM;
     close(fd);
-    if (got == -ENOMEM || names_of(w, &a->name, &a->raw_name) < 0) {
-        free(a->data);
-        return -ENOMEM;
-    }
     if (got < 0) {
-        names_free(a->name, a->raw_name);
         free(a->data);
-        return drop(w, SBX_DROP_UNREADABLE, (uint64_t)now.st_size);
+        a->data = NULL;
+        names_free(name, raw);
+        return got == -ENOMEM ? -ENOMEM : drop(w, SBX_DROP_UNREADABLE, (uint64_t)now.st_size);
     }
+    a->name = name;
+    a->raw_name = raw;
     a->data_len = (size_t)got;
     a->size = (uint64_t)now.st_size;
     a->truncated = a->size > a->data_len;
-    w->left -= a->data_len + 2 * strlen(w->path);
+    w->left -= a->data_len + names;
     w->n++;
     return 0;
 }
