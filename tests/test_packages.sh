@@ -166,6 +166,56 @@ rows = [json.loads(l)["stdout"].split(" ", 2) for l in open(sys.argv[1])]
 rows = [r[:2] + r[2].rsplit(" ", 1) for r in rows]
 print(*(len({r[k] for r in rows}) for k in range(4)))' "$T/draws")"
 
+# --- what one-shot runs keep between calls, in the caller's cache ---
+C="$T/cache"
+cached() { XDG_CACHE_HOME="$C" "$PYSBX" run --packages matplotlib "$@"; }
+cat >"$T/plot.py" <<'PYEOF'
+import os, matplotlib.pyplot as plt
+plt.plot([1, 2])
+try:  # where the template's font directory was mounted: empty, or not ours
+    print(os.listdir("/.pysbx-scratch") if os.path.exists("/.pysbx-scratch") else [])
+except OSError as e:
+    print(type(e).__name__)
+PYEOF
+cached --json "$T/plot.py" >"$T/r.json"
+check "a run with a cache: its answer" "completed 0 ['figure-1.png']" \
+    "$(field "$T/r.json" '"%s %s %s" % (r["status"], r["exit_code"], [a["name"] for a in r["artifacts"]])')"
+check "the run sees nothing of the template's font directory" True \
+    "$(field "$T/r.json" 'r["stdout"].strip() in ("[]", "PermissionError")')"
+pk=$(ls "$C"/pysbx/packages-* 2>/dev/null)
+fl=$(ls "$C"/pysbx/fonts-*/*/fontlist-*.json 2>/dev/null)
+check "the resolution and the font list are kept" "1 1" \
+    "$(echo "$pk" | grep -c . | tr -d ' ') $(echo "$fl" | grep -c . | tr -d ' ')"
+check "kept privately" "700 600" "$(stat -c %a "$C/pysbx") $(stat -c %a "$pk")"
+before=$(stat -c %y "$pk" "$fl")
+cached --json "$T/plot.py" >"$T/r.json"
+check "the next run uses both, rebuilding neither" "completed 0 ['figure-1.png'] True" \
+    "$(field "$T/r.json" '"%s %s %s" % (r["status"], r["exit_code"], [a["name"] for a in r["artifacts"]])') $([ "$before" = "$(stat -c %y "$pk" "$fl")" ] && echo True)"
+# The kept resolution decides what a run may read: a place added to it
+# shows (the control), unless the file or the directory could have been
+# written by someone else, or it was kept for another key.
+echo 'try:
+    print(open("/etc/debian_version").read().strip())
+except OSError as e:
+    print(type(e).__name__)' >"$T/peek.py"
+want=$(cat /etc/debian_version)
+sed -i '$i p /etc/debian_version' "$pk"
+check "a place added to the kept resolution shows (control)" "$want" "$(cached "$T/peek.py")"
+cp "$pk" "$T/tampered"
+chmod 777 "$C/pysbx"
+check "not from a directory others could write" FileNotFoundError "$(cached "$T/peek.py")"
+chmod 700 "$C/pysbx"
+cp "$T/tampered" "$pk" && chmod 600 "$pk" && sed -i '1s/ dpkg / dpkg 1/' "$pk"
+check "not from an entry of another key" FileNotFoundError "$(cached "$T/peek.py")"
+mkdir -p "$C/pysbx/fonts-0000000000000000-0000000000000000"
+touch "$C/pysbx/packages-0000000000000000-0000000000000000"
+cp "$T/tampered" "$pk" && chmod 660 "$pk"
+check "not from a file others could write" FileNotFoundError "$(cached "$T/peek.py")"
+check "which is replaced by a good one" "600 0" \
+    "$(stat -c %a "$pk") $(grep -c debian_version "$pk")"
+check "entries of another dpkg database are removed" "" \
+    "$(ls "$C/pysbx" | grep 0000000000000000)"
+
 # --- doctor ---
 "$PYSBX" doctor --packages pandas --json >"$T/d.json"
 check "doctor --packages" 0 $?

@@ -83,7 +83,9 @@ static int send_config(struct sbx *sbx, const struct sbx_config *cfg, struct sbx
           json_object_set_new(o, "package_places",
                               string_array((const char *const *)sbx->packages.places)) < 0 ||
           json_object_set_new(o, "package_links",
-                              string_array((const char *const *)sbx->packages.links)) < 0)))
+                              string_array((const char *const *)sbx->packages.links)) < 0 ||
+          (sbx->packages.font_cache &&
+           json_object_set_new(o, "font_cache", json_string(sbx->packages.font_cache)) < 0))))
         goto out;
     text = json_dumps(o, JSON_COMPACT);
     if (!text)

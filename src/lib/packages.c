@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include "packages.h"
 
+#include "pkgcache.h"
 #include "sbxerr.h"
 #include "sysutil.h"
 #include "util.h"
@@ -439,6 +440,8 @@ int packages_resolve(const char *const *names, struct packages *out, struct sbx_
         if (!name_ok(*n))
             return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                             "package '%s': a distribution name in lower case, such as numpy", *n);
+    if (pkgcache_load(names, out) == 0)
+        goto fonts;
     rc = db_load(&db);
     if (rc < 0) {
         rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "packages: %s: %s", DPKG_QUERY, strerror(-rc));
@@ -488,8 +491,14 @@ int packages_resolve(const char *const *names, struct packages *out, struct sbx_
         if (!out->modules || !out->places || !out->links) {
             packages_free(out);
             rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+        } else {
+            pkgcache_store(names, out);
         }
     }
+fonts:
+    for (char **m = rc == 0 ? out->modules : NULL; m && *m; m++)
+        if (strcmp(*m, "matplotlib") == 0)
+            out->font_cache = pkgcache_font_dir(names);
 out:
     strv_free(&order);
     strv_free(&files);
@@ -514,5 +523,6 @@ void packages_free(struct packages *p)
     free_vec(p->modules);
     free_vec(p->places);
     free_vec(p->links);
+    free(p->font_cache);
     memset(p, 0, sizeof(*p));
 }

@@ -19,6 +19,8 @@ struct packages {
      * path, target, ... (NULL-terminated): the library alternatives the
      * dynamic loader follows (/etc/alternatives/libblas.so.3-...). */
     char **links;
+    /* Where templates keep matplotlib's font list (pkgcache.h), or NULL. */
+    char *font_cache;
 };
 
 /* Resolves |names| (Debian's python3-NAME for each) by the Debian
@@ -28,6 +30,8 @@ struct packages {
  * directories under /usr/share its files fill wholly (else the files), its
  * regular files in /etc. Returns 0 or -errno with |err| (invalid_request
  * for a name that is not an installed package). */
+/* A resolution kept by an earlier process for the same dpkg database is
+ * used instead (pkgcache.h). */
 int packages_resolve(const char *const *names, struct packages *out, struct sbx_error *err);
 void packages_free(struct packages *p);
 

@@ -101,9 +101,12 @@ static int read_config(struct tmpl *t, char *err, size_t errlen)
         t->pkg_modules = string_list(json_object_get(cfg, "package_modules"));
         t->pkg_places = string_list(json_object_get(cfg, "package_places"));
         t->pkg_links = string_list(json_object_get(cfg, "package_links"));
+        const char *fonts = json_string_value(json_object_get(cfg, "font_cache"));
+        t->font_cache = fonts ? strdup(fonts) : NULL;
     }
     if (!t->base_path || (json_is_array(warm) && !t->warm) || !t->module_dirs ||
-        (pkg_path && (!t->pkg_path || !t->pkg_modules || !t->pkg_places || !t->pkg_links))) {
+        (pkg_path && (!t->pkg_path || !t->pkg_modules || !t->pkg_places || !t->pkg_links)) ||
+        (json_object_get(cfg, "font_cache") && !t->font_cache)) {
         rc = errmsg(err, errlen, -ENOMEM, "template: out of memory");
         goto out;
     }
@@ -166,6 +169,7 @@ int main(void)
                      .base_fd = -1,
                      .devnull = -1,
                      .proc_fd = -1,
+                     .font_tree = -1,
                      .keeper = {.pid = -1, .life = -1},
                      .claim = {.holder = -1},
                      .sweeper = {.fd = -1, .pid = -1}};
@@ -212,6 +216,8 @@ int main(void)
      * another's numbers name other processes. */
     t.proc_fd = proc_open_own(t.proc_why, sizeof(t.proc_why));
     t.proc_ok = t.proc_fd >= 0;
+    if (t.font_cache)
+        packages_font_cache(&t);
     if (enter_root(&t, err, sizeof(err)) < 0)
         goto fail;
     /* Nothing is executed from here on (jail_setup ran the id-mapping

@@ -4,6 +4,7 @@
 #include "packages.h"
 
 #include "figures.h"
+#include "pysbx.h"
 #include "pyrun.h"
 #include "root.h"
 #include "sysutil.h"
@@ -43,10 +44,16 @@ static const char rehearsal[] =
 
 static int after_packages(void *arg, char *err, size_t errlen)
 {
-    PyObject *ns = PyDict_New();
+    const struct tmpl *t = arg;
+    PyObject *ns = NULL;
     PyObject *r = NULL;
 
-    (void)arg;
+    /* A template for one run rehearses nothing: its one worker would pay
+     * for it here instead of in its own code, and for parts its code may
+     * never touch. */
+    if (t->single_run)
+        return figures_install(err, errlen);
+    ns = PyDict_New();
     if (ns && PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins()) == 0)
         r = PyRun_String(rehearsal, Py_file_input, ns, ns);
     Py_XDECREF(ns);
@@ -54,6 +61,73 @@ static int after_packages(void *arg, char *err, size_t errlen)
         return pyrun_error_text("rehearsing the packages", err, errlen);
     Py_DECREF(r);
     return figures_install(err, errlen);
+}
+
+/* Under a private root and on the host's tree the fonts a template sees
+ * differ: each keeps its own list. */
+#define FONTS_ROOT "root"
+#define FONTS_HOST "host"
+
+/* A directory |sub| of the font cache, made if missing and opened; -1 when
+ * it is not a plain directory of the template's own. */
+static int font_subdir(const struct tmpl *t, const char *sub)
+{
+    int dir = open(t->font_cache, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), fd = -1;
+    struct stat st;
+
+    if (dir >= 0 && (mkdirat(dir, sub, 0700) == 0 || errno == EEXIST))
+        fd = openat(dir, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0 && (fstat(fd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 022)))
+        close_fd(&fd);
+    close_fd(&dir);
+    return fd;
+}
+
+void packages_font_cache(struct tmpl *t)
+{
+    bool will_root = !(t->jc.disable & SBX_LAYER_ROOT) && t->jail.mount_ns;
+    int fd;
+
+    if (!will_root)
+        return; /* the host's tree stays in view: packages_prepare */
+    fd = font_subdir(t, FONTS_ROOT);
+    if (fd >= 0)
+        t->font_tree = open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+    close_fd(&fd);
+}
+
+/* matplotlib's configuration and font cache directory: where MPLCONFIGDIR
+ * says. Kept between templates where the supervisor gave a place for it
+ * (the font list is read from every font file, a tenth of a second, else
+ * paid by each template); else in a scratch tmpfs of the private root,
+ * gone before any worker is forked, or in the work directory, which
+ * workers cannot reach. */
+static int font_place(struct tmpl *t, char *dir, size_t cap, char *err, size_t errlen)
+{
+    if (t->root && t->font_tree >= 0 &&
+        move_mount(t->font_tree, "", AT_FDCWD, ROOT_SCRATCH, MOVE_MOUNT_F_EMPTY_PATH) == 0) {
+        fmt(dir, cap, "%s", ROOT_SCRATCH);
+        return 0;
+    }
+    if (t->root) {
+        if (mount("pysbx-scratch", ROOT_SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "mode=0700,size=16m") < 0)
+            return errmsg(err, errlen, -errno, "template: a tmpfs on " ROOT_SCRATCH ": %s",
+                          strerror(errno));
+        fmt(dir, cap, "%s", ROOT_SCRATCH);
+        return 0;
+    }
+    int fd = t->font_cache ? font_subdir(t, FONTS_HOST) : -1;
+    if (fd >= 0) {
+        close_fd(&fd);
+        fmt(dir, cap, "%s/" FONTS_HOST, t->font_cache);
+        return 0;
+    }
+    if (mkdirat(t->base_fd, MPL_DIR, 0700) < 0 && errno != EEXIST)
+        return errmsg(err, errlen, -errno, "template: %s/" MPL_DIR ": %s", t->base_path,
+                      strerror(errno));
+    fmt(dir, cap, "%s/" MPL_DIR, t->base_path);
+    return 0;
 }
 
 int packages_prepare(struct tmpl *t, struct interp_config *py, char *err, size_t errlen)
@@ -67,21 +141,10 @@ int packages_prepare(struct tmpl *t, struct interp_config *py, char *err, size_t
     for (size_t i = 0; i < ARRAY_SIZE(one_thread); i++)
         if (setenv(one_thread[i], "1", 1) < 0)
             return errmsg(err, errlen, -errno, "template: setenv: %s", strerror(errno));
-    /* matplotlib writes its font cache where MPLCONFIGDIR says, once: in the
-     * private root, a tmpfs gone before any worker is forked; else in the
-     * work directory, which workers cannot reach. */
-    if (t->root) {
-        if (mount("pysbx-scratch", ROOT_SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                  "mode=0700,size=16m") < 0)
-            return errmsg(err, errlen, -errno, "template: a tmpfs on " ROOT_SCRATCH ": %s",
-                          strerror(errno));
-        fmt(dir, sizeof(dir), "%s", ROOT_SCRATCH);
-    } else {
-        if (mkdirat(t->base_fd, MPL_DIR, 0700) < 0 && errno != EEXIST)
-            return errmsg(err, errlen, -errno, "template: %s/" MPL_DIR ": %s", t->base_path,
-                          strerror(errno));
-        fmt(dir, sizeof(dir), "%s/" MPL_DIR, t->base_path);
-    }
+    int rc = font_place(t, dir, sizeof(dir), err, errlen);
+    close_fd(&t->font_tree);
+    if (rc < 0)
+        return rc;
     if (setenv("MPLCONFIGDIR", dir, 1) < 0 || setenv("MPLBACKEND", "Agg", 1) < 0)
         return errmsg(err, errlen, -errno, "template: setenv: %s", strerror(errno));
     py->package_path = t->pkg_path;

@@ -12,11 +12,18 @@
 
 #include <stddef.h>
 
+/* Before the private root is entered, with t->font_cache set: clones the
+ * directory where templates keep matplotlib's font list, to be mounted
+ * once the root is built. Failing, the list is built in a scratch
+ * directory instead, as without a cache. */
+void packages_font_cache(struct tmpl *t);
+
 /* Before the interpreter starts: native thread pools of one thread, the
  * non-interactive matplotlib backend, its configuration and font cache in
- * a directory of the template's own (workers never see it: they have the
- * font list in memory). Fills |py|'s package fields. Returns 0 or -errno
- * with a message. */
+ * a directory of the template's own, kept between templates where the
+ * supervisor gave one (workers never see it: they have the font list in
+ * memory). Fills |py|'s package fields. Returns 0 or -errno with a
+ * message. */
 int packages_prepare(struct tmpl *t, struct interp_config *py, char *err, size_t errlen);
 
 /* After the imports (and once any thread of the template's own is

@@ -94,6 +94,11 @@ struct tmpl {
     char **pkg_modules;
     char **pkg_places;
     char **pkg_links;
+    /* The supervisor's directory for matplotlib's font list (or NULL), and
+     * under a private root its subdirectory cloned as a detached mount
+     * while the host's tree was in view (or -1): packages.c. */
+    char *font_cache;
+    int font_tree;
     bool policy_debug;
     /* One run, then closed (sbx_config.single_run): one worker, no
      * rehearsal, no page plan, no replacement. */
