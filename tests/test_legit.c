@@ -194,6 +194,17 @@ static void asyncio_and_csv(void **state)
                            "print(list(csv.reader(io.StringIO(buf.getvalue()))))\n");
 }
 
+/* The locale LANG names is there: a program that asks for the user's
+ * locale gets it, as under python3, instead of "unsupported locale". */
+static void the_locale_lang_names(void **state)
+{
+    same_as_python3(state, "import locale, time\n"
+                           "print(locale.setlocale(locale.LC_ALL, ''))\n"
+                           "print(locale.getlocale(), locale.localeconv()['decimal_point'])\n"
+                           "print(time.strftime('%A %B', time.gmtime(0)))\n"
+                           "print('{:n}'.format(1234567.5))\n");
+}
+
 int main(void)
 {
     if (access(PYTHON3, X_OK) != 0) {
@@ -212,6 +223,7 @@ int main(void)
         cmocka_unit_test(random_with_a_seed),
         cmocka_unit_test(zipfile_lzma_and_friends_on_workspace_files),
         cmocka_unit_test(asyncio_and_csv),
+        cmocka_unit_test(the_locale_lang_names),
     };
     return cmocka_run_group_tests(tests, fixture_open, fixture_close);
 }

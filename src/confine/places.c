@@ -12,6 +12,9 @@ const struct place places[] = {
     {"/etc/python" PYSBX_PY_VERSION "/sitecustomize.py", PLACE_FILE,
      "the target of the standard library's sitecustomize.py link"},
     {"/etc/localtime", PLACE_FILE, "time.localtime"},
+    /* The locale the worker's LANG names: setlocale(LC_ALL, "") fails
+     * without its files. */
+    {"/usr/lib/locale/C.utf8", PLACE_DIR, "the C.UTF-8 locale, which LANG names"},
     {"/usr/share/zoneinfo", PLACE_DIR, "zoneinfo"},
     {"/sys/devices/system/cpu", PLACE_DIR, "os.cpu_count"},
     {"/dev/null", PLACE_DEVICE_RW, "stdin, and code that writes to it"},
