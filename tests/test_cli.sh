@@ -38,6 +38,11 @@ echo 'print(1)' >"$T/one.py"
 "$PYSBX" run --bogus "$T/one.py" >/dev/null 2>"$T/err"; check "unknown option" 2 $?
 expect_in "unknown option message" "unknown option" "$T/err"
 "$PYSBX" run >/dev/null 2>&1; check "no script" 2 $?
+"$PYSBX" serve --wall 5 </dev/null >/dev/null 2>"$T/err"; check "an option of another command" 2 $?
+expect_in "it names the option, not its value" "serve does not take --wall" "$T/err"
+"$PYSBX" run --cpu 5e0 --wall 1e1 "$T/one.py" >/dev/null 2>&1; check "seconds with an exponent" 0 $?
+"$PYSBX" run --wall 0x10 "$T/one.py" >/dev/null 2>"$T/err"; check "hexadecimal seconds" 2 $?
+expect_in "are refused by name" "--wall wants a number of seconds above 0, not '0x10'" "$T/err"
 "$PYSBX" run "$T/missing.py" >/dev/null 2>&1; check "missing script" 2 $?
 for bad in "--wall 0" "--wall -1" "--wall abc" "--cpu nan" "--memory 12Q" "--memory 0" \
            "--memory 1K" "--max-output -5" "--max-artifacts x" "--wall 1e9"; do

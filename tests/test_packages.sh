@@ -77,11 +77,15 @@ echo 'import dateutil, pytz, numpy, pandas; print(pandas.Timestamp("2024-01-02")
     "$PYSBX" run --packages pandas - >"$T/deps" 2>&1
 check "pandas brings what it depends on" "Tuesday" "$(cat "$T/deps")"
 "$PYSBX" run --packages no-such-thing - </dev/null >/dev/null 2>"$T/err"
-check "an unknown package is refused" 70 $?
+check "an unknown package is refused as a usage error" 2 $?
 grep -q "python3-no-such-thing is not installed" "$T/err" && echo "ok   saying which" ||
     { echo "FAIL refusal message: $(cat "$T/err")"; fails=$((fails + 1)); }
 "$PYSBX" run --packages 'Numpy;rm' - </dev/null >/dev/null 2>&1
-check "a malformed name is refused" 70 $?
+check "a malformed name is refused as a usage error" 2 $?
+"$PYSBX" serve --packages no-such-thing </dev/null >/dev/null 2>"$T/err"
+check "by serve too" 2 $?
+"$PYSBX" doctor --packages no-such-thing >/dev/null 2>"$T/err"
+check "and by doctor" 2 $?
 
 # --- figures come back ---
 cat >"$T/fig.py" <<'PYEOF'

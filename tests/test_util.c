@@ -90,7 +90,12 @@ static void sizes_and_numbers_parse_strictly(void **state)
     double s;
     assert_int_equal(parse_seconds("0.5", &s), 0);
     assert_true(s == 0.5);
-    static const char *badsec[] = {"0", "-1", "nan", "inf", "1e400", "", "1s", "0.0"};
+    assert_int_equal(parse_seconds("1e-3", &s), 0);
+    assert_true(s == 1e-3);
+    assert_int_equal(parse_seconds("2E1", &s), 0);
+    assert_true(s == 20);
+    static const char *badsec[] = {"0",   "-1", "nan", "inf", "1e400", "",   "1s",     "0.0",
+                                   "0x1", "1e", "+",   "e5",  " 1",    "1 ", "1e-400", "--1"};
     for (size_t i = 0; i < ARRAY_SIZE(badsec); i++)
         assert_int_equal(parse_seconds(badsec[i], &s), -EINVAL);
     assert_int_equal(parse_u64("0", &v), 0);

@@ -74,10 +74,8 @@ int cmd_doctor(int argc, char **argv)
     if (rc == 0 && o.packages && !(pkgs = probe_packages(sbx, cfg.packages, why, sizeof(why))))
         status = 1;
     opts_free(&o);
-    if (rc < 0) {
-        fprintf(stderr, "pysbx: cannot start the sandbox: %s\n", err.message);
-        return EXIT_SANDBOX;
-    }
+    if (rc < 0)
+        return open_error(CMD_DOCTOR, &err);
     sbx_layers(sbx, layers);
     uname(&u);
     if (json) {

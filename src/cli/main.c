@@ -33,9 +33,8 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
     if (cmd != CMD_SERVE)
         (void)stopper_start();
     if (open_backend(&o, &b, &err) < 0) {
-        fprintf(stderr, "pysbx %s: cannot start the sandbox: %s\n", cmd_name(cmd), err.message);
         opts_free(&o);
-        return EXIT_SANDBOX;
+        return open_error(cmd, &err);
     }
     if (cmd == CMD_SERVE) {
         struct serve_opts so = {.backend = &b,

@@ -229,6 +229,14 @@ int usage_error(enum cmd c, const char *format, ...)
     return EXIT_USAGE;
 }
 
+int open_error(enum cmd c, const struct sbx_error *err)
+{
+    if (err->code == SBX_ERR_INVALID_REQUEST)
+        return usage_error(c, "%s", err->message);
+    fprintf(stderr, "pysbx %s: cannot start the sandbox: %s\n", cmd_name(c), err->message);
+    return EXIT_SANDBOX;
+}
+
 static void print_usage(enum cmd c)
 {
     switch (c) {
@@ -518,7 +526,8 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         for (size_t i = 0; c != ':' && c != '?' && i < ARRAY_SIZE(options); i++)
             if (options[i].opt.val == c && !(options[i].cmds & cmd))
-                return usage_error(cmd, "%s does not take %s", cmd_name(cmd), argv[optind - 1]);
+                return usage_error(cmd, "%s does not take --%s", cmd_name(cmd),
+                                   options[i].opt.name);
         switch (c) {
         case 'h':
             print_usage(cmd);

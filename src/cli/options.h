@@ -68,6 +68,9 @@ const char *cmd_name(enum cmd c);
 
 /* Prints "pysbx: <message>" and where to find help; returns EXIT_USAGE. */
 int usage_error(enum cmd c, const char *format, ...) __attribute__((format(printf, 2, 3)));
+/* Says why sbx_open failed and returns the exit status: EXIT_USAGE for what
+ * the caller asked (an unknown package), EXIT_SANDBOX otherwise. */
+int open_error(enum cmd c, const struct sbx_error *err);
 
 /* The top-level usage text. */
 extern const char main_usage[];

@@ -141,9 +141,9 @@ static int cannot_start(const struct opts *o, const struct sbx_error *err)
         if (s)
             puts(s);
         free(s);
-    } else
-        fprintf(stderr, "pysbx: cannot start the sandbox: %s\n", err->message);
-    return EXIT_SANDBOX;
+        return EXIT_SANDBOX;
+    }
+    return open_error(CMD_RUN, err);
 }
 
 int cmd_run(int argc, char **argv)

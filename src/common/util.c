@@ -175,7 +175,9 @@ int parse_seconds(const char *text, double *out)
     char *end = NULL;
     double v;
 
-    if (!text || !*text || strspn(text, "0123456789.") != strlen(text))
+    /* Decimal, with an exponent if need be (1e-3): no hexadecimal, no
+     * "inf" or "nan", no spaces, which strtod would also take. */
+    if (!text || !*text || strspn(text, "0123456789.eE+-") != strlen(text))
         return -EINVAL;
     errno = 0;
     v = strtod(text, &end);
