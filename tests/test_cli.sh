@@ -43,6 +43,8 @@ expect_in "it names the option, not its value" "serve does not take --wall" "$T/
 "$PYSBX" run --cpu 5e0 --wall 1e1 "$T/one.py" >/dev/null 2>&1; check "seconds with an exponent" 0 $?
 "$PYSBX" run --wall 0x10 "$T/one.py" >/dev/null 2>"$T/err"; check "hexadecimal seconds" 2 $?
 expect_in "are refused by name" "--wall wants a number of seconds above 0, not '0x10'" "$T/err"
+"$PYSBX" batch "$T/one.py" >"$T/out" 2>"$T/err"; check "batch of one .py file" 2 $?
+expect_in "says what batch wants" "batch wants a directory of .py files or a .jsonl file" "$T/err"
 "$PYSBX" run "$T/missing.py" >/dev/null 2>&1; check "missing script" 2 $?
 for bad in "--wall 0" "--wall -1" "--wall abc" "--cpu nan" "--memory 12Q" "--memory 0" \
            "--memory 1K" "--max-output -5" "--max-artifacts x" "--wall 1e9"; do

@@ -237,6 +237,15 @@ int batch_main(const struct batch_opts *o)
         fprintf(stderr, "pysbx batch: %s: %s\n", o->source, strerror(errno));
         return 2;
     }
+    /* One program is `pysbx run`'s; batch takes many. */
+    size_t sl = strlen(o->source);
+    if (!S_ISDIR(st.st_mode) && sl >= 3 && strcmp(o->source + sl - 3, ".py") == 0) {
+        fprintf(stderr,
+                "pysbx batch: %s is one program: batch wants a directory of .py files or a "
+                ".jsonl file of requests (pysbx run runs one program)\n",
+                o->source);
+        return 2;
+    }
     rc = S_ISDIR(st.st_mode) ? load_dir(&b, o->source) : load_jsonl(&b, o->source);
     if (rc < 0) {
         fprintf(stderr, "pysbx batch: %s: %s\n", o->source, strerror(-rc));
