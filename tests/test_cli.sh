@@ -45,6 +45,12 @@ expect_in "it names the option, not its value" "serve does not take --wall" "$T/
 expect_in "are refused by name" "--wall wants a number of seconds above 0, not '0x10'" "$T/err"
 "$PYSBX" batch "$T/one.py" >"$T/out" 2>"$T/err"; check "batch of one .py file" 2 $?
 expect_in "says what batch wants" "batch wants a directory of .py files or a .jsonl file" "$T/err"
+printf 'open("made", "w").write("1")\nprint("ran")\n' >"$T/makes.py"
+touch "$T/not-a-dir"
+"$PYSBX" run --artifacts-dir "$T/not-a-dir" "$T/makes.py" >"$T/out" 2>"$T/err"
+check "--artifacts-dir that cannot take the files" 2 $?
+expect_in "is said" "--artifacts-dir $T/not-a-dir: Not a directory" "$T/err"
+check "before the code runs" "" "$(cat "$T/out")"
 "$PYSBX" run "$T/missing.py" >/dev/null 2>&1; check "missing script" 2 $?
 for bad in "--wall 0" "--wall -1" "--wall abc" "--cpu nan" "--memory 12Q" "--memory 0" \
            "--memory 1K" "--max-output -5" "--max-artifacts x" "--wall 1e9"; do

@@ -37,19 +37,30 @@ static void report_dropped(const struct sbx_result *res)
                 (unsigned long long)(res->artifacts_dropped - res->n_dropped));
 }
 
-static int save_artifacts(const char *dir, const struct sbx_result *res)
+/* --artifacts-dir, made if missing and opened before the code runs: a
+ * directory that cannot take the files is said before the run, not after
+ * it. The descriptor, or -1 with the reason on stderr. */
+static int open_artifacts_dir(const char *dir)
 {
-    int dfd, rc = 0;
+    int dfd = -1;
 
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-        fprintf(stderr, "pysbx: --artifacts-dir %s: %s\n", dir, strerror(errno));
-        return -1;
-    }
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        goto fail;
     dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        fprintf(stderr, "pysbx: --artifacts-dir %s: %s\n", dir, strerror(errno));
-        return -1;
-    }
+    if (dfd < 0 || faccessat(dfd, ".", W_OK | X_OK, AT_EACCESS) < 0)
+        goto fail;
+    return dfd;
+fail:
+    fprintf(stderr, "pysbx: --artifacts-dir %s: %s\n", dir, strerror(errno));
+    if (dfd >= 0)
+        close(dfd);
+    return -1;
+}
+
+static int save_artifacts(int dfd, const struct sbx_result *res)
+{
+    int rc = 0;
+
     for (size_t i = 0; i < res->n_artifacts; i++) {
         const struct sbx_artifact *a = &res->artifacts[i];
         /* Under its true name, which came from the code: it must stay
@@ -70,7 +81,6 @@ static int save_artifacts(const char *dir, const struct sbx_result *res)
                     a->data_len, (unsigned long long)a->size);
     }
     report_dropped(res);
-    close(dfd);
     return rc;
 }
 
@@ -84,10 +94,10 @@ static void pass_through(void *user, int stream, const char *text, size_t len)
     fflush(f);
 }
 
-static int report(const struct opts *o, const struct sbx_result *res)
+static int report(const struct opts *o, int artifacts_fd, const struct sbx_result *res)
 {
-    if (o->artifacts_dir && res->status == SBX_COMPLETED &&
-        save_artifacts(o->artifacts_dir, res) < 0 && !o->json)
+    if (artifacts_fd >= 0 && res->status == SBX_COMPLETED && save_artifacts(artifacts_fd, res) < 0 &&
+        !o->json)
         return EXIT_SANDBOX;
     if (o->json) {
         char *s = sbx_result_to_json(res);
@@ -155,7 +165,7 @@ int cmd_run(int argc, char **argv)
     struct sbx_error err = {0};
     char *code = NULL, *input = NULL;
     size_t code_len = 0, input_len = 0;
-    int status;
+    int status, artifacts_fd = -1;
 
     status = parse_opts(CMD_RUN, argc, argv, &o);
     if (status != 0) {
@@ -194,6 +204,10 @@ int cmd_run(int argc, char **argv)
         status = usage_error(CMD_RUN, "%s", err.message);
         goto out;
     }
+    if (o.artifacts_dir && (artifacts_fd = open_artifacts_dir(o.artifacts_dir)) < 0) {
+        status = EXIT_USAGE;
+        goto out;
+    }
     const char *server = o.connect ? o.connect : getenv("PYSBX_CONNECT");
     if (server && *server) {
         /* A running server does the run: its answer, printed as ours. */
@@ -215,7 +229,7 @@ int cmd_run(int argc, char **argv)
             fflush(stdout);
             fwrite(res->stderr_text, 1, res->stderr_len, stderr);
         }
-        status = report(&o, res);
+        status = report(&o, artifacts_fd, res);
         goto out;
     }
     (void)stopper_start();
@@ -233,10 +247,12 @@ int cmd_run(int argc, char **argv)
         status = err.code == SBX_ERR_UNAVAILABLE ? EXIT_SANDBOX : EXIT_USAGE;
         goto out;
     }
-    status = report(&o, res);
+    status = report(&o, artifacts_fd, res);
     if (stopper_signal())
         status = EXIT_SIGNAL + stopper_signal();
 out:
+    if (artifacts_fd >= 0)
+        close(artifacts_fd);
     sbx_result_free(res);
     if (b.close)
         b.close(b.self);
