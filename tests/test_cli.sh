@@ -107,7 +107,7 @@ check "wall timeout" 124 $?
 expect_in "wall timeout says which" "wall time limit" "$T/err"
 echo 'x = bytearray(1 << 30)' | "$PYSBX" run --memory 64M - >/dev/null 2>"$T/err"
 check "memory limit" 125 $?
-expect_in "memory limit says which" "memory limit" "$T/err"
+expect_in "memory limit says which, as the user wrote it" "memory limit of 64 MiB exceeded" "$T/err"
 echo 'import os, signal; os.kill(os.getpid(), signal.SIGSEGV)' | "$PYSBX" run - >/dev/null 2>&1
 check "crash" $((128 + 11)) $?
 

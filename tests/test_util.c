@@ -98,6 +98,19 @@ static void sizes_and_numbers_parse_strictly(void **state)
                                    "0x1", "1e", "+",   "e5",  " 1",    "1 ", "1e-400", "--1"};
     for (size_t i = 0; i < ARRAY_SIZE(badsec); i++)
         assert_int_equal(parse_seconds(badsec[i], &s), -EINVAL);
+    char size[48];
+    fmt_size(size, sizeof(size), 256ULL << 20);
+    assert_string_equal(size, "256 MiB");
+    fmt_size(size, sizeof(size), 1ULL << 30);
+    assert_string_equal(size, "1 GiB");
+    fmt_size(size, sizeof(size), 1536ULL << 10);
+    assert_string_equal(size, "1536 KiB");
+    fmt_size(size, sizeof(size), 1000);
+    assert_string_equal(size, "1000 bytes");
+    fmt_size(size, sizeof(size), 1);
+    assert_string_equal(size, "1 byte");
+    fmt_size(size, sizeof(size), 0);
+    assert_string_equal(size, "0 bytes");
     assert_int_equal(parse_u64("0", &v), 0);
     assert_int_equal(parse_u64("-3", &v), -EINVAL);
     assert_int_equal(parse_u64("18446744073709551616", &v), -EINVAL);

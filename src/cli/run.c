@@ -96,8 +96,8 @@ static void pass_through(void *user, int stream, const char *text, size_t len)
 
 static int report(const struct opts *o, int artifacts_fd, const struct sbx_result *res)
 {
-    if (artifacts_fd >= 0 && res->status == SBX_COMPLETED && save_artifacts(artifacts_fd, res) < 0 &&
-        !o->json)
+    if (artifacts_fd >= 0 && res->status == SBX_COMPLETED &&
+        save_artifacts(artifacts_fd, res) < 0 && !o->json)
         return EXIT_SANDBOX;
     if (o->json) {
         char *s = sbx_result_to_json(res);
@@ -174,8 +174,11 @@ int cmd_run(int argc, char **argv)
     }
     int rc = slurp(o.target, SBX_MAX_CODE_BYTES, &code, &code_len);
     if (rc < 0) {
-        status = usage_error(CMD_RUN, "%s: %s", o.target,
-                             rc == -EFBIG ? "larger than the code limit" : strerror(-rc));
+        char limit[48];
+        fmt_size(limit, sizeof(limit), SBX_MAX_CODE_BYTES);
+        status = usage_error(CMD_RUN, "%s: %s%s", o.target,
+                             rc == -EFBIG ? "larger than the code limit of " : strerror(-rc),
+                             rc == -EFBIG ? limit : "");
         goto out;
     }
     if (o.stdin_path && (rc = slurp(o.stdin_path, SBX_MAX_REQUEST_BYTES, &input, &input_len)) < 0) {

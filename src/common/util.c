@@ -202,6 +202,21 @@ int parse_u64(const char *text, uint64_t *out)
     return 0;
 }
 
+void fmt_size(char *buf, size_t cap, uint64_t bytes)
+{
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+    int u = -1;
+
+    while (u + 1 < (int)ARRAY_SIZE(units) && bytes && bytes % 1024 == 0) {
+        bytes /= 1024;
+        u++;
+    }
+    if (u < 0)
+        fmt(buf, cap, "%llu byte%s", (unsigned long long)bytes, bytes == 1 ? "" : "s");
+    else
+        fmt(buf, cap, "%llu %s", (unsigned long long)bytes, units[u]);
+}
+
 void fmt(char *buf, size_t cap, const char *format, ...)
 {
     va_list ap;

@@ -51,6 +51,10 @@ int cmp_doubles(const void *a, const void *b);
  * below it. One method for every percentile, so p50 <= p99 always. */
 double percentile(const double *sorted, size_t n, double p);
 
+/* A size as people write it: "256 MiB", "1 GiB", "512 KiB" when it is a
+ * whole number of those, else "1000 bytes". */
+void fmt_size(char *buf, size_t cap, uint64_t bytes);
+
 /* snprintf into a fixed buffer, never failing (cut if needed). */
 void fmt(char *buf, size_t cap, const char *format, ...) __attribute__((format(printf, 3, 4)));
 

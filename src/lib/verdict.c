@@ -91,8 +91,9 @@ int verdict_classify(const struct verdict_input *in, struct sbx_result *res)
     if (sig == WIRE_NOMEM_SIGNAL) {
         res->status = SBX_MEMORY_LIMIT;
         res->limit = SBX_LIMIT_MEMORY;
-        return set_reason(res, "memory limit of %llu bytes exceeded (MemoryError)",
-                          (unsigned long long)l->memory_bytes);
+        char size[48];
+        fmt_size(size, sizeof(size), l->memory_bytes);
+        return set_reason(res, "memory limit of %s exceeded (MemoryError)", size);
     }
     if (sig) {
         const char *name = signal_name(sig);
