@@ -84,6 +84,18 @@ printf 'import os\ntry:\n    os.fork()\nexcept OSError as e:\n    print(e.errno)
     "$PYSBX" run - >"$T/sc"; [ "$(cat "$T/sc")" = 1 ] && echo "ok   runs are in seccomp filter mode" ||
     { echo "FAIL seccomp mode: $(cat "$T/sc")"; fails=$((fails + 1)); }
 uid_active=$(json_field "$T/doctor.json" 'r["layers"]["uidrun"]["active"]')
+want_req="['seccomp'] [['landlock', 'root']]"
+[ "$(id -u)" -eq 0 ] && want_req="['seccomp', 'uidrun'] [['landlock', 'root']]"
+check_eq() { # check_eq NAME EXPECTED ACTUAL
+    if [ "$2" = "$3" ]; then echo "ok   $1"; else
+        echo "FAIL $1: got '$3', expected '$2'"; fails=$((fails + 1)); fi
+}
+check_eq "doctor --json marks what the default --require requires" "$want_req" \
+    "$(json_field "$T/doctor.json" '"%s %s" % ([k for k, v in r["layers"].items() if v["required"]], r["required_one_of"])')"
+"$PYSBX" doctor --json --require netns >"$T/doctor2.json"
+check_eq "and what a given --require does" "['netns'] []" \
+    "$(json_field "$T/doctor2.json" '"%s %s" % ([k for k, v in r["layers"].items() if v["required"]], r["required_one_of"])')"
+expect_in "doctor's text says it too" "required: " "$T/doctor"
 run_uid=$(echo 'import os; print(os.getuid())' | "$PYSBX" run -)
 if [ "$(id -u)" -eq 0 ]; then
     [ "$uid_active" = True ] && [ "$run_uid" -ge 2130706432 ] &&

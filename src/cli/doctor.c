@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 /* Asked from inside a run, so that it shows what code there sees: every
  * distribution it can find, with its version, and whether each named one
@@ -78,6 +79,12 @@ int cmd_doctor(int argc, char **argv)
         return open_error(CMD_DOCTOR, &err);
     sbx_layers(sbx, layers);
     uname(&u);
+    /* What --require asks, the default spelled out: seccomp, uidrun when
+     * root, and one of landlock and root (either confines the files). */
+    bool by_default = (required & SBX_LAYERS_DEFAULT) != 0;
+    unsigned strict = required & ~SBX_LAYERS_DEFAULT;
+    if (by_default)
+        strict |= SBX_LAYER_SECCOMP | (geteuid() == 0 ? SBX_LAYER_UIDRUN : 0);
     if (json) {
         json_t *doc = json_pack("{s:s, s:s, s:s, s:s}", "pysbx", PYSBX_VERSION, "python",
                                 sbx_python_version(sbx), "libseccomp", sbx_libseccomp_version(sbx),
@@ -86,9 +93,12 @@ int cmd_doctor(int argc, char **argv)
         for (int i = 0; i < SBX_LAYER_COUNT; i++)
             json_object_set_new(l, layers[i].name,
                                 json_pack("{s:b, s:b, s:s}", "active", layers[i].active, "required",
-                                          (required & layers[i].layer) != 0, "detail",
+                                          (strict & layers[i].layer) != 0, "detail",
                                           layers[i].detail));
         json_object_set_new(doc, "layers", l);
+        /* Each list: at least one of its layers must be active. */
+        json_object_set_new(doc, "required_one_of",
+                            by_default ? json_pack("[[s, s]]", "landlock", "root") : json_array());
         if (pkgs) {
             json_t *p = json_object();
             for (char *save = NULL, *line = strtok_r(pkgs, "\n", &save); line;
@@ -113,6 +123,12 @@ int cmd_doctor(int argc, char **argv)
         for (int i = 0; i < SBX_LAYER_COUNT; i++)
             printf("%-9s %-12s %s\n", layers[i].name, layers[i].active ? "active" : "UNAVAILABLE",
                    layers[i].detail);
+        printf("\nrequired:");
+        for (int i = 0, n = 0; i < SBX_LAYER_COUNT; i++)
+            if (strict & layers[i].layer)
+                printf("%s %s", n++ ? "," : "", layers[i].name);
+        printf("%s%s\n", by_default ? (strict ? "; and landlock or root" : " landlock or root") : "",
+               !strict && !by_default ? " none" : "");
         if (pkgs)
             printf("\nimportable in a run (distribution, version):\n%s", pkgs);
     }
