@@ -899,16 +899,16 @@ static bool loopback(const struct sockaddr *sa)
     return IN6_IS_ADDR_LOOPBACK(a);
 }
 
-/* "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:0". Returns a listening socket
- * or -errno, having said why: -EINVAL for a bad address, -EACCES for one
- * that is not loopback when there is no token. */
+/* "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:0", "localhost:8080" (a name
+ * is resolved, and its first address used). Returns a listening socket or
+ * -errno, having said why: -EINVAL for a bad address, -EACCES for one that
+ * is not loopback when there is no token. */
 static int open_http_listener(const char *spec, bool token, char *shown, size_t cap)
 {
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE,
-                             .ai_socktype = SOCK_STREAM};
+    struct addrinfo hints = {.ai_flags = AI_NUMERICSERV | AI_PASSIVE, .ai_socktype = SOCK_STREAM};
     struct addrinfo *ai = NULL;
     const char *colon = strrchr(spec, ':');
-    char host[INET6_ADDRSTRLEN + 2];
+    char host[256];
     size_t hl = colon ? (size_t)(colon - spec) : 0;
     int fd = -1, one = 1, rc;
 
@@ -927,8 +927,8 @@ static int open_http_listener(const char *spec, bool token, char *shown, size_t 
     }
     rc = getaddrinfo(host, colon + 1, &hints, &ai);
     if (rc != 0) {
-        fprintf(stderr, "pysbx serve: --http %s: %s (a numeric address and port)\n", spec,
-                gai_strerror(rc));
+        fprintf(stderr, "pysbx serve: --http %s: %s (an address or a host name, and a port number)\n",
+                spec, gai_strerror(rc));
         return -EINVAL;
     }
     if (!token && !loopback(ai->ai_addr)) {
