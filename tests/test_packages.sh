@@ -45,8 +45,18 @@ check "the workload runs in the sandbox" "completed 0" "$(field "$T/r.json" 'r["
 field "$T/r.json" 'r["stdout"]' | sed '$d' >"$T/got"
 if diff -u "$T/expected" "$T/got"; then echo "ok   the same output as python3"; else
     echo "FAIL the output differs from python3's"; fails=$((fails + 1)); fi
-check "savefig writes an ordinary file; the figure left open comes back too" \
-    "['figure-1.png', 'line.png']" "$(field "$T/r.json" '[a["name"] for a in r["artifacts"]]')"
+check "a figure saved with savefig and left open comes back once" \
+    "['line.png']" "$(field "$T/r.json" '[a["name"] for a in r["artifacts"]]')"
+cat >"$T/saved.py" <<'PYEOF'
+import io, matplotlib.pyplot as plt
+plt.figure(); plt.plot([1, 2]); plt.savefig("kept.png")
+plt.figure(); plt.plot([3]); plt.savefig("before.png"); plt.title("drawn on after the save")
+plt.figure(); plt.plot([4]); plt.savefig(io.BytesIO(), format="png")
+PYEOF
+"$PYSBX" run --packages matplotlib --json "$T/saved.py" >"$T/r.json"
+check "one changed after its save, or saved only to memory, comes back as figure-N" \
+    "['before.png', 'figure-1.png', 'figure-2.png', 'kept.png']" \
+    "$(field "$T/r.json" 'sorted(a["name"] for a in r["artifacts"])')"
 
 # --- exactly the named set and what it depends on ---
 cat >"$T/only.py" <<'PYEOF'

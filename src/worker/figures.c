@@ -5,18 +5,36 @@
 #include "pyrun.h"
 
 /* Numbered per run (each worker is a fresh fork, counting from 0); a name
- * the code already used is skipped, so its own files are never replaced. */
+ * the code already used is skipped, so its own files are never replaced. A
+ * figure the code saved to a file and has not changed since is not saved
+ * again: it comes back once, under the code's name. ("Not changed" is
+ * matplotlib's `stale`, cleared after the save, since drawing a legend
+ * marks it stale during the save itself; any later change sets it.) */
 static const char figures_source[] =
     "def _make():\n"
-    "    import os\n"
+    "    import functools, os\n"
     "    import matplotlib.pyplot as plt\n"
+    "    from matplotlib.figure import Figure\n"
     "    count = [0]\n"
+    "    savefig = Figure.savefig\n"
+    "    @functools.wraps(savefig)\n"
+    "    def saved(self, *args, **kwargs):\n"
+    "        r = savefig(self, *args, **kwargs)\n"
+    "        to = args[0] if args else kwargs.get('fname')\n"
+    "        if isinstance(to, (str, bytes, os.PathLike)):\n"
+    "            self._pysbx_saved = True\n"
+    "            self.stale = False  # as saved; a later change makes it stale again\n"
+    "        return r\n"
+    "    Figure.savefig = saved\n"
     "    def save_open_figures():\n"
     "        for num in plt.get_fignums():\n"
+    "            fig = plt.figure(num)\n"
+    "            if getattr(fig, '_pysbx_saved', False) and not fig.stale:\n"
+    "                continue\n"
     "            count[0] += 1\n"
     "            while os.path.lexists('figure-%d.png' % count[0]):\n"
     "                count[0] += 1\n"
-    "            plt.figure(num).savefig('figure-%d.png' % count[0], format='png')\n"
+    "            fig.savefig('figure-%d.png' % count[0], format='png')\n"
     "        plt.close('all')\n"
     "    def show(*args, **kwargs):\n"
     "        save_open_figures()\n"
