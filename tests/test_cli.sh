@@ -51,6 +51,22 @@ touch "$T/not-a-dir"
 check "--artifacts-dir that cannot take the files" 2 $?
 expect_in "is said" "--artifacts-dir $T/not-a-dir: Not a directory" "$T/err"
 check "before the code runs" "" "$(cat "$T/out")"
+mkdir -p "$T/mods" && echo 'X = 41' >"$T/mods/mymod.py"
+echo 'import mymod; print(mymod.X + 1)' >"$T/usemod.py"
+check "--module-dir makes its modules importable" 42 \
+    "$("$PYSBX" run --module-dir "$T/mods" "$T/usemod.py" 2>&1; echo $? >"$T/rc")" 2>/dev/null
+check "--module-dir: exit 0" 0 "$(cat "$T/rc")"
+"$PYSBX" run --module-dir "$T/no-such-dir" "$T/usemod.py" >/dev/null 2>&1
+check "--module-dir of nothing is refused" 2 $?
+printf 'import mymod, os\nd = os.path.dirname(mymod.__file__)\ntry:\n    open(os.path.join(d, "mine.py"), "w")\n    print("written")\nexcept OSError as e:\n    print("refused")\n' >"$T/writemod.py"
+check "--module-dir is read-only to the code" refused \
+    "$("$PYSBX" run --module-dir "$T/mods" "$T/writemod.py" 2>&1)"
+check "and nothing was written there" no "$([ -e "$T/mods/mine.py" ] && echo yes || echo no)"
+printf 'with open("big", "wb") as f:\n    for i in range(140):\n        f.write(bytes(1 << 20))\nprint("wrote 140 MiB")\n' >"$T/big.py"
+"$PYSBX" run "$T/big.py" >/dev/null 2>&1
+check "140 MiB do not fit the default workspace" 1 $?
+"$PYSBX" run --workspace-size 256M "$T/big.py" >/dev/null 2>&1
+check "--workspace-size 256M: they do" 0 $?
 "$PYSBX" run "$T/missing.py" >/dev/null 2>&1; check "missing script" 2 $?
 for bad in "--wall 0" "--wall -1" "--wall abc" "--cpu nan" "--memory 12Q" "--memory 0" \
            "--memory 1K" "--max-output -5" "--max-artifacts x" "--wall 1e9"; do

@@ -127,7 +127,8 @@ int cmd_doctor(int argc, char **argv)
         for (int i = 0, n = 0; i < SBX_LAYER_COUNT; i++)
             if (strict & layers[i].layer)
                 printf("%s %s", n++ ? "," : "", layers[i].name);
-        printf("%s%s\n", by_default ? (strict ? "; and landlock or root" : " landlock or root") : "",
+        printf("%s%s\n",
+               by_default ? (strict ? "; and landlock or root" : " landlock or root") : "",
                !strict && !by_default ? " none" : "");
         if (pkgs)
             printf("\nimportable in a run (distribution, version):\n%s", pkgs);

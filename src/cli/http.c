@@ -927,8 +927,9 @@ static int open_http_listener(const char *spec, bool token, char *shown, size_t 
     }
     rc = getaddrinfo(host, colon + 1, &hints, &ai);
     if (rc != 0) {
-        fprintf(stderr, "pysbx serve: --http %s: %s (an address or a host name, and a port number)\n",
-                spec, gai_strerror(rc));
+        fprintf(stderr,
+                "pysbx serve: --http %s: %s (an address or a host name, and a port number)\n", spec,
+                gai_strerror(rc));
         return -EINVAL;
     }
     if (!token && !loopback(ai->ai_addr)) {

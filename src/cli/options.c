@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* A longer request line is refused, not read into memory. */
@@ -48,7 +49,11 @@ static const char sandbox_help[] =
     "                          (Debian's python3-NAME: numpy, pandas, matplotlib),\n"
     "                          with what they depend on and nothing else; imported\n"
     "                          before any run; open matplotlib figures come back\n"
-    "                          as figure-N.png\n";
+    "                          as figure-N.png\n"
+    "  --module-dir DIR        make the modules of DIR importable (read-only, on\n"
+    "                          sys.path after the standard library); repeatable\n"
+    "  --workspace-size SIZE   each run's workspace: its input files and what it\n"
+    "                          writes, e.g. 512M (default 128M)\n";
 
 static const char backend_help[] =
     "  --backend NAME          embedded (the sandbox, default) or python3 (a fresh\n"
@@ -449,6 +454,8 @@ enum {
     O_HTTP,
     O_TOKEN,
     O_PACKAGES,
+    O_MODDIR,
+    O_WSSIZE,
     O_SESSIONS,
     O_CLIENTCONNS,
 };
@@ -482,6 +489,8 @@ static const struct {
     {{"template", required_argument, NULL, O_TMPL}, SANDBOX},
     {{"require", required_argument, NULL, O_REQUIRE}, SANDBOX},
     {{"packages", required_argument, NULL, O_PACKAGES}, SANDBOX},
+    {{"module-dir", required_argument, NULL, O_MODDIR}, SANDBOX},
+    {{"workspace-size", required_argument, NULL, O_WSSIZE}, SANDBOX},
     {{"policy-debug", no_argument, NULL, O_DEBUG}, CMD_RUN},
     {{"backend", required_argument, NULL, O_BACKEND}, FRONTS},
     {{"listen", required_argument, NULL, O_LISTEN}, CMD_SERVE},
@@ -621,6 +630,31 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                 return usage_error(cmd, "--packages wants names separated by commas, not '%s'",
                                    optarg);
             break;
+        case O_MODDIR: {
+            char abs[PATH_MAX];
+            struct stat st;
+            char **v = NULL;
+            if (!realpath(optarg, abs) || stat(abs, &st) < 0)
+                return usage_error(cmd, "--module-dir %s: %s", optarg, strerror(errno));
+            if (!S_ISDIR(st.st_mode))
+                return usage_error(cmd, "--module-dir %s: not a directory", optarg);
+            v = realloc(o->module_dirs, (o->n_module_dirs + 2) * sizeof(char *));
+            if (!v)
+                return usage_error(cmd, "out of memory");
+            o->module_dirs = v;
+            if (!(v[o->n_module_dirs] = strdup(abs)))
+                return usage_error(cmd, "out of memory");
+            v[++o->n_module_dirs] = NULL;
+            break;
+        }
+        case O_WSSIZE:
+            if (parse_size(optarg, &o->workspace_bytes) < 0 ||
+                o->workspace_bytes < SBX_MIN_WORKSPACE_BYTES)
+                return usage_error(cmd,
+                                   "--workspace-size wants a size of at least 1M, such as "
+                                   "512M, not '%s'",
+                                   optarg);
+            break;
         case O_BACKEND:
             if (strcmp(optarg, "embedded") != 0 && strcmp(optarg, "python3") != 0)
                 return usage_error(cmd, "--backend is embedded or python3, not '%s'", optarg);
@@ -738,6 +772,9 @@ void opts_config(const struct opts *o, struct sbx_config *cfg, char *tmpl, size_
     cfg->required_layers = o->required;
     cfg->policy_debug = o->policy_debug;
     cfg->packages = (const char *const *)o->packages;
+    cfg->module_dirs = (const char *const *)o->module_dirs;
+    if (o->workspace_bytes)
+        cfg->workspace_bytes = o->workspace_bytes;
     cfg->max_sessions = o->max_sessions;
     if (o->cmd == CMD_DOCTOR)
         cfg->pool_size = 1;
@@ -779,4 +816,9 @@ void opts_free(struct opts *o)
     o->files = NULL;
     o->n_files = 0;
     free_packages(o);
+    for (size_t i = 0; i < o->n_module_dirs; i++)
+        free(o->module_dirs[i]);
+    free(o->module_dirs);
+    o->module_dirs = NULL;
+    o->n_module_dirs = 0;
 }

@@ -51,14 +51,17 @@ struct opts {
     struct sbx_file *files;
     size_t n_files;
     struct sbx_limits limits;
-    unsigned limits_given;           /* bits GIVEN_*: the limits the command line set */
-    const char *connect;             /* run: a server's socket */
-    struct sbx_limits ceilings;      /* serve: the most a request may ask */
-    double grace;                    /* serve: seconds to drain at SIGTERM */
-    size_t max_pending;              /* serve: unsent answer bytes per client */
-    const char *http;                /* serve: ADDR:PORT */
-    const char *token_file;          /* serve --http: the bearer token */
-    char **packages;                 /* --packages, NULL-terminated, or NULL */
+    unsigned limits_given;      /* bits GIVEN_*: the limits the command line set */
+    const char *connect;        /* run: a server's socket */
+    struct sbx_limits ceilings; /* serve: the most a request may ask */
+    double grace;               /* serve: seconds to drain at SIGTERM */
+    size_t max_pending;         /* serve: unsent answer bytes per client */
+    const char *http;           /* serve: ADDR:PORT */
+    const char *token_file;     /* serve --http: the bearer token */
+    char **packages;            /* --packages, NULL-terminated, or NULL */
+    char **module_dirs;         /* --module-dir, absolute, NULL-terminated, or NULL */
+    size_t n_module_dirs;
+    uint64_t workspace_bytes;        /* --workspace-size (0: the library's default) */
     unsigned max_sessions;           /* serve, mcp: sessions open at once (0: the library's) */
     unsigned max_client_connections; /* serve --http: from one address (0: the default) */
 };

@@ -215,10 +215,10 @@ int cmd_run(int argc, char **argv)
     if (server && *server) {
         /* A running server does the run: its answer, printed as ours. */
         if (o.backend || o.template_path || o.policy_debug || o.required != SBX_LAYERS_DEFAULT ||
-            o.packages) {
+            o.packages || o.module_dirs || o.workspace_bytes) {
             status = usage_error(CMD_RUN, "--connect runs on the server's sandbox: --backend, "
-                                          "--template, --require, --packages and --policy-debug "
-                                          "are its");
+                                          "--template, --require, --packages, --module-dir, "
+                                          "--workspace-size and --policy-debug are its");
             goto out;
         }
         if (remote_run(server, &req, o.limits_given, &res, &err) < 0) {
