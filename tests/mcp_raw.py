@@ -22,7 +22,7 @@ def session(messages):
                         "clientInfo": {"name": "raw", "version": "1"}}},
             {"jsonrpc": "2.0", "method": "notifications/initialized"}]
     text = "".join(json.dumps(m) + "\n" for m in init + messages)
-    p = subprocess.run([PYSBX, "mcp", "--wall", "20", "--cpu", "5"], input=text,
+    p = subprocess.run([PYSBX, "mcp", "--wall", "20", "--cpu", "5", "--jobs", "3"], input=text,
                        capture_output=True, text=True, timeout=120)
     answers, seen_twice = {}, []
     for line in p.stdout.splitlines():
@@ -81,6 +81,8 @@ answers, twice = session([
     call(14, "pass", rollback="never"),
     tool(15, "reset_session", {}),
     tool(16, "reset_session", {"session_id": "o"}),
+    call(17, "open('ran', 'w')\nprint('ran')", sesion_id="misspelt"),
+    tool(18, "reset_session", {"session_id": "o", "all": True}),
 ])
 check("every request answered once", not twice, twice)
 
@@ -129,6 +131,14 @@ check("reset_session without session_id is invalid params",
       answers.get(15, {}).get("error", {}).get("code") == -32602, answers.get(15))
 check("reset_session finds a session whose cells were just called",
       answers.get(16, {}).get("result", {}).get("isError") is False, answers.get(16))
+check("an argument run_python does not know is invalid params, and nothing runs",
+      answers.get(17, {}).get("error", {}).get("code") == -32602
+      and "sesion_id" in answers[17]["error"].get("message", "")
+      and "result" not in answers[17], answers.get(17))
+check("so is one reset_session does not know",
+      answers.get(18, {}).get("error", {}).get("code") == -32602, answers.get(18))
+check("both schemas say so", all(t["inputSchema"].get("additionalProperties") is False
+                                 for t in answers[1]["result"]["tools"]), answers[1])
 
 print(f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

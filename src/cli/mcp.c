@@ -115,7 +115,7 @@ static const char input_schema[] =
     "{\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"object\", \"required\": [\"content\"], "
     "\"additionalProperties\": false, \"properties\": {\"content\": {\"type\": \"string\"}, "
     "\"encoding\": {\"type\": \"string\", \"enum\": [\"utf-8\", \"base64\"], "
-    "\"default\": \"utf-8\"}}}]}}}}";
+    "\"default\": \"utf-8\"}}}]}}}, \"additionalProperties\": false}";
 
 static json_t *tool_description(const struct sbx_limits *l, const char *const *packages)
 {
@@ -149,7 +149,7 @@ static json_t *tool_description(const struct sbx_limits *l, const char *const *p
 static const char reset_schema[] =
     "{\"type\": \"object\", \"required\": [\"session_id\"], \"properties\": {"
     "\"session_id\": {\"type\": \"string\", \"minLength\": 1, \"maxLength\": 128, "
-    "\"description\": \"The session_id given to run_python\"}}}";
+    "\"description\": \"The session_id given to run_python\"}}, \"additionalProperties\": false}";
 
 static json_t *reset_description(void)
 {
@@ -449,12 +449,40 @@ static void *run_call(void *p)
 
 /* reset_session: answered at once; the cells called before it still run,
  * then the session ends. */
+/* As the schemas say (additionalProperties: false): an argument the tool
+ * does not know is refused, not ignored (a misspelt "sesion_id" would
+ * otherwise run the code outside its session). Replies and returns true. */
+static bool unknown_argument(struct server *s, json_t *id, json_t *args, const char *tool,
+                             const char *const *known, const char *listed)
+{
+    const char *key;
+    json_t *v;
+
+    json_object_foreach(args, key, v)
+    {
+        size_t i = 0;
+        while (known[i] && strcmp(known[i], key) != 0)
+            i++;
+        if (!known[i]) {
+            char text[512];
+            fmt(text, sizeof(text), "%s has no argument '%.128s' (it takes %s)", tool, key,
+                listed);
+            reply_error(s, id, -32602, text);
+            return true;
+        }
+    }
+    return false;
+}
+
 static void reset_session(struct server *s, json_t *id, json_t *args)
 {
+    static const char *const known[] = {"session_id", NULL};
     struct sbx_error err = {0};
     const char *name;
     char text[512];
 
+    if (json_is_object(args) && unknown_argument(s, id, args, "reset_session", known, "session_id"))
+        return;
     if (json_session_name(args, "session_id", &name, &err) < 0) {
         reply_error(s, id, -32602, err.message);
         return;
@@ -486,6 +514,11 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
         reply_error(s, id, -32602, "run_python needs {\"code\": string}");
         return;
     }
+    static const char *const known[] = {"code",       "files",    "stdin", "argv",
+                                        "session_id", "rollback", NULL};
+    if (unknown_argument(s, id, args, "run_python", known,
+                         "code, files, stdin, argv, session_id, rollback"))
+        return;
     json_t *files = json_object_get(args, "files"), *v;
     const char *fname;
     if (files && !json_is_object(files)) {

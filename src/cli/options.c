@@ -169,9 +169,10 @@ static const char serve_ceilings_help[] =
 static const char mcp_usage[] =
     "usage: pysbx mcp [options]\n"
     "\n"
-    "A Model Context Protocol server over stdio offering one tool, run_python\n"
+    "A Model Context Protocol server over stdio offering two tools: run_python\n"
     "(code, and optional files: name -> text, or -> {\"content\": BASE64,\n"
-    "\"encoding\": \"base64\"}). Its result shows the exit status, stdout, stderr\n"
+    "\"encoding\": \"base64\"}, stdin, argv, session_id, rollback; nothing else)\n"
+    "and reset_session. run_python's result shows the exit status, stdout, stderr\n"
     "and each file the code wrote (PNG, JPEG, GIF and WebP images, known by their\n"
     "bytes, as images); when a limit stops the code it is an error result that says\n"
     "sandbox_limit_exceeded and which limit. A call cancelled by the client is not\n"
@@ -180,7 +181,8 @@ static const char mcp_usage[] =
     "(made on first use; variables, imports and files carry over; rollback:\n"
     "on_error, the default, on_stop or never); reset_session closes one.\n"
     "\n"
-    "options:\n";
+    "options:\n"
+    "  --jobs N                calls run at once (default: two per core)\n";
 
 static const char batch_usage[] =
     "usage: pysbx batch DIR|FILE.jsonl [options]\n"
@@ -497,7 +499,7 @@ static const struct {
     {{"http", required_argument, NULL, O_HTTP}, CMD_SERVE},
     {{"http-token-file", required_argument, NULL, O_TOKEN}, CMD_SERVE},
     {{"socket-mode", required_argument, NULL, O_MODE}, CMD_SERVE},
-    {{"jobs", required_argument, NULL, O_JOBS}, CMD_SERVE | CMD_BATCH},
+    {{"jobs", required_argument, NULL, O_JOBS}, CMD_SERVE | CMD_MCP | CMD_BATCH},
     {{"max-line-bytes", required_argument, NULL, O_LINE}, FRONTS},
     {{"max-sessions", required_argument, NULL, O_SESSIONS}, CMD_SERVE | CMD_MCP},
     {{"max-client-connections", required_argument, NULL, O_CLIENTCONNS}, CMD_SERVE},
