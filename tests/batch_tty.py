@@ -71,7 +71,7 @@ progs = os.path.join(WORK, "tty-progs")
 os.makedirs(progs, exist_ok=True)
 # The first two finish at once (a high rate on the first drawn line), the
 # last takes a second (a lower rate, a shorter line, at the end).
-for name, code in [("a.py", "print(1)"), ("b.py", "print(2)"),
+for name, code in [("a.py", "print(1)"), ("b.py", "print(2)\nraise SystemExit(3)"),
                    ("c.py", "import time\ntime.sleep(1.2)\nprint(3)")]:
     with open(os.path.join(progs, name), "w") as f:
         f.write(code)
@@ -86,8 +86,10 @@ check("the bar is drawn on the terminal", "\r[" in term, term)
 shown = screen(term)
 bars = [l for l in shown if l.startswith("[")]
 check("the last bar shows no stale characters",
-      len(bars) == 1 and re.fullmatch(r"\[=+\] 3/3  completed 3  stopped 0  [0-9.]+ runs/s", bars[0]),
+      len(bars) == 1 and re.fullmatch(
+          r"\[=+\] 3/3  exit 0 2  exit non-zero 1  stopped 0  refused 0  [0-9.]+ runs/s", bars[0]),
       shown)
+check("a bar drawn before the end has an ETA", re.search(r"1/3 .* ETA \d+m\d\ds", term), term)
 m = re.search(r"p50 ([0-9.]+) ms, p99 ([0-9.]+) ms", term)
 check("p50 <= p99", m and float(m.group(1)) <= float(m.group(2)), m and m.group(0))
 

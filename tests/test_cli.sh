@@ -45,6 +45,14 @@ expect_in "it names the option, not its value" "serve does not take --wall" "$T/
 expect_in "are refused by name" "--wall wants a number of seconds above 0, not '0x10'" "$T/err"
 "$PYSBX" batch "$T/one.py" >"$T/out" 2>"$T/err"; check "batch of one .py file" 2 $?
 expect_in "says what batch wants" "batch wants a directory of .py files or a .jsonl file" "$T/err"
+printf '%s\n' '{"id": 1, "code": "import time\ntime.sleep(2)"}' \
+    '{"id": 2, "code": "import time\ntime.sleep(1)", "limits": {"wall_seconds": 5}}' >"$T/lines.jsonl"
+"$PYSBX" batch "$T/lines.jsonl" --wall 0.5 --jobs 2 >"$T/lines.out" 2>/dev/null
+check "batch --wall is the default of request lines; a line's own limit wins" \
+    "1 timeout wall 2 completed None" \
+    "$($PY -c 'import json, sys
+rs = sorted((json.loads(l) for l in open(sys.argv[1])), key=lambda r: r["id"])
+print(*("%s %s %s" % (r["id"], r["status"], r["limit"]) for r in rs))' "$T/lines.out")"
 printf 'open("made", "w").write("1")\nprint("ran")\n' >"$T/makes.py"
 touch "$T/not-a-dir"
 "$PYSBX" run --artifacts-dir "$T/not-a-dir" "$T/makes.py" >"$T/out" 2>"$T/err"

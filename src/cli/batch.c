@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "commands.h"
 #include "lines.h"
+#include "options.h"
 #include "reqjson.h"
 #include "sbxerr.h"
 #include "stopper.h"
@@ -138,10 +139,19 @@ static void progress(struct batch *b, bool final)
     for (int i = 0; i < width; i++)
         bar[i] = i < fill ? '=' : ' ';
     bar[width] = '\0';
+    double rate = secs > 0 ? (double)b->done / secs : 0.0;
+    char eta[32] = "";
+    if (!final && rate > 0 && b->done < b->n) {
+        double left = (double)(b->n - b->done) / rate;
+        fmt(eta, sizeof(eta), "  ETA %dm%02ds", (int)(left / 60), (int)left % 60);
+    }
     /* \033[K clears what a longer line drawn before left behind. */
-    fprintf(stderr, "\r[%s] %zu/%zu  completed %zu  stopped %zu  %.1f runs/s\033[K%s", bar, b->done,
-            b->n, b->by_status[SBX_COMPLETED], b->done - b->by_status[SBX_COMPLETED] - b->refused,
-            secs > 0 ? b->done / secs : 0.0, final ? "\n" : "");
+    fprintf(stderr,
+            "\r[%s] %zu/%zu  exit 0 %zu  exit non-zero %zu  stopped %zu  refused %zu  %.1f runs/s%s"
+            "\033[K%s",
+            bar, b->done, b->n, b->by_status[SBX_COMPLETED] - b->failed_code, b->failed_code,
+            b->done - b->by_status[SBX_COMPLETED] - b->refused, b->refused, rate, eta,
+            final ? "\n" : "");
 }
 
 static void record(struct batch *b, size_t i, char *line, const struct sbx_result *res, double ms)
@@ -180,6 +190,42 @@ static char *labelled(const char *label, char *answer)
     return out;
 }
 
+/* The limits the command line gave are the defaults of request lines: a
+ * line's own limits win. */
+static void line_defaults(struct json_request *r, const struct sbx_limits *l, unsigned given)
+{
+    json_t *lim = json_object_get(r->doc, "limits");
+    struct sbx_limits *d = &r->req.limits;
+
+    for (int i = 0; i < GIVEN_COUNT; i++) {
+        if (!(given & (1u << i)) || json_object_get(lim, limit_keys[i]))
+            continue;
+        switch (i) {
+        case GIVEN_WALL:
+            d->wall_seconds = l->wall_seconds;
+            break;
+        case GIVEN_CPU:
+            d->cpu_seconds = l->cpu_seconds;
+            break;
+        case GIVEN_MEMORY:
+            d->memory_bytes = l->memory_bytes;
+            break;
+        case GIVEN_OUTPUT:
+            d->max_output_chars = l->max_output_chars;
+            break;
+        case GIVEN_ARTIFACT_BYTES:
+            d->max_artifact_bytes = l->max_artifact_bytes;
+            break;
+        case GIVEN_ARTIFACTS:
+            d->max_artifacts = l->max_artifacts;
+            break;
+        case GIVEN_ARTIFACTS_TOTAL:
+            d->max_artifacts_total_bytes = l->max_artifacts_total_bytes;
+            break;
+        }
+    }
+}
+
 static void *worker(void *p)
 {
     struct batch *b = p;
@@ -205,6 +251,8 @@ static void *worker(void *p)
             rc = json_request_parse(pr->text, pr->len, NULL, &r, &err);
             if (rc == 0)
                 rc = json_request_no_session(&r, &err);
+            if (rc == 0)
+                line_defaults(&r, &b->o->limits, b->o->limits_given);
             if (rc == 0 && r.cancel_text)
                 rc = sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                               "a cancel message means nothing to a batch");

@@ -41,6 +41,7 @@ int mcp_main(const struct mcp_opts *o);
 struct batch_opts {
     struct sbx_backend *backend;
     struct sbx_limits limits; /* for programs given as files */
+    unsigned limits_given;    /* GIVEN_* bits: also the defaults of request lines */
     const char *source;       /* a directory of .py files, or a JSONL file */
     const char *out_path;     /* NULL: stdout */
     unsigned jobs;

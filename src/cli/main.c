@@ -54,7 +54,7 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
         struct mcp_opts mo = {&b, o.limits, o.max_line, (const char *const *)o.packages};
         status = mcp_main(&mo);
     } else {
-        struct batch_opts bo = {&b, o.limits, o.target, o.out, o.jobs, o.max_line};
+        struct batch_opts bo = {&b, o.limits, o.limits_given, o.target, o.out, o.jobs, o.max_line};
         status = batch_main(&bo);
     }
     b.close(b.self);

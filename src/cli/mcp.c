@@ -465,8 +465,7 @@ static bool unknown_argument(struct server *s, json_t *id, json_t *args, const c
             i++;
         if (!known[i]) {
             char text[512];
-            fmt(text, sizeof(text), "%s has no argument '%.128s' (it takes %s)", tool, key,
-                listed);
+            fmt(text, sizeof(text), "%s has no argument '%.128s' (it takes %s)", tool, key, listed);
             reply_error(s, id, -32602, text);
             return true;
         }
