@@ -31,6 +31,7 @@ mv "$HELPER" "$T/helper"
 status=0
 "$P/bin/pysbx" run "$T/six.py" >"$T/out" 2>&1 || status=$?
 [ "$status" = 70 ] || { cat "$T/out"; fail "without its helper pysbx exited $status, not 70"; }
+grep -q "PYSBX_TEMPLATE" "$T/out" || { cat "$T/out"; fail "without its helper, no word of PYSBX_TEMPLATE"; }
 mv "$T/helper" "$HELPER"
 out=$("$P/bin/pysbx" run "$T/six.py") || fail "the moved install's pysbx run failed"
 [ "$out" = 42 ] || fail "the moved install's pysbx run printed '$out'"

@@ -143,8 +143,11 @@ static int spawn_template(struct sbx *sbx, const char *path, int child_end, stru
     posix_spawnattr_destroy(&attr);
     if (rc != 0) {
         sbx->template_pid = -1;
-        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -rc, "starting the template %s: %s", path,
-                        strerror(rc));
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -rc,
+                        "starting the template %s: %s (give the pysbx-template helper's path: "
+                        "--template on the command, sbx_config.template_path in C, or the "
+                        "environment variable PYSBX_TEMPLATE)",
+                        path, strerror(rc));
     }
     return 0;
 }
