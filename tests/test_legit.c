@@ -205,6 +205,23 @@ static void the_locale_lang_names(void **state)
                            "print('{:n}'.format(1234567.5))\n");
 }
 
+/* What CPython's own tests found: root has a name (tarfile asks), "/" can
+ * be listed, terminal queries on a bad descriptor answer EBADF. */
+static void owners_listings_and_terminal_queries(void **state)
+{
+    same_as_python3(state, "import errno, grp, os, pwd, tarfile, io\n"
+                           "print(pwd.getpwuid(0).pw_name, grp.getgrgid(0).gr_name)\n"
+                           "print(type(os.listdir('/')).__name__, 'usr' in os.listdir('/'))\n"
+                           "for f in (os.tcgetpgrp, lambda fd: os.tcsetpgrp(fd, 0)):\n"
+                           "    try:\n"
+                           "        f(99)\n"
+                           "    except OSError as e:\n"
+                           "        print(errno.errorcode[e.errno])\n"
+                           "t = tarfile.open(fileobj=io.BytesIO(), mode='w')\n"
+                           "t.add(os.__file__, arcname='os.py')\n"
+                           "print(t.getmember('os.py').uname)\n");
+}
+
 int main(void)
 {
     if (access(PYTHON3, X_OK) != 0) {
@@ -224,6 +241,7 @@ int main(void)
         cmocka_unit_test(zipfile_lzma_and_friends_on_workspace_files),
         cmocka_unit_test(asyncio_and_csv),
         cmocka_unit_test(the_locale_lang_names),
+        cmocka_unit_test(owners_listings_and_terminal_queries),
     };
     return cmocka_run_group_tests(tests, fixture_open, fixture_close);
 }

@@ -214,6 +214,8 @@ static const struct row rows[] = {
     {"ioctl(FIONREAD)", X86, SYS_ioctl, {0, FIONREAD}, ALLOWED},
     {"ioctl(TCGETS): the kernel answers", X86, SYS_ioctl, {0, TCGETS}, ALLOWED},
     {"ioctl(TIOCGWINSZ): the kernel answers", X86, SYS_ioctl, {0, TIOCGWINSZ}, ALLOWED},
+    {"ioctl(TIOCGPGRP): the kernel answers", X86, SYS_ioctl, {0, TIOCGPGRP}, ALLOWED},
+    {"ioctl(TIOCSPGRP): the kernel answers", X86, SYS_ioctl, {0, TIOCSPGRP}, ALLOWED},
     {"ioctl(TIOCSTI)", X86, SYS_ioctl, {0, TIOCSTI}, ERR(EPERM)},
     {"fcntl(F_GETFL)", X86, SYS_fcntl, {0, F_GETFL}, ALLOWED},
     {"fcntl(F_SETOWN)", X86, SYS_fcntl, {0, F_SETOWN, 1}, ERR(EPERM)},

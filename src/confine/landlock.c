@@ -110,11 +110,11 @@ static int add_place(struct landlock_base *b, const char *path, uint64_t access,
 }
 
 int landlock_base_open(struct landlock_base *b, int abi, const char *const *ro_dirs,
-                       const char *const *ro_files, char *err, size_t errlen)
+                       const char *const *ro_files, bool list_all, char *err, size_t errlen)
 {
     memset(b, 0, sizeof(*b));
     b->abi = abi;
-    int rc = 0;
+    int rc = list_all ? add_place(b, "/", LANDLOCK_ACCESS_FS_READ_DIR, err, errlen) : 0;
 
     for (size_t i = 0; rc == 0 && i < n_places; i++)
         rc = add_place(b, places[i].path, place_access(places[i].kind), err, errlen);

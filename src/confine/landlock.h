@@ -6,6 +6,7 @@
 #ifndef PYSBX_LANDLOCK_H
 #define PYSBX_LANDLOCK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* The kernel's Landlock ABI version, or -errno (-ENOSYS: not built in,
@@ -27,10 +28,12 @@ struct landlock_base {
 /* Opens the read-only places: |ro_dirs| (NULL-terminated) plus the fixed
  * list (standard library, shared libraries, time zones, devices). A path
  * that does not exist is skipped. |ro_files| (NULL-terminated, may be NULL):
- * more files to read, skipped where missing. Returns 0 or -errno with a
- * message. */
+ * more files to read, skipped where missing. With |list_all| (only under
+ * the private root, which holds nothing but those places) every directory
+ * can be listed, as on any system: `os.listdir("/")`. Returns 0 or -errno
+ * with a message. */
 int landlock_base_open(struct landlock_base *b, int abi, const char *const *ro_dirs,
-                       const char *const *ro_files, char *err, size_t errlen);
+                       const char *const *ro_files, bool list_all, char *err, size_t errlen);
 
 /* In the template, for one worker: a ruleset with the base rules and the
  * workspace |ws_fd| read-write. Returns the ruleset fd or -errno with a

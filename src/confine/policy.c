@@ -205,6 +205,10 @@ static const struct rule table[] = {
      * has no terminal: ENOTTY; a closed descriptor: EBADF, as os expects). */
     R_ALLOW_IF(ioctl, "isatty()", A(1, SCMP_CMP_EQ, TCGETS, 0)),
     R_ALLOW_IF(ioctl, "shutil.get_terminal_size", A(1, SCMP_CMP_EQ, TIOCGWINSZ, 0)),
+    /* A worker has no terminal (its descriptors are pipes and /dev/null),
+     * so these answer ENOTTY or EBADF, as the kernel would to python3. */
+    R_ALLOW_IF(ioctl, "os.tcgetpgrp", A(1, SCMP_CMP_EQ, TIOCGPGRP, 0)),
+    R_ALLOW_IF(ioctl, "os.tcsetpgrp", A(1, SCMP_CMP_EQ, TIOCSPGRP, 0)),
 
     /* --- waiting and time --- */
     R_ALLOW(poll, "select, subprocess-free waits"),

@@ -171,6 +171,18 @@ static int write_etc(const struct root_spec *s, char *err, size_t errlen)
         goto out;
     }
     fputs("passwd: files\ngroup: files\n", ns);
+    /* The owners of the files a run sees (the standard library's are
+     * root's; ids not mapped into a user namespace show as 65534), named as
+     * on any system: tarfile, shutil.make_archive and CPython's own tests
+     * look root up by id. Unless a worker is one of them itself. */
+    if (s->uid_base != 0 && s->gid_base != 0) {
+        fputs("root:x:0:0:root:/root:/usr/sbin/nologin\n", pw);
+        fputs("root:x:0:\n", gr);
+    }
+    if (s->uid_base + (s->per_run_ids ? s->ids : 1) <= 65534 || s->uid_base > 65534)
+        fputs("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", pw);
+    if (s->gid_base + (s->per_run_ids ? s->ids : 1) <= 65534 || s->gid_base > 65534)
+        fputs("nogroup:x:65534:\n", gr);
     /* Code that asks who and where it is gets an answer: getpass.getuser(),
      * pwd.getpwuid(os.getuid()), a home that is its workspace. */
     if (s->per_run_ids) {

@@ -288,7 +288,7 @@ int main(void)
     }
     if (t.landlock > 0 &&
         landlock_base_open(&t.ll_base, t.landlock, read_only, t.root ? root_written_files : NULL,
-                           err, sizeof(err)) < 0)
+                           t.root, err, sizeof(err)) < 0)
         goto fail;
     if (t.landlock > 0)
         fmt(t.landlock_why, sizeof(t.landlock_why),
