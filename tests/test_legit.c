@@ -206,10 +206,12 @@ static void the_locale_lang_names(void **state)
 }
 
 /* What CPython's own tests found: root has a name (tarfile asks), "/" can
- * be listed, terminal queries on a bad descriptor answer EBADF. */
+ * be listed, terminal queries on a bad descriptor answer EBADF, the frozen
+ * modules have their files and sys.executable names the interpreter. */
 static void owners_listings_and_terminal_queries(void **state)
 {
-    same_as_python3(state, "import errno, grp, os, pwd, tarfile, io\n"
+    same_as_python3(state, "import errno, grp, os, pwd, tarfile, io, sys, codecs\n"
+                           "print(os.__file__, codecs.__file__, sys._stdlib_dir, sys.executable)\n"
                            "print(pwd.getpwuid(0).pw_name, grp.getgrgid(0).gr_name)\n"
                            "print(type(os.listdir('/')).__name__, 'usr' in os.listdir('/'))\n"
                            "for f in (os.tcgetpgrp, lambda fd: os.tcsetpgrp(fd, 0)):\n"

@@ -60,6 +60,42 @@ static int import_all(const char *const *names, char *err, size_t errlen)
     return 0;
 }
 
+/* The frozen modules (os, codecs, io, ...) have a __file__ under python3,
+ * found from the standard library's directory, which Python computes only
+ * when it computes the path too (ours is set: 3.11 then leaves
+ * sys._stdlib_dir None). Set it, and give the modules imported while the
+ * interpreter started the files they would have had. */
+static int frozen_files(void)
+{
+    static const char fix[] =
+        "def _fix(stdlib):\n"
+        "    import sys\n"
+        "    from _frozen_importlib import FrozenImporter as F\n"
+        "    sys._stdlib_dir = stdlib\n"
+        "    for name, m in list(sys.modules.items()):\n"
+        "        spec = getattr(m, '__spec__', None)\n"
+        "        state = getattr(spec, 'loader_state', None)\n"
+        "        if (spec is None or spec.loader is not F or state is None or state.filename\n"
+        "                or name == '_frozen_importlib'):\n"
+        "            continue\n"
+        "        state.filename = F._resolve_filename(state.origname, name,\n"
+        "                                             hasattr(m, '__path__'))[0]\n"
+        "        if state.filename:\n"
+        "            m.__file__ = state.filename\n";
+    PyObject *ns = PyDict_New(), *r = NULL;
+
+    if (ns && PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins()) == 0)
+        r = PyRun_String(fix, Py_file_input, ns, ns);
+    Py_XDECREF(r);
+    PyObject *f = r ? PyDict_GetItemString(ns, "_fix") : NULL; /* borrowed */
+    r = f ? PyObject_CallFunction(f, "s", PYSBX_PY_STDLIB) : NULL;
+    Py_XDECREF(ns);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 int interp_start(const struct interp_config *c, char *err, size_t errlen)
 {
     PyPreConfig pre;
@@ -103,6 +139,10 @@ int interp_start(const struct interp_config *c, char *err, size_t errlen)
     st = PyConfig_SetBytesString(&cfg, &cfg.program_name, "python3");
     if (!PyStatus_Exception(st))
         st = PyConfig_SetBytesString(&cfg, &cfg.home, PYSBX_PY_PREFIX);
+    /* As python3 has it: sys.executable names the interpreter, though a run
+     * may start no process with it. */
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(&cfg, &cfg.executable, PYSBX_PY_PREFIX "/bin/python3");
     if (!PyStatus_Exception(st))
         st = PyConfig_SetBytesArgv(&cfg, 1, argv);
     /* The path is ours, not computed: the standard library and what the
@@ -122,6 +162,8 @@ int interp_start(const struct interp_config *c, char *err, size_t errlen)
     if (PyStatus_Exception(st))
         return status_message(st, "Python initialisation", err, errlen);
 
+    if (frozen_files() < 0)
+        return pyrun_error_text("the frozen modules' files", err, errlen);
     if (pyrun_stdout_install() < 0)
         return pyrun_error_text("sys.stdout", err, errlen);
     if (import_all(warm, err, errlen) < 0 || import_all(c->package_modules, err, errlen) < 0)
