@@ -550,7 +550,7 @@ static void the_memory_limit_counts_the_codes_own_data(void **state)
     sbx_result_free(r);
     r = run_code(SBX(state), "b = bytearray(257 << 20)\n");
     assert_int_equal(r->status, SBX_MEMORY_LIMIT);
-    assert_non_null(strstr(r->reason, "268435456 bytes"));
+    assert_non_null(strstr(r->reason, "memory limit of 256 MiB exceeded"));
     sbx_result_free(r);
 }
 

@@ -414,7 +414,7 @@ static void a_cells_limits_are_the_requests(void **state)
     r = NULL;
     assert_int_equal(sbx_session_run(s, &req, SBX_ROLLBACK_ON_ERROR, &r, &err), 0);
     assert_int_equal(r->status, SBX_MEMORY_LIMIT);
-    if (!r->reason || !strstr(r->reason, "268435456"))
+    if (!r->reason || !strstr(r->reason, "memory limit of 256 MiB"))
         fail_msg("the reason names another limit: %s", r->reason ? r->reason : "(none)");
     sbx_result_free(r);
     sbx_session_close(s);
