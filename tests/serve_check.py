@@ -795,7 +795,7 @@ def a_sessions_memory_is_its_first_cells():
           all(get(k).get("stdout") == "400\n" for k in ("big1", "big2")), answers)
     check("a session opened with the default 256 MiB stops 400 MB, and says 256 MiB",
           all(get(k).get("status") == "memory_limit" and get(k).get("limit") == "memory"
-              and str(256 << 20) in (get(k).get("reason") or "") for k in ("dflt1", "dflt2")),
+              and "256 MiB" in (get(k).get("reason") or "") for k in ("dflt1", "dflt2")),
           answers)
     check("serve exits 0", rc == 0, rc)
 

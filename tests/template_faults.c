@@ -1,6 +1,6 @@
 /*
  * Linked into pysbx-template-faults only (-Wl,--wrap=...): after start-up
- * (the private root alone takes a dozen mounts), some of the template's
+ * (the private root alone takes some thirty mounts), some of the template's
  * forks, mounts (workspaces: mount, or fsmount under the private root) and
  * pipes fail as they can on a machine out of processes,
  * memory or descriptors. A fixed pattern, so that a failing run can be
@@ -25,7 +25,7 @@ int __real_fsmount(int fs_fd, unsigned int flags, unsigned int attr_flags);
 
 /* Calls that always pass before the pattern starts: start-up's own. */
 #define FORKS_FREE  4
-#define MOUNTS_FREE 24
+#define MOUNTS_FREE 40
 #define PIPES_FREE  8
 
 static unsigned forks, mounts, fsmounts, pipes;
