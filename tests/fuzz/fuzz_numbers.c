@@ -68,7 +68,8 @@ static void check_seconds(const char *s)
 
     if (parse_seconds(s, &v) == 0) {
         CHECK(isfinite(v) && v > 0);
-        CHECK(s[0] && strspn(s, "0123456789.") == strlen(s));
+        /* Decimal, maybe with an exponent: no hex, inf, nan or spaces. */
+        CHECK(s[0] && strspn(s, "0123456789.eE+-") == strlen(s));
         CHECK(v == strtod(s, NULL));
     }
 }
