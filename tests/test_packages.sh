@@ -229,6 +229,14 @@ check "which is replaced by a good one" "600 0" \
     "$(stat -c %a "$pk") $(grep -c debian_version "$pk")"
 check "entries of another dpkg database are removed" "" \
     "$(ls "$C/pysbx" | grep 0000000000000000)"
+# A cache below a directory anyone may write (not sticky): that one could
+# swap the cache for theirs between the library's check and the template's
+# use, so nothing is kept or read there, and the run goes on.
+mkdir -p "$T/open" && chmod 777 "$T/open"
+check "a cache below a directory others may write is not used" "ran none" \
+    "$(echo 'import matplotlib.pyplot; print("ran")' |
+        XDG_CACHE_HOME="$T/open/cache" "$PYSBX" run --packages matplotlib - 2>&1) $(
+        ls "$T/open/cache/pysbx" 2>/dev/null | grep -c . | sed 's/^0$/none/')"
 
 # --- doctor ---
 "$PYSBX" doctor --packages pandas --json >"$T/d.json"

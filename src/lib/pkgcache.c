@@ -71,23 +71,50 @@ static bool private_to_us(int fd, mode_t type)
            !(st.st_mode & 022);
 }
 
-/* The cache directory, made if missing: its descriptor (and its path in
- * |path|), or -errno. */
+/* Whether no one but the caller and root can change what |path| (absolute,
+ * without links) names: each directory from it up to / is theirs and
+ * writable by no one else, unless sticky (/tmp), as ssh checks. Else another
+ * user could swap a directory of the path, between this library's checks
+ * and the template's use of the path, for one of theirs. */
+static bool secure_chain(const char *path)
+{
+    char p[PATH_MAX];
+    struct stat st;
+
+    fmt(p, sizeof(p), "%s", path);
+    for (;;) {
+        if (lstat(p, &st) < 0 || !S_ISDIR(st.st_mode) ||
+            (st.st_uid != 0 && st.st_uid != geteuid()) ||
+            ((st.st_mode & 022) && !(st.st_mode & S_ISVTX)))
+            return false;
+        char *slash = strrchr(p, '/');
+        if (!slash || (slash == p && !p[1]))
+            return slash != NULL;
+        slash[slash == p] = '\0'; /* "/a" -> "/", "/a/b" -> "/a" */
+    }
+}
+
+/* The cache directory, made if missing: its descriptor (and its path, with
+ * no link in it, in |path|), or -errno. */
 static int cache_dir(char *path, size_t cap)
 {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    char base[PATH_MAX];
+    char given[PATH_MAX], base[PATH_MAX];
     int b, d, rc;
 
     if (xdg && xdg[0] == '/')
-        fmt(base, sizeof(base), "%s", xdg);
+        fmt(given, sizeof(given), "%s", xdg);
     else if (home && home[0] == '/')
-        fmt(base, sizeof(base), "%s/.cache", home);
+        fmt(given, sizeof(given), "%s/.cache", home);
     else
         return -ENOENT;
-    if (mkdir(base, 0700) < 0 && errno != EEXIST)
+    if (mkdir(given, 0700) < 0 && errno != EEXIST)
         return -errno;
-    b = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (!realpath(given, base))
+        return -errno;
+    if (!secure_chain(base))
+        return -EPERM;
+    b = open(base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (b < 0)
         return -errno;
     rc = mkdirat(b, "pysbx", 0700) < 0 && errno != EEXIST ? -errno : 0;

@@ -12,8 +12,9 @@
  * Trust: a resolution decides what a worker may read, and the font list is
  * read by a template. They are written only by this library and by
  * templates before any tenant code runs, in a directory that must be the
- * caller's own and writable by no one else, checked on every use as ssh
- * checks ~/.ssh; a directory or file that fails the check is ignored. No
+ * caller's own and writable by no one else, as must every directory above
+ * it (root's, or sticky, will do), checked on every use as ssh checks
+ * ~/.ssh; a directory or file that fails the check is ignored. No
  * worker can reach any of it (the template unmounts the font directory
  * before it forks one).
  */
