@@ -424,14 +424,27 @@ static void ordinary_os_functions_fail_instead_of_killing(void **state)
 
 static void code_finds_itself(void **state)
 {
-    expect_out(run_code(SBX(state),
-                        "import os, pwd, getpass, pathlib\n"
-                        "home = pathlib.Path.home()\n"
-                        "print(home == pathlib.Path(os.getcwd()), os.path.expanduser('~') == "
-                        "str(home))\n"
-                        "print(getpass.getuser())\n"
-                        "print(pwd.getpwuid(os.getuid()).pw_dir == str(home))\n"),
-               "True True\nsandbox\nTrue\n");
+    /* Each worker's uid has a name of its own, which looks up that uid and
+     * not a sibling's: chown by name (shutil.chown, tarfile) works on the
+     * code's own files. Two runs: consecutive workers never share a uid,
+     * so at least one of them is not the first of the range. */
+    for (int i = 0; i < 2; i++)
+        expect_out(run_code(SBX(state),
+                            "import os, pwd, grp, getpass, pathlib, shutil\n"
+                            "home = pathlib.Path.home()\n"
+                            "print(home == pathlib.Path(os.getcwd()), os.path.expanduser('~') == "
+                            "str(home))\n"
+                            "me = getpass.getuser()\n"
+                            "pw = pwd.getpwuid(os.getuid())\n"
+                            "print(me.startswith('sandbox'), me == pw.pw_name, "
+                            "pw.pw_dir == str(home))\n"
+                            "print(pwd.getpwnam(me).pw_uid == os.getuid(),\n"
+                            "      grp.getgrnam(grp.getgrgid(os.getgid()).gr_name).gr_gid == "
+                            "os.getgid())\n"
+                            "open('f', 'w').close()\n"
+                            "shutil.chown('f', me, grp.getgrgid(os.getgid()).gr_name)\n"
+                            "print('chown by name')\n"),
+                   "True True\nTrue True True\nTrue True\nchown by name\n");
 }
 
 static int setup(void **state)

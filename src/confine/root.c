@@ -154,6 +154,14 @@ static int add_packages(const struct root_spec *s, char *err, size_t errlen)
     return rc;
 }
 
+void root_user_name(char *buf, size_t cap, bool per_run_ids, unsigned index)
+{
+    if (per_run_ids)
+        fmt(buf, cap, "sandbox-%u", index);
+    else
+        fmt(buf, cap, "sandbox");
+}
+
 const char *const root_written_files[] = {"/etc/passwd", "/etc/group", "/etc/nsswitch.conf", NULL};
 
 static int write_etc(const struct root_spec *s, char *err, size_t errlen)
@@ -185,16 +193,12 @@ static int write_etc(const struct root_spec *s, char *err, size_t errlen)
         fputs("nogroup:x:65534:\n", gr);
     /* Code that asks who and where it is gets an answer: getpass.getuser(),
      * pwd.getpwuid(os.getuid()), a home that is its workspace. */
-    if (s->per_run_ids) {
-        for (unsigned i = 0; i < s->ids; i++) {
-            fprintf(pw, "sandbox:x:%u:%u:sandbox:" WORKSPACE_MOUNT ":/nonexistent\n",
-                    s->uid_base + i, s->gid_base + i);
-            fprintf(gr, "sandbox:x:%u:\n", s->gid_base + i);
-        }
-    } else {
-        fprintf(pw, "sandbox:x:%u:%u:sandbox:" WORKSPACE_MOUNT ":/nonexistent\n", s->uid_base,
-                s->gid_base);
-        fprintf(gr, "sandbox:x:%u:\n", s->gid_base);
+    for (unsigned i = 0; i < (s->per_run_ids ? s->ids : 1); i++) {
+        char name[32];
+        root_user_name(name, sizeof(name), s->per_run_ids, i);
+        fprintf(pw, "%s:x:%u:%u:%s:" WORKSPACE_MOUNT ":/nonexistent\n", name, s->uid_base + i,
+                s->gid_base + i, name);
+        fprintf(gr, "%s:x:%u:\n", name, s->gid_base + i);
     }
 out:
     if (pw && fclose(pw) != 0 && rc == 0)

@@ -23,8 +23,8 @@ struct root_spec {
      * paths, and symbolic links (path, target, ...) made as they are. */
     const char *const *package_places;
     const char *const *package_links;
-    /* /etc/passwd and /etc/group name the workers' ids "sandbox", each with
-     * its workspace as its home. */
+    /* /etc/passwd and /etc/group name each worker id (root_user_name), with
+     * the workspace as its home. */
     bool per_run_ids; /* ids base..base+n-1, workspace w<uid> */
     uid_t uid_base;
     gid_t gid_base;
@@ -35,6 +35,12 @@ struct root_spec {
  * mounts a tmpfs of its own while it imports them (matplotlib writes its
  * configuration and font cache there), and unmounts it before any fork. */
 #define ROOT_SCRATCH "/.pysbx-scratch"
+
+/* The name /etc/passwd and /etc/group give the worker id base+index:
+ * "sandbox" when every worker shares one id, else "sandbox-<index>", so
+ * that a name looks up the worker's own id (getpwnam(getpass.getuser()),
+ * shutil.chown by name) and not a sibling's. */
+void root_user_name(char *buf, size_t cap, bool per_run_ids, unsigned index);
 
 /* The files root_enter writes itself (NULL-terminated): /etc/passwd, ... */
 extern const char *const root_written_files[];

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "interp.h"
 #include "profile.h"
+#include "root.h"
 #include "sysutil.h"
 #include "template.h"
 #include "util.h"
@@ -124,6 +125,11 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
         goto fail;
     }
     if (pid == 0) {
+        /* The private root names the worker's uid; the host's does not. */
+        char user[32] = "sandbox";
+        if (t->root)
+            root_user_name(user, sizeof(user), t->jail.uid_per_run,
+                           t->jail.switch_user ? (unsigned)(w->uid - t->jail.uid_base) : 0);
         struct worker_args a = {
             .ppid = t->pid_ns ? 0 : t->pid,
             .req_fd = sess ? t->devnull : req[1],
@@ -134,6 +140,7 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
             .devnull_fd = t->devnull,
             .ws_path = t->root ? WORKSPACE_MOUNT : path,
             .ws_mount_fd = ws_mount,
+            .user = user,
             .rehearse = !t->single_run && !sess,
             .session = sess != NULL,
             .session_memory = sess ? session_memory(sess) : 0,

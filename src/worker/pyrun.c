@@ -227,18 +227,18 @@ static bool module_loaded(const char *module)
 }
 
 /* HOME and TMPDIR at the workspace, LANG, USER and LOGNAME (USER for
- * getpass.getuser()); nothing else. The template's environment is empty (it
- * was started by exec with none). Python's view and the C environment must
- * agree: os.environ when os is loaded (warm), else the C environment and
- * posix.environ, from which os builds os.environ when the code imports it
- * (importing os here would cost a single run more than its code). */
-static int set_environment(const char *workspace)
+ * getpass.getuser(), the name of the worker's uid); nothing else. The template's environment is
+ * empty (it was started by exec with none). Python's view and the C environment must agree:
+ * os.environ when os is loaded (warm), else the C environment and posix.environ, from which os
+ * builds os.environ when the code imports it (importing os here would cost a single run more than
+ * its code). */
+static int set_environment(const char *workspace, const char *user)
 {
     const char *const vars[][2] = {{"HOME", workspace},
                                    {"TMPDIR", workspace},
                                    {"LANG", "C.UTF-8"},
-                                   {"USER", "sandbox"},
-                                   {"LOGNAME", "sandbox"}};
+                                   {"USER", user},
+                                   {"LOGNAME", user}};
     PyObject *os = loaded_module("os");
     PyObject *mod = os ? os : PyImport_ImportModule("posix"); /* built in */
     PyObject *env = mod ? PyObject_GetAttrString(mod, "environ") : NULL;
@@ -509,11 +509,13 @@ static int reseed(void)
     return rc;
 }
 
-int pyrun_prepare(const char *workspace, bool rehearsal, int devnull, char *err, size_t errlen)
+int pyrun_prepare(const char *workspace, const char *user, bool rehearsal, int devnull, char *err,
+                  size_t errlen)
 {
     fmt(value_path, sizeof(value_path), "%s/" WIRE_VALUE_FILE, workspace);
     fmt(error_path, sizeof(error_path), "%s/" WIRE_ERROR_FILE, workspace);
-    if (set_environment(workspace) < 0 || reseed() < 0 || (rehearsal && rehearse(devnull) < 0))
+    if (set_environment(workspace, user) < 0 || reseed() < 0 ||
+        (rehearsal && rehearse(devnull) < 0))
         return pyrun_error_text("preparing the worker", err, errlen);
     return 0;
 }

@@ -10,11 +10,13 @@
 #include <stdint.h>
 
 /* In an idle worker, before any request: points HOME and TMPDIR at the
- * workspace and, with |rehearse|, runs a small snippet of our own so that
+ * workspace, USER and LOGNAME at |user| (the name /etc/passwd gives its
+ * uid) and, with |rehearse|, runs a small snippet of our own so that
  * the copy-on-write faults it takes are not on the request path (a single
  * run, whose request is already waiting, skips that). |devnull| receives
  * the snippet's output. Returns 0 or -errno with a message in |err|. */
-int pyrun_prepare(const char *workspace, bool rehearse, int devnull, char *err, size_t errlen);
+int pyrun_prepare(const char *workspace, const char *user, bool rehearse, int devnull, char *err,
+                  size_t errlen);
 
 /* Compiles and runs |code| as __main__, then ends the process the way
  * python3 would: exit status 0, the sys.exit() code, or 1 after printing an

@@ -230,7 +230,7 @@ _Noreturn void worker_main(const struct worker_args *a)
     /* 4. Environment from nothing, and our own warm-up off the request path.
      * The template was started by exec with an empty environment and a fixed
      * argv, so /proc/self/environ and cmdline hold no launcher strings. */
-    if (pyrun_prepare(a->ws_path, a->rehearse, FD_STDIN, err, sizeof(err)) < 0)
+    if (pyrun_prepare(a->ws_path, a->user, a->rehearse, FD_STDIN, err, sizeof(err)) < 0)
         fail_idle("%s", err);
 
     prof_mark(PROF_PREPARE);

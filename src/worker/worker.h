@@ -79,7 +79,8 @@ struct worker_args {
      * template's has no workspace: siblings are not merely unreachable but
      * absent). -1: the workspace is the directory ws_fd, where it is. */
     int ws_mount_fd;
-    bool rehearse; /* warm up while idle (pyrun_prepare) */
+    const char *user; /* USER and LOGNAME: the name of the worker's uid */
+    bool rehearse;    /* warm up while idle (pyrun_prepare) */
     /* A session's first state process: the ready pipe is a SOCK_SEQPACKET
      * socket, the policy the session's (plan.policy), and instead of one
      * request it serves the session (session.h). */
