@@ -86,6 +86,13 @@ check "another package's files cannot be read" 1 $?
 echo 'import dateutil, pytz, numpy, pandas; print(pandas.Timestamp("2024-01-02").day_name())' |
     "$PYSBX" run --packages pandas - >"$T/deps" 2>&1
 check "pandas brings what it depends on" "Tuesday" "$(cat "$T/deps")"
+# The set's .pth files run as python3's site runs them: matplotlib's makes
+# mpl_toolkits a namespace whose __init__.py (which imports pkg_resources,
+# a tenth of a second) never runs.
+echo 'import sys, matplotlib.pyplot, mpl_toolkits.mplot3d as m
+print("pkg_resources" in sys.modules, sys.modules["mpl_toolkits"].__path__)' >"$T/pth.py"
+check "the set's .pth files run as under python3" "$($PY -I "$T/pth.py" 2>&1)" \
+    "$("$PYSBX" run --packages matplotlib "$T/pth.py" 2>&1)"
 "$PYSBX" run --packages no-such-thing - </dev/null >/dev/null 2>"$T/err"
 check "an unknown package is refused as a usage error" 2 $?
 grep -q "python3-no-such-thing is not installed" "$T/err" && echo "ok   saying which" ||

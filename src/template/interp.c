@@ -60,6 +60,40 @@ static int import_all(const char *const *names, char *err, size_t errlen)
     return 0;
 }
 
+/* python3's site processes the .pth files of dist-packages; ours runs with
+ * -S, so those of the vetted set are processed here, by site's own
+ * addpackage: matplotlib's nspkg.pth makes mpl_toolkits a namespace
+ * without running its __init__.py, which would import pkg_resources (a
+ * tenth of a second, and not what python3 does). Only the set's own files:
+ * the .pth of a package outside it never runs. site leaves sys.modules as
+ * -S has it. */
+static int package_pth(const char *dir, const char *const *places)
+{
+    size_t dl = strlen(dir);
+    PyObject *site = NULL;
+    bool had_site = PyDict_GetItemString(PySys_GetObject("modules"), "site") != NULL;
+    int rc = 0;
+
+    for (; places && *places && rc == 0; places++) {
+        const char *p = *places, *name = p + dl + 1;
+        size_t l = strlen(p);
+        if (strncmp(p, dir, dl) != 0 || p[dl] != '/' || strchr(name, '/') || l < 4 ||
+            strcmp(p + l - 4, ".pth") != 0)
+            continue;
+        if (!site && !(site = PyImport_ImportModule("site")))
+            rc = -1;
+        PyObject *r =
+            site ? PyObject_CallMethod(site, "addpackage", "ssO", dir, name, Py_None) : NULL;
+        if (!r)
+            rc = -1;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(site);
+    if (site && !had_site && PyDict_DelItemString(PySys_GetObject("modules"), "site") < 0)
+        rc = -1;
+    return rc;
+}
+
 /* The frozen modules (os, codecs, io, ...) have a __file__ under python3,
  * found from the standard library's directory, which Python computes only
  * when it computes the path too (ours is set: 3.11 then leaves
@@ -166,7 +200,11 @@ int interp_start(const struct interp_config *c, char *err, size_t errlen)
         return pyrun_error_text("the frozen modules' files", err, errlen);
     if (pyrun_stdout_install() < 0)
         return pyrun_error_text("sys.stdout", err, errlen);
-    if (import_all(warm, err, errlen) < 0 || import_all(c->package_modules, err, errlen) < 0)
+    if (import_all(warm, err, errlen) < 0)
+        return -EIO;
+    if (c->package_path && package_pth(c->package_path, c->package_places) < 0)
+        return pyrun_error_text("the packages' .pth files", err, errlen);
+    if (import_all(c->package_modules, err, errlen) < 0)
         return -EIO;
     if (c->after_packages && c->after_packages(c->arg, err, errlen) < 0)
         return -EIO;

@@ -15,6 +15,10 @@ struct interp_config {
      * before the interpreter's objects are frozen. */
     const char *package_path;
     const char *const *package_modules;
+    /* The set's files and directories (NULL-terminated); its .pth files
+     * directly in package_path are processed as site does, before the
+     * imports. */
+    const char *const *package_places;
     int (*after_packages)(void *arg, char *err, size_t errlen);
     void *arg;
 };

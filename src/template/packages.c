@@ -149,6 +149,7 @@ int packages_prepare(struct tmpl *t, struct interp_config *py, char *err, size_t
         return errmsg(err, errlen, -errno, "template: setenv: %s", strerror(errno));
     py->package_path = t->pkg_path;
     py->package_modules = (const char *const *)t->pkg_modules;
+    py->package_places = (const char *const *)t->pkg_places;
     py->after_packages = after_packages;
     py->arg = t;
     return 0;
