@@ -125,5 +125,22 @@ expect_line "doctor without subordinate ids: one uid, and why" "$doc" \
 out=$(printf 'print(6 * 7)\n' | run_as_nosub "$T/bin/pysbx" run - 2>&1)
 check "without subordinate ids runs still work" 42 "$out"
 
+# A single run with packages: its one worker imports them in a mount
+# namespace of its own, inside the user's namespace, and the name it is
+# given looks up its own uid (with subordinate ids and without).
+if [ -d /usr/lib/python3/dist-packages/matplotlib ]; then
+    printf '%s\n' 'import getpass, os, pwd, matplotlib.pyplot as plt' 'plt.plot([1, 2])' \
+        'print(pwd.getpwnam(getpass.getuser()).pw_uid == os.getuid())' >"$T/chart.py"
+    chmod 644 "$T/chart.py"
+    for who in user nosub; do
+        out=$(cd "$T" && "run_as_$who" "$T/bin/pysbx" run --packages matplotlib --json \
+            "$T/chart.py" 2>&1 | /usr/bin/python3 -c 'import json, sys
+r = json.load(sys.stdin)
+print(r["status"], r["stdout"].strip(), [a["name"] for a in r["artifacts"]])' 2>&1)
+        check "$who: a single run with packages, its figure, its own name" \
+            "completed True ['figure-1.png']" "$out"
+    done
+fi
+
 [ "$fails" -eq 0 ] && echo "unprivileged test passed"
 exit "$fails"

@@ -202,12 +202,8 @@ int interp_start(const struct interp_config *c, char *err, size_t errlen)
         return pyrun_error_text("sys.stdout", err, errlen);
     if (import_all(warm, err, errlen) < 0)
         return -EIO;
-    if (c->package_path && package_pth(c->package_path, c->package_places) < 0)
-        return pyrun_error_text("the packages' .pth files", err, errlen);
-    if (import_all(c->package_modules, err, errlen) < 0)
-        return -EIO;
-    if (c->after_packages && c->after_packages(c->arg, err, errlen) < 0)
-        return -EIO;
+    if (!c->defer_packages && (rc = interp_import_packages(c, err, errlen)) < 0)
+        return rc;
     /* Every object that exists now is shared with every worker. Keep the
      * collector from ever walking them: a walk writes to each object's
      * header, and each write copies a page into the worker. */
@@ -219,6 +215,17 @@ int interp_start(const struct interp_config *c, char *err, size_t errlen)
     Py_DECREF(r);
     /* The running library's version, which may differ from the headers'. */
     fmt(version, sizeof(version), "%.*s", (int)strcspn(Py_GetVersion(), " "), Py_GetVersion());
+    return 0;
+}
+
+int interp_import_packages(const struct interp_config *c, char *err, size_t errlen)
+{
+    if (c->package_path && package_pth(c->package_path, c->package_places) < 0)
+        return pyrun_error_text("the packages' .pth files", err, errlen);
+    if (import_all(c->package_modules, err, errlen) < 0)
+        return -EIO;
+    if (c->after_packages && c->after_packages(c->arg, err, errlen) < 0)
+        return -EIO;
     return 0;
 }
 

@@ -5,6 +5,7 @@
 #ifndef PYSBX_INTERP_H
 #define PYSBX_INTERP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct interp_config {
@@ -19,6 +20,10 @@ struct interp_config {
      * directly in package_path are processed as site does, before the
      * imports. */
     const char *const *package_places;
+    /* Leave the set to the one worker of a single-run template, which calls
+     * interp_import_packages: what it imports is then its own memory, not
+     * the template's pages copied one write fault at a time. */
+    bool defer_packages;
     int (*after_packages)(void *arg, char *err, size_t errlen);
     void *arg;
 };
@@ -31,6 +36,11 @@ extern const char *const interp_default_warm_modules[];
  * the built-in _socket, and imports the warm modules. Returns 0, or -errno
  * with a message in |err|. Call once, in the template. */
 int interp_start(const struct interp_config *cfg, char *err, size_t errlen);
+
+/* The package set's .pth files, its imports and |cfg->after_packages|:
+ * interp_start's work unless |cfg->defer_packages|. Returns 0 or -errno with
+ * a message. */
+int interp_import_packages(const struct interp_config *cfg, char *err, size_t errlen);
 
 /* "3.11.2" */
 const char *interp_version(void);

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
@@ -130,6 +131,10 @@ static int font_place(struct tmpl *t, char *dir, size_t cap, char *err, size_t e
     return 0;
 }
 
+/* A single-run template's package work, which its one worker does
+ * (packages_in_worker). */
+static struct interp_config deferred;
+
 int packages_prepare(struct tmpl *t, struct interp_config *py, char *err, size_t errlen)
 {
     /* One thread each: the template forks, so it must hold no pool, and a
@@ -152,6 +157,32 @@ int packages_prepare(struct tmpl *t, struct interp_config *py, char *err, size_t
     py->package_places = (const char *const *)t->pkg_places;
     py->after_packages = after_packages;
     py->arg = t;
+    py->defer_packages = t->single_run;
+    deferred = *py;
+    return 0;
+}
+
+int packages_in_worker(void *arg, char *err, size_t errlen)
+{
+    const struct tmpl *t = arg;
+    int rc = interp_import_packages(&deferred, err, errlen);
+
+    if (rc < 0)
+        return rc;
+    /* The scratch directory goes before any of the tenant's code, from this
+     * worker's mount namespace (the template's keeps it: nothing of a
+     * tenant's runs there). */
+    if (t->root && umount2(ROOT_SCRATCH, MNT_DETACH) < 0)
+        return errmsg(err, errlen, -errno, "worker: unmounting " ROOT_SCRATCH ": %s",
+                      strerror(errno));
+    /* One thread, as the template checks of itself: Landlock confines only
+     * the thread that asks. The kernel lets unshare(CLONE_THREAD) succeed,
+     * doing nothing, only in a process of one thread. */
+    if (unshare(CLONE_THREAD) < 0)
+        return errmsg(err, errlen, -EBUSY,
+                      "worker: importing the packages left threads running (%s); a worker "
+                      "confines itself with one",
+                      strerror(errno));
     return 0;
 }
 
@@ -182,7 +213,9 @@ static int check_threads(struct tmpl *t, char *err, size_t errlen)
 
 int packages_started(struct tmpl *t, char *err, size_t errlen)
 {
-    if (t->root && umount2(ROOT_SCRATCH, MNT_DETACH) < 0)
+    /* A single run's worker imports after the fork, and unmounts it in its
+     * own namespace. */
+    if (t->root && !t->single_run && umount2(ROOT_SCRATCH, MNT_DETACH) < 0)
         return errmsg(err, errlen, -errno, "template: unmounting " ROOT_SCRATCH ": %s",
                       strerror(errno));
     return check_threads(t, err, errlen);

@@ -27,9 +27,15 @@ void packages_font_cache(struct tmpl *t);
 int packages_prepare(struct tmpl *t, struct interp_config *py, char *err, size_t errlen);
 
 /* After the imports (and once any thread of the template's own is
- * joined): unmounts the scratch directory, and fails unless the template
- * has one thread. */
+ * joined): unmounts the scratch directory (a single run's worker does, in
+ * its own mount namespace), and fails unless the template has one thread. */
 int packages_started(struct tmpl *t, char *err, size_t errlen);
+
+/* In the one worker of a single-run template (worker_args.late), before
+ * the environment is cleared: imports the set as the template would have,
+ * unmounts the scratch directory, fails unless the worker has one thread.
+ * Returns 0 or -errno with a message. */
+int packages_in_worker(void *t, char *err, size_t errlen);
 
 /* What Landlock grants read-only: the module directories and, with a
  * package set, its places. NULL when out of memory. Call after the root is

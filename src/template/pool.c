@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "interp.h"
+#include "packages.h"
 #include "profile.h"
 #include "root.h"
 #include "sysutil.h"
@@ -141,6 +142,8 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
             .ws_path = t->root ? WORKSPACE_MOUNT : path,
             .ws_mount_fd = ws_mount,
             .user = user,
+            .late = t->single_run && t->pkg_path && !sess ? packages_in_worker : NULL,
+            .late_arg = t,
             .rehearse = !t->single_run && !sess,
             .session = sess != NULL,
             .session_memory = sess ? session_memory(sess) : 0,

@@ -222,6 +222,8 @@ _Noreturn void worker_main(const struct worker_args *a)
     if (a->ws_mount_fd >= 0 && (rc = workspace_attach(FD_WS_MOUNT, err, sizeof(err))) < 0)
         fail_idle("%s", err);
     close(FD_WS_MOUNT);
+    if (a->late && a->late(a->late_arg, err, sizeof(err)) < 0)
+        fail_idle("%s", err);
     if ((a->ws_mount_fd >= 0 ? chdir(a->ws_path) : fchdir(FD_WORKSPACE)) < 0)
         fail_idle("entering the workspace: %s", strerror(errno));
     umask(022);

@@ -80,7 +80,12 @@ struct worker_args {
      * absent). -1: the workspace is the directory ws_fd, where it is. */
     int ws_mount_fd;
     const char *user; /* USER and LOGNAME: the name of the worker's uid */
-    bool rehearse;    /* warm up while idle (pyrun_prepare) */
+    /* Work the template left to this worker, done once its mount namespace
+     * is its own and before anything else of Python's (NULL: none): a
+     * single run's package imports. Returns 0 or -errno with a message. */
+    int (*late)(void *arg, char *err, size_t errlen);
+    void *late_arg;
+    bool rehearse; /* warm up while idle (pyrun_prepare) */
     /* A session's first state process: the ready pipe is a SOCK_SEQPACKET
      * socket, the policy the session's (plan.policy), and instead of one
      * request it serves the session (session.h). */
