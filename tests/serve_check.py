@@ -428,7 +428,7 @@ def ceilings():
           all(refusal(by.get(k, {})).get("code") == "invalid_limit"
               for k in ("wall", "mem", "arts", "out", "cpu", "ab", "at"))
           and msg("wall") == "wall_seconds 100 exceeds the server's ceiling of 1"
-          and msg("mem") == "memory_bytes 1073741824 exceeds the server's ceiling of 67108864"
+          and msg("mem") == "memory_bytes 1 GiB exceeds the server's ceiling of 64 MiB"
           and msg("arts") == "max_artifacts 3 exceeds the server's ceiling of 2"
           and msg("cpu") == "cpu_seconds 2.5 exceeds the server's ceiling of 2", answers)
     check("at the ceiling: runs", by.get("ok", {}).get("stdout") == "1\n", by.get("ok"))

@@ -43,6 +43,16 @@ expect_in "it names the option, not its value" "serve does not take --wall" "$T/
 "$PYSBX" run --cpu 5e0 --wall 1e1 "$T/one.py" >/dev/null 2>&1; check "seconds with an exponent" 0 $?
 "$PYSBX" run --wall 0x10 "$T/one.py" >/dev/null 2>"$T/err"; check "hexadecimal seconds" 2 $?
 expect_in "are refused by name" "--wall wants a number of seconds above 0, not '0x10'" "$T/err"
+# Sizes in messages as a person writes them (sparse files: nothing is read
+# past the limit).
+truncate -s 65M "$T/big.py"
+"$PYSBX" run "$T/big.py" >/dev/null 2>"$T/err"; check "a program past the code limit" 2 $?
+expect_in "says the limit" "larger than the code limit of 64 MiB" "$T/err"
+truncate -s 257M "$T/big.in"
+"$PYSBX" run --stdin "$T/big.in" "$T/one.py" >/dev/null 2>"$T/err"
+check "--stdin past the request limit" 2 $?
+expect_in "says that limit" "larger than a request may be, 256 MiB" "$T/err"
+rm -f "$T/big.py" "$T/big.in"
 "$PYSBX" batch "$T/one.py" >"$T/out" 2>"$T/err"; check "batch of one .py file" 2 $?
 expect_in "says what batch wants" "batch wants a directory of .py files or a .jsonl file" "$T/err"
 printf '%s\n' '{"id": 1, "code": "import time\ntime.sleep(2)"}' \

@@ -126,9 +126,18 @@ static int apply_ceiling(const struct limit_field *f, bool given, struct sbx_lim
         *count_of(l, f) = top;
         return 0;
     }
-    return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
-                    "%s %llu exceeds the server's ceiling of %llu", f->name, (unsigned long long)v,
-                    (unsigned long long)top);
+    /* Sizes as a person writes them ("256 MiB"), counts as counts. */
+    char asked[48], most[48];
+    bool size = strstr(f->name, "_bytes") != NULL;
+    if (size) {
+        fmt_size(asked, sizeof(asked), v);
+        fmt_size(most, sizeof(most), top);
+    } else {
+        fmt(asked, sizeof(asked), "%llu", (unsigned long long)v);
+        fmt(most, sizeof(most), "%llu", (unsigned long long)top);
+    }
+    return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "%s %s exceeds the server's ceiling of %s",
+                    f->name, asked, most);
 }
 
 static int parse_limits(json_t *l, struct sbx_limits *out, const struct sbx_limits *ceil,

@@ -182,8 +182,11 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
     if (o.stdin_path && (rc = slurp(o.stdin_path, SBX_MAX_REQUEST_BYTES, &input, &input_len)) < 0) {
-        status = usage_error(CMD_RUN, "--stdin %s: %s", o.stdin_path,
-                             rc == -EFBIG ? "larger than a request may be" : strerror(-rc));
+        char limit[48];
+        fmt_size(limit, sizeof(limit), SBX_MAX_REQUEST_BYTES);
+        status = usage_error(CMD_RUN, "--stdin %s: %s%s", o.stdin_path,
+                             rc == -EFBIG ? "larger than a request may be, " : strerror(-rc),
+                             rc == -EFBIG ? limit : "");
         goto out;
     }
     sbx_request_init(&req);
