@@ -49,6 +49,16 @@ echo "$out"
 echo "$out" | grep -q "status completed, exit code 0" || fail "embed (pkg-config)"
 echo "$out" | grep -q "artifact total.txt: 10" || fail "embed (pkg-config) artifact"
 
+# pkg-config --static: what the static library needs besides itself, enough
+# for a wholly static host (told where its helper is).
+# shellcheck disable=SC2046
+cc -Wall -Werror -static "$SRC/examples/embed/embed.c" $(pkg-config --static --cflags --libs pysbx) \
+    -o "$T/embed-static" || fail "pkg-config --static does not link a static host"
+file -L "$T/embed-static" | grep -q "statically linked" || fail "the host is not static"
+out=$(PYSBX_TEMPLATE="$HELPER" "$T/embed-static")
+echo "$out" | grep -q "status completed, exit code 0" || fail "embed (pkg-config --static)"
+echo "ok   pkg-config --static links a wholly static host"
+
 # The shared library exports only the API, under the SONAME of the ABI rule.
 bad=$(nm -D --defined-only "$LIBDIR/libpysbx.so" | awk '{print $3}' | grep -v '^sbx_' || true)
 [ -z "$bad" ] || fail "libpysbx.so exports more than sbx_*: $bad"
