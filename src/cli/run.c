@@ -156,6 +156,23 @@ static int cannot_start(const struct opts *o, const struct sbx_error *err)
     return open_error(CMD_RUN, err);
 }
 
+/* The whole of |path| into |buf|, or a usage error (status 2) naming
+ * |what| path and, past |max|, the limit as a size ("larger than the code
+ * limit of 64 MiB"). */
+static int read_input(const char *path, const char *what, size_t max, const char *limit_is,
+                      char **buf, size_t *len)
+{
+    int rc = slurp(path, max, buf, len);
+    char limit[48];
+
+    if (rc == 0)
+        return 0;
+    if (rc != -EFBIG)
+        return usage_error(CMD_RUN, "%s%s: %s", what, path, strerror(-rc));
+    fmt_size(limit, sizeof(limit), max);
+    return usage_error(CMD_RUN, "%s%s: larger than %s%s", what, path, limit_is, limit);
+}
+
 int cmd_run(int argc, char **argv)
 {
     struct opts o;
@@ -172,23 +189,11 @@ int cmd_run(int argc, char **argv)
         status = status < 0 ? 0 : status;
         goto out;
     }
-    int rc = slurp(o.target, SBX_MAX_CODE_BYTES, &code, &code_len);
-    if (rc < 0) {
-        char limit[48];
-        fmt_size(limit, sizeof(limit), SBX_MAX_CODE_BYTES);
-        status = usage_error(CMD_RUN, "%s: %s%s", o.target,
-                             rc == -EFBIG ? "larger than the code limit of " : strerror(-rc),
-                             rc == -EFBIG ? limit : "");
+    if ((status = read_input(o.target, "", SBX_MAX_CODE_BYTES, "the code limit of ", &code,
+                             &code_len)) != 0 ||
+        (o.stdin_path && (status = read_input(o.stdin_path, "--stdin ", SBX_MAX_REQUEST_BYTES,
+                                              "a request may be, ", &input, &input_len)) != 0))
         goto out;
-    }
-    if (o.stdin_path && (rc = slurp(o.stdin_path, SBX_MAX_REQUEST_BYTES, &input, &input_len)) < 0) {
-        char limit[48];
-        fmt_size(limit, sizeof(limit), SBX_MAX_REQUEST_BYTES);
-        status = usage_error(CMD_RUN, "--stdin %s: %s%s", o.stdin_path,
-                             rc == -EFBIG ? "larger than a request may be, " : strerror(-rc),
-                             rc == -EFBIG ? limit : "");
-        goto out;
-    }
     sbx_request_init(&req);
     req.code = code;
     req.code_len = code_len;
