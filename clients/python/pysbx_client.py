@@ -36,20 +36,43 @@ Its sessions belong to the connection: closing it (close(), the end of the
 with block, a timeout) closes them. A lost session (the server's idle time
 ran out, say) raises SandboxError("session_lost"); the next run() starts a
 new one.
+
+For asyncio hosts, PysbxSandbox has the shape of the usual sandbox kits:
+
+    sandbox = PysbxSandbox("/run/pysbx.sock")   # or "http://127.0.0.1:8080", token=...
+    result = await sandbox.run(code, limits=SandboxLimits(wall_seconds=10.0, cpu_seconds=5,
+                               memory_bytes=256 * 1024 * 1024), files={"in.csv": "1,2"})
+    result.stdout, result.exit_code, result.value, result.error
+    for a in result.artifacts:                  # a tuple of SandboxArtifact
+        a.name, a.content, a.truncated
+
+A run the sandbox stopped at a limit raises SandboxTimeoutError (limit
+"wall" or "cpu") or SandboxMemoryError, each carrying the partial result;
+a run the code ended (an exception, a non-zero exit, a signal) is a result.
+Cancelling the awaiting task closes the connection, which cancels the run.
+sandbox.session(name) keeps state between cells (UNIX socket only), and
+sandbox.run_python_tool(limits) gives a model a run_python tool whose
+limits, when a run reaches them, come back as a sandbox_limit_exceeded
+error result instead of an exception.
 """
+import asyncio
 import base64
 import http.client
 import itertools
 import json
 import os
 import socket
+import ssl
 import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from urllib.parse import urlsplit
 
-__all__ = ["Client", "Session", "Result", "Artifact", "SandboxError", "ProtocolError"]
+__all__ = ["Client", "Session", "Result", "Artifact", "SandboxError", "ProtocolError",
+           "PysbxSandbox", "AsyncSession", "SandboxLimits", "SandboxResult", "SandboxArtifact",
+           "SandboxTimeoutError", "SandboxMemoryError", "RunPythonTool"]
 
 # The most bytes an answer may have before the client gives up on it.
 MAX_ANSWER_BYTES = 1 << 30
@@ -204,6 +227,34 @@ def _request(code: str, files, limits, id) -> Dict[str, Any]:
     return req
 
 
+def _add_input(req: Dict[str, Any], stdin, argv, filename) -> None:
+    """A request's stdin (str or bytes), argv (list of str) and filename."""
+    if stdin is not None:
+        if isinstance(stdin, str):
+            req["stdin"] = stdin
+        elif isinstance(stdin, (bytes, bytearray, memoryview)):
+            req["stdin_base64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+        else:
+            raise TypeError("stdin is str or bytes")
+    if argv is not None:
+        if not all(isinstance(a, str) for a in argv):
+            raise TypeError("argv is a list of str")
+        req["argv"] = list(argv)
+    if filename is not None:
+        if not isinstance(filename, str):
+            raise TypeError("filename is a str")
+        req["filename"] = filename
+
+
+def _cell(session: str, code, files, limits, rollback, argv) -> Dict[str, Any]:
+    req = _request(code, files, limits, None)
+    req["session"] = session
+    _add_input(req, None, argv, None)
+    if rollback is not None:
+        req["rollback"] = rollback
+    return req
+
+
 class Client:
     """A pysbx server at |target|: a UNIX socket path, or http(s)://host:port.
 
@@ -235,21 +286,7 @@ class Client:
         with self._lock:
             id = next(self._ids)
         req = _request(code, files, limits, id)
-        if stdin is not None:
-            if isinstance(stdin, str):
-                req["stdin"] = stdin
-            elif isinstance(stdin, (bytes, bytearray, memoryview)):
-                req["stdin_base64"] = base64.b64encode(bytes(stdin)).decode("ascii")
-            else:
-                raise TypeError("stdin is str or bytes")
-        if argv is not None:
-            if not all(isinstance(a, str) for a in argv):
-                raise TypeError("argv is a list of str")
-            req["argv"] = list(argv)
-        if filename is not None:
-            if not isinstance(filename, str):
-                raise TypeError("filename is a str")
-            req["filename"] = filename
+        _add_input(req, stdin, argv, filename)
         body = json.dumps(req).encode()
         answer = self._post(body) if self._http else self._unix(body)
         if isinstance(answer, dict) and answer.get("id") not in (id, None):
@@ -333,15 +370,7 @@ class Session:
         """Runs |code| as the session's next cell (files, limits and argv as
         for Client.run; a cell has no stdin); rollback: on_error (the
         default), on_stop or never."""
-        req = _request(code, files, limits, None)
-        req["session"] = self.name
-        if argv is not None:
-            if not all(isinstance(a, str) for a in argv):
-                raise TypeError("argv is a list of str")
-            req["argv"] = list(argv)
-        if rollback is not None:
-            req["rollback"] = rollback
-        return _result(self._ask(req))
+        return _result(self._ask(_cell(self.name, code, files, limits, rollback, argv)))
 
     def reset(self) -> None:
         """Closes the session on the server: the next run() starts a new one.
@@ -398,3 +427,417 @@ def _loads(text: bytes) -> Any:
         return json.loads(text)
     except ValueError as e:
         raise ProtocolError(f"an answer that is not JSON ({e}): {text[:200]!r}") from None
+
+
+# --- asyncio --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """A run's limits; None leaves one to the server's default (its
+    ceilings still hold: a request asking more is refused, invalid_limit)."""
+    wall_seconds: Optional[float] = None
+    cpu_seconds: Optional[float] = None
+    memory_bytes: Optional[int] = None
+    max_output_chars: Optional[int] = None
+    max_artifact_bytes: Optional[int] = None
+    max_artifacts: Optional[int] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class SandboxArtifact:
+    name: str
+    content: bytes
+    truncated: bool = False  # content cut at max_artifact_bytes
+    size: int = 0  # the file's real size
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """A run the code ended: status "completed" (exit_code its exit status)
+    or "crashed" (exit_code None, signal the signal's name)."""
+    status: str
+    exit_code: Optional[int]
+    stdout: str
+    stderr: str
+    artifacts: Tuple[SandboxArtifact, ...] = ()
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    signal: Optional[str] = None
+    value: Optional[str] = None  # repr() of a last expression, as in a notebook
+    error: Optional[CodeError] = None  # the uncaught exception, if the code ended by one
+    session: Optional[Dict[str, Any]] = None  # a cell's {"name", "cell", "rolled_back"}
+    dropped_artifacts: Tuple[DroppedArtifact, ...] = ()
+    stats: Dict[str, Any] = field(default_factory=dict)
+    reason: Optional[str] = None  # the sandbox's words for how the run ended
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed" and self.exit_code == 0
+
+
+class SandboxTimeoutError(SandboxError):
+    """The sandbox stopped the run at its wall or CPU limit (limit says
+    which); result holds what it wrote before."""
+
+    def __init__(self, result: SandboxResult, limit: str):
+        super().__init__("timeout", result.reason or f"the {limit} limit")
+        self.limit = limit
+        self.result = result
+
+
+class SandboxMemoryError(SandboxError):
+    """The sandbox took the run's process away at its memory limit; result
+    holds what it wrote before."""
+
+    def __init__(self, result: SandboxResult):
+        super().__init__("memory_limit", result.reason or "the memory limit")
+        self.limit = "memory"
+        self.result = result
+
+
+def _sandbox_result(r: Result) -> SandboxResult:
+    """The asyncio shape of |r|; raises for a run the sandbox stopped."""
+    out = SandboxResult(
+        status=r.status, exit_code=r.exit_code, stdout=r.stdout, stderr=r.stderr,
+        artifacts=tuple(SandboxArtifact(a.name, a.content, a.truncated, a.size)
+                        for a in r.artifacts),
+        stdout_truncated=r.stdout_truncated, stderr_truncated=r.stderr_truncated,
+        signal=r.signal, value=r.value, error=r.error, session=r.session,
+        dropped_artifacts=tuple(r.dropped_artifacts), stats=r.stats, reason=r.reason, raw=r.raw)
+    if r.status == "timeout":
+        raise SandboxTimeoutError(out, r.limit or "wall")
+    if r.status == "memory_limit":
+        raise SandboxMemoryError(out)
+    if r.status not in ("completed", "crashed"):
+        # cancelled (the server is draining) or sandbox_error: no answer
+        # about the code at all.
+        raise SandboxError(r.status, r.reason or r.status)
+    return out
+
+
+def _limits_json(limits: Union[SandboxLimits, Mapping[str, Any], None]) -> Optional[Dict]:
+    if limits is None:
+        return None
+    if isinstance(limits, SandboxLimits):
+        return limits.to_json() or None
+    return dict(limits)
+
+
+async def _read_capped(reader: asyncio.StreamReader) -> bytes:
+    chunks, size = [], 0
+    while True:
+        chunk = await reader.read(1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise ProtocolError("an answer past MAX_ANSWER_BYTES")
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+
+
+class PysbxSandbox:
+    """A pysbx server for asyncio code: |address| is a UNIX socket path
+    (pysbx serve --listen) or http://host:port (pysbx serve --http; https
+    too); |token| is sent as a bearer token (HTTP only). Each run is a
+    connection of its own, so runs from many tasks are independent."""
+
+    def __init__(self, address: str, token: Optional[str] = None):
+        self.address = address
+        self.token = token
+        self._url = urlsplit(address) if address.startswith(("http://", "https://")) else None
+        if token is not None and self._url is None:
+            raise ValueError("a token is for an HTTP server")
+        self._ids = itertools.count(1)
+
+    async def run(self, code: str, *, limits: Union[SandboxLimits, Mapping[str, Any], None] = None,
+                  files: Optional[Mapping[str, Union[str, bytes]]] = None,
+                  stdin: Optional[Union[str, bytes]] = None, argv: Optional[List[str]] = None,
+                  filename: Optional[str] = None) -> SandboxResult:
+        """Runs |code| in a fresh sandbox (files, stdin, argv and filename as
+        Client.run has them)."""
+        id = next(self._ids)
+        req = _request(code, files, _limits_json(limits), id)
+        _add_input(req, stdin, argv, filename)
+        body = json.dumps(req).encode()
+        answer = await (self._post(body) if self._url else self._unix(body))
+        if isinstance(answer, dict) and answer.get("id") not in (id, None):
+            raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
+        return _sandbox_result(_result(answer))
+
+    def session(self, name: str = "main") -> "AsyncSession":
+        """A session (UNIX socket only): `async with sandbox.session("nb") as s`."""
+        if self._url:
+            raise ValueError("sessions are served over a UNIX socket (and MCP), not HTTP")
+        return AsyncSession(self.address, name)
+
+    def run_python_tool(self, limits: Union[SandboxLimits, Mapping[str, Any], None] = None,
+                        sessions: bool = False) -> "RunPythonTool":
+        """A run_python tool for a model, every call under |limits|."""
+        return RunPythonTool(self, limits, sessions)
+
+    async def _unix(self, body: bytes) -> Any:
+        reader, writer = await asyncio.open_unix_connection(self.address)
+        try:
+            writer.write(body + b"\n")
+            await writer.drain()
+            writer.write_eof()  # one request: the server answers it and closes
+            data = await _read_capped(reader)
+        finally:
+            # Also when the task is cancelled: the server sees the
+            # connection close and cancels the run.
+            await _close(writer)
+        line = data.split(b"\n", 1)[0]
+        if not line:
+            raise ProtocolError("the server closed the connection without an answer")
+        return _loads(line)
+
+    async def _post(self, body: bytes) -> Any:
+        u = self._url
+        tls = u.scheme == "https"
+        port = u.port or (443 if tls else 80)
+        reader, writer = await asyncio.open_connection(
+            u.hostname, port, ssl=ssl.create_default_context() if tls else None)
+        try:
+            host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
+            if u.port is not None:
+                host = f"{host}:{u.port}"
+            head = [f"POST {u.path.rstrip('/')}/v1/run HTTP/1.1", f"Host: {host}",
+                    "Content-Type: application/json", "Accept: application/json",
+                    f"Content-Length: {len(body)}", "Connection: close"]
+            if self.token is not None:
+                head.append(f"Authorization: Bearer {self.token}")
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+            await writer.drain()
+            status, headers, text = await _http_response(reader)
+        finally:
+            await _close(writer)
+        if status == 200:
+            return _loads(text)
+        # An error answer comes with a 4xx or 5xx status and the same body.
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+            err = answer["error"]
+            raise SandboxError(str(err.get("code")), str(err.get("message")), status)
+        raise SandboxError(f"http_{status}", text.decode("utf-8", "replace")[:500], status)
+
+
+async def _http_response(reader: asyncio.StreamReader) -> Tuple[int, Dict[str, str], bytes]:
+    """An HTTP/1.1 response on a connection the server closes after it:
+    its status, headers and body (Content-Length, chunked, or to the end)."""
+    try:
+        line = await reader.readuntil(b"\r\n")
+        parts = line.decode("latin-1").split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise ProtocolError(f"not an HTTP response: {line[:100]!r}")
+        status = int(parts[1])
+        headers: Dict[str, str] = {}
+        while True:
+            line = await reader.readuntil(b"\r\n")
+            if line == b"\r\n":
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            headers[k.strip().lower()] = v.strip()
+            if len(headers) > 100:
+                raise ProtocolError("too many HTTP headers")
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if len(body) + size > MAX_ANSWER_BYTES:
+                    raise ProtocolError("an answer past MAX_ANSWER_BYTES")
+                body += await reader.readexactly(size + 2)
+                body = body[:-2]
+                if size == 0:
+                    return status, headers, body
+        if "content-length" in headers:
+            n = int(headers["content-length"])
+            if n > MAX_ANSWER_BYTES:
+                raise ProtocolError("an answer past MAX_ANSWER_BYTES")
+            return status, headers, await reader.readexactly(n)
+        return status, headers, await _read_capped(reader)
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+        raise ProtocolError(f"HTTP: {e!r}") from None
+
+
+class AsyncSession:
+    """The cells of one session on one connection, one at a time (tasks
+    wait their turn). Closing the connection (close(), the end of the
+    async with block, a cancelled cell) ends the session."""
+
+    def __init__(self, address: str, name: str):
+        self.address = address
+        self.name = name
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self._reader: Optional[asyncio.StreamReader] = None
+        self._writer: Optional[asyncio.StreamWriter] = None
+        self._closed = False
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def run(self, code: str, *, limits: Union[SandboxLimits, Mapping[str, Any], None] = None,
+                  files: Optional[Mapping[str, Union[str, bytes]]] = None,
+                  rollback: Optional[str] = None,
+                  argv: Optional[List[str]] = None) -> SandboxResult:
+        """The session's next cell; rollback: on_error (the default),
+        on_stop or never. A cell stopped at a limit raises as run() does
+        (its result says whether the session was rolled back)."""
+        req = _cell(self.name, code, files, _limits_json(limits), rollback, argv)
+        return _sandbox_result(_result(await self._ask(req)))
+
+    async def reset(self) -> None:
+        """Closes the session on the server: the next run() starts afresh."""
+        answer = await self._ask({"session_close": self.name})
+        if isinstance(answer, dict) and "error" in answer:
+            _result(answer)  # raises SandboxError
+        if answer.get("session_closed") != self.name:
+            raise ProtocolError(f"not an answer to session_close: {answer!r:.200}")
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._closed = True
+            await self._drop()
+
+    async def _drop(self) -> None:
+        if self._writer is not None:
+            w, self._writer, self._reader = self._writer, None, None
+            await _close(w)
+
+    async def _ask(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        async with self._lock:
+            if self._closed:
+                raise ValueError("the session is closed")
+            if self._writer is None:
+                self._reader, self._writer = await asyncio.open_unix_connection(
+                    self.address, limit=MAX_ANSWER_BYTES + 1)
+            req["id"] = next(self._ids)
+            try:
+                self._writer.write(json.dumps(req).encode() + b"\n")
+                await self._writer.drain()
+                line = await self._reader.readline()
+                if not line.endswith(b"\n"):
+                    raise ProtocolError("the server closed the connection without an answer")
+            except BaseException:
+                # A cell still running (cancelled), or an answer half read:
+                # the connection can serve no more; closing it ends the cell.
+                await asyncio.shield(self._drop())
+                raise
+        answer = _loads(line)
+        if not isinstance(answer, dict) or answer.get("id") not in (req["id"], None):
+            raise ProtocolError(f"not the answer to request {req['id']}: {answer!r:.200}")
+        return answer
+
+
+class RunPythonTool:
+    """run_python for a model: definition is the tool as a model API takes
+    it (name, description, input_schema), and await tool(arguments) runs one
+    call and returns what the model is shown, a dict that JSON encodes. The
+    model gives code (and files, and with sessions a session_id); the
+    limits are the host's. A run stopped at one comes back as
+    {"error": {"code": "sandbox_limit_exceeded", "limit": ..., ...}} with
+    the output it wrote; arguments that are not the schema's as
+    {"error": {"code": "invalid_arguments", ...}}; a refusal of the server's
+    as its code. Nothing a call does raises but a lost connection."""
+
+    def __init__(self, sandbox: PysbxSandbox,
+                 limits: Union[SandboxLimits, Mapping[str, Any], None] = None,
+                 sessions: bool = False):
+        self.sandbox = sandbox
+        self.limits = limits
+        self.sessions = sessions
+        self._open: Dict[str, AsyncSession] = {}
+        props: Dict[str, Any] = {
+            "code": {"type": "string", "description": "Python 3 source code to run"},
+            "files": {"type": "object", "additionalProperties": {"type": "string"},
+                      "description": "Input files (name to text), written to the working "
+                                     "directory before the code runs"},
+        }
+        if sessions:
+            props["session_id"] = {
+                "type": "string", "minLength": 1, "maxLength": 128,
+                "description": "Run the code as the next cell of this session: variables, "
+                               "imports and files of the cells before it are there"}
+        lim = _limits_json(limits) or {}
+        said = ", ".join(f"{k} {v}" for k, v in sorted(lim.items())) or "the server's defaults"
+        self.definition = {
+            "name": "run_python",
+            "description": "Runs Python 3 code in a fresh, isolated sandbox (no network, no "
+                           "host files) and returns its exit code, stdout, stderr, the value "
+                           "of a last expression and the files it wrote. Limits: " + said + ".",
+            "input_schema": {"type": "object", "required": ["code"], "properties": props,
+                             "additionalProperties": False},
+        }
+
+    async def __call__(self, arguments: Mapping[str, Any]) -> Dict[str, Any]:
+        known = set(self.definition["input_schema"]["properties"])
+        if (not isinstance(arguments, Mapping) or not isinstance(arguments.get("code"), str)
+                or set(arguments) - known
+                or not isinstance(arguments.get("files", {}), Mapping)
+                or not all(isinstance(k, str) and isinstance(v, str)
+                           for k, v in dict(arguments.get("files", {})).items())
+                or not isinstance(arguments.get("session_id", ""), str)):
+            return {"error": {"code": "invalid_arguments",
+                              "message": "run_python takes {\"code\": string, \"files\": "
+                                         "{name: text}}" +
+                                         (" and a session_id" if self.sessions else "")}}
+        try:
+            sid = arguments.get("session_id")
+            if sid:
+                if sid not in self._open:
+                    self._open[sid] = self.sandbox.session(sid)
+                r = await self._open[sid].run(arguments["code"], limits=self.limits,
+                                              files=arguments.get("files"))
+            else:
+                r = await self.sandbox.run(arguments["code"], limits=self.limits,
+                                           files=arguments.get("files"))
+        except (SandboxTimeoutError, SandboxMemoryError) as e:
+            out = _tool_output(e.result)
+            out["error"] = {"code": "sandbox_limit_exceeded", "limit": e.limit,
+                            "message": f"{e.code} (limit: {e.limit}): {e.message}; the output "
+                                       "is what the code wrote before it was stopped"}
+            return out
+        except SandboxError as e:
+            return {"error": {"code": e.code, "message": e.message}}
+        return _tool_output(r)
+
+    async def close(self) -> None:
+        """Closes the sessions the tool opened."""
+        for s in self._open.values():
+            await s.close()
+        self._open.clear()
+
+
+def _tool_output(r: SandboxResult) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr}
+    if r.value is not None:
+        out["value"] = r.value
+    if r.error is not None:
+        out["exception"] = {"type": r.error.type, "message": r.error.message}
+    if r.signal:
+        out["signal"] = r.signal
+    if r.session:
+        out["session"] = r.session
+    if r.artifacts:
+        out["files"] = [{"name": a.name, "size": a.size, "truncated": a.truncated}
+                        for a in r.artifacts]
+    return out

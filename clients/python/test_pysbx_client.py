@@ -4,11 +4,13 @@ usage: test_pysbx_client.py PATH/TO/pysbx          the socket, and HTTP's shape
        test_pysbx_client.py PATH/TO/pysbx --http   a real pysbx serve --http on
                                                    loopback; exits 77 (skipped)
                                                    when serve has no --http"""
-import http.server, json, os, shutil, socket, subprocess, sys, tempfile, threading
+import asyncio, http.server, json, os, shutil, socket, subprocess, sys, tempfile, threading
 import time, unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pysbx_client import Client, ProtocolError, Result, SandboxError  # noqa: E402
+from pysbx_client import (Client, ProtocolError, PysbxSandbox, Result, SandboxArtifact,  # noqa
+                          SandboxError, SandboxLimits, SandboxMemoryError, SandboxResult,
+                          SandboxTimeoutError)
 
 PYSBX = os.path.abspath(sys.argv[1])
 HTTP = "--http" in sys.argv[2:]
@@ -152,8 +154,100 @@ class Common:
         self.assertEqual(out, {i: f"{i * 3}\n" for i in range(6)})
 
 
+def descendants_cpu(pid):
+    """User and system seconds of every live process below |pid|."""
+    kids, total = {}, 0.0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                kids.setdefault(int(fields[1]), []).append((int(d), fields))
+            except OSError:
+                pass
+    todo = [pid]
+    while todo:
+        for child, fields in kids.get(todo.pop(), []):
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            todo.append(child)
+    return total
+
+
+class AsyncChecks:
+    """PysbxSandbox over any transport: self.sandbox is set by the class."""
+
+    def go(self, coro):
+        return asyncio.run(coro)
+
+    def test_async_run_in_the_kits_shape(self):
+        r = self.go(self.sandbox.run(
+            "print(open('in.csv').read())\nopen('out.bin', 'wb').write(b'\\x00\\xff')\n6 * 7",
+            limits=SandboxLimits(wall_seconds=10.0, cpu_seconds=5, memory_bytes=256 * 1024 * 1024),
+            files={"in.csv": "1,2"}))
+        self.assertIsInstance(r, SandboxResult)
+        self.assertEqual((r.status, r.exit_code, r.stdout, r.value, r.ok),
+                         ("completed", 0, "1,2\n", "42", True))
+        self.assertIsInstance(r.artifacts, tuple)
+        self.assertEqual(r.artifacts, (SandboxArtifact("out.bin", b"\x00\xff", False, 2),))
+        r = self.go(self.sandbox.run("raise KeyError('k')"))
+        self.assertEqual((r.exit_code, r.error.type), (1, "KeyError"))
+
+    def test_async_limits_raise_with_what_was_written(self):
+        with self.assertRaises(SandboxTimeoutError) as e:
+            self.go(self.sandbox.run("import time\nprint('started', flush=True)\ntime.sleep(30)",
+                                     limits=SandboxLimits(wall_seconds=0.5)))
+        self.assertEqual((e.exception.limit, e.exception.result.stdout), ("wall", "started\n"))
+        with self.assertRaises(SandboxTimeoutError) as e:
+            self.go(self.sandbox.run("while True: pass",
+                                     limits=SandboxLimits(cpu_seconds=0.3, wall_seconds=10)))
+        self.assertEqual(e.exception.limit, "cpu")
+        with self.assertRaises(SandboxMemoryError) as e:
+            self.go(self.sandbox.run("print('before', flush=True)\nx = bytearray(512 << 20)",
+                                     limits=SandboxLimits(memory_bytes=64 << 20)))
+        self.assertEqual((e.exception.limit, e.exception.result.stdout), ("memory", "before\n"))
+        with self.assertRaises(SandboxError) as e:
+            self.go(self.sandbox.run("pass", limits=SandboxLimits(wall_seconds=-1)))
+        self.assertEqual(e.exception.code, "invalid_limit")
+
+    def test_a_cancelled_run_stops_using_cpu(self):
+        async def cancel_one():
+            task = asyncio.create_task(self.sandbox.run(
+                "while True: pass", limits=SandboxLimits(cpu_seconds=60, wall_seconds=60)))
+            await asyncio.sleep(1.0)
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+        self.go(cancel_one())
+        time.sleep(0.5)  # the server's answer to the hang-up
+        before = descendants_cpu(self.server.proc.pid)
+        time.sleep(1.0)
+        used = descendants_cpu(self.server.proc.pid) - before
+        self.assertLess(used, 0.3, "a busy loop went on after its run was cancelled")
+        self.assertEqual(self.go(self.sandbox.run("print(1)")).stdout, "1\n")
+
+    def test_many_tasks_at_once(self):
+        async def many():
+            return await asyncio.gather(*(self.sandbox.run(f"print({i} * 3)") for i in range(6)))
+        self.assertEqual([r.stdout for r in self.go(many())], [f"{i * 3}\n" for i in range(6)])
+
+    def test_the_run_python_tool(self):
+        tool = self.sandbox.run_python_tool(SandboxLimits(wall_seconds=0.5))
+        self.assertEqual(tool.definition["name"], "run_python")
+        self.assertFalse(tool.definition["input_schema"]["additionalProperties"])
+        self.assertIn("wall_seconds 0.5", tool.definition["description"])
+        out = self.go(tool({"code": "print(open('a').read())\n2 + 3", "files": {"a": "x"}}))
+        self.assertEqual(out, {"exit_code": 0, "stdout": "x\n", "stderr": "", "value": "5"})
+        out = self.go(tool({"code": "import time\nprint('so far', flush=True)\ntime.sleep(9)"}))
+        self.assertEqual((out["error"]["code"], out["error"]["limit"], out["stdout"]),
+                         ("sandbox_limit_exceeded", "wall", "so far\n"))
+        # The model cannot raise the host's limits: there is no such argument.
+        out = self.go(tool({"code": "pass", "limits": {"wall_seconds": 100}}))
+        self.assertEqual(out["error"]["code"], "invalid_arguments")
+        self.assertEqual(self.go(tool({"code": 1}))["error"]["code"], "invalid_arguments")
+
+
 @unittest.skipIf(HTTP, "the socket tests run without --http")
-class OverUnixSocket(Common, unittest.TestCase):
+class OverUnixSocket(Common, AsyncChecks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.server = Server("--listen", "{dir}/pysbx.sock", "--jobs", "4")
@@ -161,6 +255,7 @@ class OverUnixSocket(Common, unittest.TestCase):
         cls.sock = os.path.join(cls.dir, "pysbx.sock")
         wait_for(lambda: os.path.exists(cls.sock), "the socket", cls.server.proc)
         cls.client = Client(cls.sock)
+        cls.sandbox = PysbxSandbox(cls.sock)
 
     @classmethod
     def tearDownClass(cls):
@@ -203,6 +298,28 @@ class OverUnixSocket(Common, unittest.TestCase):
             self.assertEqual((r.stdout, r.error.type), ("['x']\n", "NameError"))
         with self.assertRaises(ValueError):
             s.run("pass")  # closed
+
+    def test_an_async_session(self):
+        async def cells():
+            async with self.sandbox.session("anb") as s:
+                r = await s.run("rows = [1]")
+                self.assertEqual(r.session, {"name": "anb", "cell": 1, "rolled_back": False})
+                with self.assertRaises(SandboxTimeoutError) as e:
+                    await s.run("rows.append(2)\nimport time\ntime.sleep(9)",
+                                limits=SandboxLimits(wall_seconds=0.5))
+                self.assertTrue(e.exception.result.session["rolled_back"])
+                self.assertEqual((await s.run("print(rows)")).stdout, "[1]\n")
+                await s.reset()
+                self.assertEqual((await s.run("print('rows' in globals())")).stdout, "False\n")
+            with self.assertRaises(ValueError):
+                await s.run("pass")
+            tool = self.sandbox.run_python_tool(sessions=True)
+            await tool({"code": "n = 41", "session_id": "t"})
+            out = await tool({"code": "n + 1", "session_id": "t"})
+            await tool.close()
+            return out
+        out = self.go(cells())
+        self.assertEqual((out["value"], out["session"]["cell"]), ("42", 2))
 
     def test_sessions_of_two_connections_are_apart(self):
         with self.client.session("same") as a, self.client.session("same") as b:
@@ -285,7 +402,7 @@ class HttpRequestShape(unittest.TestCase):
 
 
 @unittest.skipUnless(HTTP, "the real HTTP server runs with --http")
-class OverHttp(Common, unittest.TestCase):
+class OverHttp(Common, AsyncChecks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         with socket.socket() as s:  # a free loopback port
@@ -302,6 +419,7 @@ class OverHttp(Common, unittest.TestCase):
 
         wait_for(up, "the HTTP port", cls.server.proc)
         cls.client = Client(f"http://127.0.0.1:{port}")
+        cls.sandbox = PysbxSandbox(f"http://127.0.0.1:{port}")
 
     @classmethod
     def tearDownClass(cls):
@@ -310,6 +428,8 @@ class OverHttp(Common, unittest.TestCase):
     def test_sessions_are_not_served_over_http(self):
         with self.assertRaises(ValueError):
             self.client.session()
+        with self.assertRaises(ValueError):
+            self.sandbox.session()
 
 
 if __name__ == "__main__":
