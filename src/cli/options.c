@@ -265,13 +265,17 @@ static void print_usage(enum cmd c)
                backend_help, sandbox_help);
         break;
     case CMD_DOCTOR:
-        fputs("usage: pysbx doctor [--json] [--require LAYER,...] [--template PATH]\n"
-              "                    [--packages NAME,...]\n"
-              "Starts a sandbox as `pysbx run` would and says which layers are active;\n"
-              "with --packages, also what a run can import, with versions.\n"
-              "Exits 1 when a required layer (default: seccomp, file-system confinement by\n"
-              "landlock or a private root, and uidrun when root) is not.\n",
-              stdout);
+        printf("usage: pysbx doctor [options]\n"
+               "\n"
+               "Starts a sandbox as `pysbx run` would and says which layers are active;\n"
+               "with --packages, also what a run can import, with versions.\n"
+               "Exits 1 when a required layer (default: seccomp, file-system confinement by\n"
+               "landlock or a private root, and uidrun when root) is not.\n"
+               "\n"
+               "options:\n"
+               "  --json                  print the layers as one JSON object\n"
+               "%s  -h, --help              this text\n",
+               sandbox_help);
         break;
     }
 }
