@@ -309,7 +309,7 @@ enum sbx_drop_reason {
     SBX_DROP_MAX_TOTAL_BYTES,   /* "max_artifacts_total_bytes": past what was left of it */
     SBX_DROP_TOO_DEEP,          /* "too_deep": a directory deeper than SBX_MAX_ARTIFACT_DEPTH */
     SBX_DROP_UNREADABLE,        /* "unreadable": the sandbox could not open it */
-    SBX_DROP_LINKED,            /* "linked": a file of several names, not read (see README) */
+    SBX_DROP_LINKED,            /* "linked": a file of several names, not read (docs/result.md) */
 };
 
 /* Directories nested deeper than this in the workspace are not looked

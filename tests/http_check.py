@@ -388,7 +388,7 @@ check("a Transfer-Encoding other than chunked: 400 bad_framing", got.startswith(
 
 
 # What libmicrohttpd refuses itself, before the server sees a request (it
-# gives the application no say there): not JSON, and the README names each.
+# gives the application no say there): not JSON, and docs/serving.md names each.
 for name, data, want in [
     ("a header line without a colon", b"GET /healthz HTTP/1.1\r\nHost: x\r\nbad\r\n\r\n",
      b"HTTP/1.1 400"),

@@ -2,7 +2,7 @@
 # The container image: scripts/image builds it with podman (the base image
 # made locally, no registry), and programs run in containers of it: as its
 # default non-root user with no extra flag, and with every layer required
-# under the flags the README gives. Images live in a private store under
+# under the flags docs/deployment.md gives. Images live in a private store under
 # .cache/podman (ignored by git), not the machine's.
 # Last, one HTTP request to `pysbx serve --http` in a container, through a
 # port published on the host's loopback.
