@@ -27,10 +27,11 @@ dpkg-deb -c "$DEB" | awk '{print $6}' >"$T/files"
 for f in ./usr/bin/pysbx ./usr/libexec/pysbx/pysbx-template ./usr/include/pysbx.h \
          ./usr/lib/libpysbx.a ./usr/lib/libpysbx.so ./usr/lib/libpysbx.so.0.4 \
          ./usr/lib/pkgconfig/pysbx.pc ./usr/lib/cmake/pysbx/pysbx-config.cmake \
-         ./usr/lib/cmake/pysbx/pysbx-config-version.cmake; do
+         ./usr/lib/cmake/pysbx/pysbx-config-version.cmake ./usr/share/man/man1/pysbx.1.gz \
+         ./usr/share/man/man3/libpysbx.3.gz; do
     grep -qx "$f" "$T/files" || fail "the package lacks $f"
 done
-echo "ok   the package holds the command, helper, library, header, pkg-config and CMake files"
+echo "ok   the package holds the command, helper, library, header, pkg-config and CMake files, man pages"
 
 BASE=$("$SRC/scripts/debian-root")
 mkdir "$T/upper" "$T/work" "$T/root"
