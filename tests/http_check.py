@@ -563,6 +563,48 @@ if re.search(r"^\s*(127\.\d+\.\d+\.\d+|::1)\s.*\blocalhost\b", hosts, re.M):
     check("and exits 0", p.wait(30) == 0, p.returncode)
 else:
     print("skip --http localhost:0: /etc/hosts does not name localhost")
+# --- --metrics-http: a scraper's address, /metrics alone and no token ------------------
+# What a Prometheus configured by the manifest's annotations does: GET /metrics
+# on the metrics port, no Authorization. Parsed with Prometheus' own Python
+# text parser (Debian's python3-prometheus-client).
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+mp, mport = start("--metrics-http", "127.0.0.1:0", wait=False)[0], None
+line = mp.stderr.readline()
+m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+line2 = mp.stderr.readline()
+m2 = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", line2)
+check("--metrics-http: the server says where", m is not None and m2 is not None, (line, line2))
+if m and m2:
+    threading.Thread(target=lambda: mp.stderr.read(), daemon=True).start()
+    main, mport = int(m.group(1)), int(m2.group(1))
+    r, _ = Client(main).run({"code": "print(1)"})
+    scrape = Client(mport, token=None)
+    r, text = scrape.request("GET", "/metrics", check_doc=False)
+    families = {f.name: f for f in text_string_to_metric_families(text)} if r.status == 200 else {}
+    runs = {s.labels.get("status"): s.value for s in families["pysbx_runs"].samples
+            if s.name == "pysbx_runs_total"} if "pysbx_runs" in families else {}
+    check("--metrics-http: scraped without a token, parsed by Prometheus' parser",
+          r.status == 200 and runs.get("completed") == 1.0, (r.status, runs, text[:200]))
+    check("--metrics-http: every family the main /metrics has",
+          {"pysbx_run_duration_seconds", "pysbx_ready", "pysbx_template_up"} <= set(families),
+          sorted(families))
+    for method, path, want in [("POST", "/v1/run", 404), ("GET", "/healthz", 404),
+                               ("POST", "/metrics", 405)]:
+        r, text = scrape.request(method, path, body=json.dumps({"code": "print(1)"})
+                                 if method == "POST" else None, check_doc=False)
+        check(f"--metrics-http: {method} {path} is {want}, nothing runs", r.status == want
+              and "stdout" not in text, (r.status, text[:200]))
+    r, _ = Client(main, token=None).request("GET", "/metrics", check_doc=False)
+    check("--metrics-http: the main address still wants the token for /metrics",
+          r.status == 401, r.status)
+    mp.send_signal(signal.SIGTERM)
+    check("--metrics-http: the server exits 0", mp.wait(30) == 0, mp.returncode)
+p = subprocess.run([PYSBX, "serve", "--metrics-http", "127.0.0.1:0"], capture_output=True,
+                   text=True, timeout=60)
+check("--metrics-http without --http is refused", p.returncode == 2
+      and "--metrics-http goes with --http" in p.stderr, (p.returncode, p.stderr))
+
 with tempfile.NamedTemporaryFile("w") as empty:
     p = subprocess.run([PYSBX, "serve", "--http", "127.0.0.1:0", "--http-token-file", empty.name],
                        capture_output=True, text=True, timeout=60)

@@ -23,6 +23,7 @@ struct serve_opts {
     size_t max_pending_bytes;        /* answers a client leaves unread, before it is dropped */
     const char *http_addr;           /* ADDR:PORT: HTTP instead of JSON lines (http.c) */
     const char *token_file;          /* HTTP: the bearer token clients must send */
+    const char *metrics_addr;        /* HTTP: ADDR:PORT serving /metrics alone, no token */
     unsigned max_client_connections; /* HTTP: connections from one address */
 };
 

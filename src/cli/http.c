@@ -91,6 +91,9 @@ static int mhd_load(void)
 #define HEADER_BYTES    (64u << 10)
 #define MAX_CONNECTIONS 512u
 #define IDLE_TIMEOUT_S  60u
+/* --metrics-http: a scraper or two, each a request every few seconds. */
+#define METRICS_CONNECTIONS 16u
+#define METRICS_TIMEOUT_S   10u
 /* Hostile clients: a connection has this long to send its request line and
  * headers, and this long for its body; and connections that have not yet
  * shown a request past the token may hold at most MAX_CONNECTIONS less
@@ -777,6 +780,40 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     return run(h, conn, x);
 }
 
+/* --metrics-http: GET (or HEAD) /metrics and nothing else, without the
+ * token. What it answers is counts and gauges: no code, output, file or
+ * token of anyone's. A body is never read: a request with one is answered
+ * when it has arrived, and a connection that sends more than a header's
+ * room is closed by libmicrohttpd. */
+static enum MHD_Result handle_metrics_only(void *cls, struct MHD_Connection *conn, const char *url,
+                                           const char *method, const char *version,
+                                           const char *data, size_t *data_size, void **state)
+{
+    static int seen;
+
+    (void)version;
+    (void)data;
+    if (!*state) {
+        *state = &seen; /* the headers: answer once the request is whole */
+        return MHD_YES;
+    }
+    if (*data_size) {
+        *data_size = 0;
+        return MHD_YES;
+    }
+    if (strcmp(url, "/metrics") != 0)
+        return send_text(conn, MHD_HTTP_NOT_FOUND,
+                         strdup("{\"error\": {\"code\": \"not_found\", \"message\": \"this "
+                                "address serves GET /metrics only\"}}"),
+                         JSON_TYPE, true);
+    if (!is(method, MHD_HTTP_METHOD_GET) && !is(method, MHD_HTTP_METHOD_HEAD))
+        return send_text_allow(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
+                               strdup("{\"error\": {\"code\": \"method_not_allowed\", "
+                                      "\"message\": \"/metrics takes GET, HEAD\"}}"),
+                               JSON_TYPE, true, "GET, HEAD");
+    return metrics(cls, conn);
+}
+
 static void completed(void *cls, struct MHD_Connection *conn, void **state,
                       enum MHD_RequestTerminationCode why)
 {
@@ -903,7 +940,8 @@ static bool loopback(const struct sockaddr *sa)
  * is resolved, and its first address used). Returns a listening socket or
  * -errno, having said why: -EINVAL for a bad address, -EACCES for one that
  * is not loopback when there is no token. */
-static int open_http_listener(const char *spec, bool token, char *shown, size_t cap)
+static int open_http_listener(const char *opt, const char *spec, bool token, char *shown,
+                              size_t cap)
 {
     struct addrinfo hints = {.ai_flags = AI_NUMERICSERV | AI_PASSIVE, .ai_socktype = SOCK_STREAM};
     struct addrinfo *ai = NULL;
@@ -914,9 +952,9 @@ static int open_http_listener(const char *spec, bool token, char *shown, size_t 
 
     if (!colon || hl == 0 || hl >= sizeof(host) || !colon[1]) {
         fprintf(stderr,
-                "pysbx serve: --http wants ADDR:PORT (127.0.0.1:8080, [::1]:8080), "
+                "pysbx serve: %s wants ADDR:PORT (127.0.0.1:8080, [::1]:8080), "
                 "not '%s'\n",
-                spec);
+                opt, spec);
         return -EINVAL;
     }
     memcpy(host, spec, hl);
@@ -927,16 +965,15 @@ static int open_http_listener(const char *spec, bool token, char *shown, size_t 
     }
     rc = getaddrinfo(host, colon + 1, &hints, &ai);
     if (rc != 0) {
-        fprintf(stderr,
-                "pysbx serve: --http %s: %s (an address or a host name, and a port number)\n", spec,
-                gai_strerror(rc));
+        fprintf(stderr, "pysbx serve: %s %s: %s (an address or a host name, and a port number)\n",
+                opt, spec, gai_strerror(rc));
         return -EINVAL;
     }
     if (!token && !loopback(ai->ai_addr)) {
         fprintf(stderr,
-                "pysbx serve: --http %s is not a loopback address: refusing to serve "
+                "pysbx serve: %s %s is not a loopback address: refusing to serve "
                 "it without --http-token-file\n",
-                spec);
+                opt, spec);
         freeaddrinfo(ai);
         return -EACCES;
     }
@@ -944,7 +981,7 @@ static int open_http_listener(const char *spec, bool token, char *shown, size_t 
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
         bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, LISTEN_BACKLOG) < 0) {
         rc = -errno;
-        fprintf(stderr, "pysbx serve: --http %s: %s\n", spec, strerror(errno));
+        fprintf(stderr, "pysbx serve: %s %s: %s\n", opt, spec, strerror(errno));
         if (fd >= 0)
             close(fd);
         freeaddrinfo(ai);
@@ -1007,9 +1044,9 @@ int http_main(const struct serve_opts *o)
     struct http h = {.o = o, .wake_fd = -1, .watch_fd = -1};
     pthread_t watcher;
     bool watching = false;
-    struct MHD_Daemon *d = NULL;
-    char shown[INET6_ADDRSTRLEN + 16] = "";
-    int sfd = -1, lfd = -1, rc = EXIT_USAGE;
+    struct MHD_Daemon *d = NULL, *md = NULL;
+    char shown[INET6_ADDRSTRLEN + 16] = "", mshown[INET6_ADDRSTRLEN + 16] = "";
+    int sfd = -1, lfd = -1, mfd = -1, rc = EXIT_USAGE;
 
     pthread_mutex_init(&h.lock, NULL);
     sfd = stop_signals_open();
@@ -1022,8 +1059,15 @@ int http_main(const struct serve_opts *o)
     }
     if (o->token_file && load_token(o->token_file, &h.token, &h.token_len) < 0)
         goto out;
-    if ((lfd = open_http_listener(o->http_addr, h.token != NULL, shown, sizeof(shown))) < 0) {
+    if ((lfd = open_http_listener("--http", o->http_addr, h.token != NULL, shown, sizeof(shown))) <
+        0) {
         rc = lfd == -EINVAL || lfd == -EACCES ? EXIT_USAGE : 1;
+        goto out;
+    }
+    /* The scraper's listener serves counts and nothing else: any address. */
+    if (o->metrics_addr && (mfd = open_http_listener("--metrics-http", o->metrics_addr, true,
+                                                     mshown, sizeof(mshown))) < 0) {
+        rc = mfd == -EINVAL ? EXIT_USAGE : 1;
         goto out;
     }
     if (mhd_load() < 0) {
@@ -1044,8 +1088,22 @@ int http_main(const struct serve_opts *o)
         goto out;
     }
     watching = true;
+    /* One thread polls every scraper's connection: a few, short-lived. */
+    if (mfd >= 0 &&
+        !(md = mhd.start_daemon(
+              MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0,
+              NULL, NULL, handle_metrics_only, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+              MHD_OPTION_LISTEN_SOCKET, mfd, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+              (size_t)HEADER_BYTES, MHD_OPTION_CONNECTION_LIMIT, METRICS_CONNECTIONS,
+              MHD_OPTION_CONNECTION_TIMEOUT, METRICS_TIMEOUT_S, MHD_OPTION_END))) {
+        fprintf(stderr, "pysbx serve: cannot start the metrics listener\n");
+        rc = 1;
+        goto out;
+    }
     fprintf(stderr, "pysbx serve: listening on http://%s (backend %s%s)\n", shown, o->backend->name,
             h.token ? ", bearer token required" : "");
+    if (md)
+        fprintf(stderr, "pysbx serve: metrics on http://%s/metrics\n", mshown);
 
     struct pollfd p = {sfd, POLLIN, 0};
     while (poll(&p, 1, -1) < 0 && errno == EINTR)
@@ -1077,6 +1135,8 @@ int http_main(const struct serve_opts *o)
     }
     rc = 0;
 out:
+    if (md)
+        mhd.stop_daemon(md);
     if (d)
         mhd.stop_daemon(d);
     if (watching) {
@@ -1088,6 +1148,7 @@ out:
     }
     if (lfd >= 0)
         close(lfd);
+    close_fd(&mfd);
     close_fd(&sfd);
     close_fd(&h.wake_fd);
     close_fd(&h.watch_fd);

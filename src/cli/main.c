@@ -47,6 +47,7 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .max_pending_bytes = o.max_pending,
                                 .http_addr = o.http,
                                 .token_file = o.token_file,
+                                .metrics_addr = o.metrics_http,
                                 .max_client_connections =
                                     o.max_client_connections ? o.max_client_connections : 128};
         status = o.http ? http_main(&so) : serve_main(&so);

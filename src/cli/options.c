@@ -138,6 +138,9 @@ static const char serve_usage[] =
     "  --http-token-file FILE  clients must send Authorization: Bearer <the file's\n"
     "                          text> (all but /healthz); required unless ADDR is\n"
     "                          loopback\n"
+    "  --metrics-http ADDR:PORT\n"
+    "                          also serve GET /metrics, and nothing else, on ADDR:PORT\n"
+    "                          without the token (counts only: for a scraper)\n"
     "  --max-client-connections N\n"
     "                          HTTP connections open at once from one address\n"
     "                          (default 128; behind a load balancer, what it may\n"
@@ -460,6 +463,7 @@ enum {
     O_CONNECT,
     O_HTTP,
     O_TOKEN,
+    O_METRICS,
     O_PACKAGES,
     O_MODDIR,
     O_WSSIZE,
@@ -503,6 +507,7 @@ static const struct {
     {{"listen", required_argument, NULL, O_LISTEN}, CMD_SERVE},
     {{"http", required_argument, NULL, O_HTTP}, CMD_SERVE},
     {{"http-token-file", required_argument, NULL, O_TOKEN}, CMD_SERVE},
+    {{"metrics-http", required_argument, NULL, O_METRICS}, CMD_SERVE},
     {{"socket-mode", required_argument, NULL, O_MODE}, CMD_SERVE},
     {{"jobs", required_argument, NULL, O_JOBS}, CMD_SERVE | CMD_MCP | CMD_BATCH},
     {{"max-line-bytes", required_argument, NULL, O_LINE}, FRONTS},
@@ -676,6 +681,9 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         case O_TOKEN:
             o->token_file = optarg;
             break;
+        case O_METRICS:
+            o->metrics_http = optarg;
+            break;
         case O_MODE: {
             char *end;
             unsigned long m = strtoul(optarg, &end, 8);
@@ -740,6 +748,8 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         return usage_error(cmd, "--http and --listen are two ways to serve: choose one");
     if (o->token_file && !o->http)
         return usage_error(cmd, "--http-token-file goes with --http");
+    if (o->metrics_http && !o->http)
+        return usage_error(cmd, "--metrics-http goes with --http");
     if (o->max_client_connections && !o->http)
         return usage_error(cmd, "--max-client-connections goes with --http");
     if (cmd != CMD_RUN && cmd != CMD_DOCTOR) {

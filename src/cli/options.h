@@ -60,6 +60,7 @@ struct opts {
     size_t max_pending;         /* serve: unsent answer bytes per client */
     const char *http;           /* serve: ADDR:PORT */
     const char *token_file;     /* serve --http: the bearer token */
+    const char *metrics_http;   /* serve --http: a /metrics-only listener */
     char **packages;            /* --packages, NULL-terminated, or NULL */
     char **module_dirs;         /* --module-dir, absolute, NULL-terminated, or NULL */
     size_t n_module_dirs;
