@@ -93,5 +93,82 @@ done
 $PODMAN stop -t 2 pysbx-http-test >/dev/null 2>&1 || true
 [ "$answer" = "7 completed 42" ] || fail "the HTTP answer from the container was '$answer'"
 echo "ok   an HTTP request answered from a container (serve --http, published on loopback)"
+
+# --- deploy/kubernetes, run by a real engine: podman kube play -----------------------
+# The Deployment as it is, with its own security context, capabilities,
+# probes and volumes; the test adds what a cluster would have: the Secret
+# with the token (played first: podman keeps it as a secret of its own), a
+# single replica, and (podman publishes only host ports) its two ports on the
+# host's loopback. catatonit is the pod's pause process.
+command -v catatonit >/dev/null || fail "podman kube play needs catatonit (scripts/setup installs it)"
+KUBE=$(mktemp -d)
+trap 'rm -rf "$TOK"; $PODMAN kube down "$KUBE/play.yaml" >/dev/null 2>&1 || true
+      $PODMAN secret rm pysbx-token >/dev/null 2>&1 || true; rm -rf "$KUBE"' EXIT
+kport=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mport=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+/usr/bin/python3 - "$SRC/deploy/kubernetes/deployment.yaml" "$kport" "$mport" "$KUBE" <<'PY' ||
+import sys, yaml
+dep = yaml.safe_load(open(sys.argv[1]))
+dep["spec"]["replicas"] = 1
+c = dep["spec"]["template"]["spec"]["containers"][0]
+for p in c["ports"]:
+    p["hostIP"] = "127.0.0.1"
+    p["hostPort"] = int(sys.argv[2] if p["name"] == "http" else sys.argv[3])
+open(sys.argv[4] + "/play.yaml", "w").write(yaml.safe_dump(dep, sort_keys=False))
+secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pysbx-token"},
+          "stringData": {"token": "kube-play-token"}}
+open(sys.argv[4] + "/secret.yaml", "w").write(yaml.safe_dump(secret))
+PY
+    fail "making the play files"
+# This host's rlimits for containers, as the runs above needed them.
+if [ -n "$RUNFLAGS" ]; then
+    printf '[containers]\ndefault_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]\n' >"$KUBE/containers.conf"
+    export CONTAINERS_CONF="$KUBE/containers.conf"
+fi
+$PODMAN secret rm pysbx-token >/dev/null 2>&1 || true
+$PODMAN kube play "$KUBE/secret.yaml" >"$KUBE/play.out" 2>&1 &&
+    $PODMAN kube play "$KUBE/play.yaml" >>"$KUBE/play.out" 2>&1 ||
+    { tail -5 "$KUBE/play.out"; fail "podman kube play deploy/kubernetes/deployment.yaml"; }
+ctr=$($PODMAN ps --format '{{.Names}}' | grep -- '-pysbx$' | head -1)
+[ -n "$ctr" ] || { $PODMAN ps -a; fail "no container of the Deployment is running"; }
+health=
+for _ in $(seq 300); do
+    health=$(/usr/bin/python3 -c 'import sys, urllib.request
+print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/healthz", timeout=2).status)' "$kport" 2>/dev/null) && break
+    sleep 0.1
+done
+[ "$health" = 200 ] || { $PODMAN logs "$ctr" 2>&1 | tail -5; fail "/healthz of the played Deployment: '$health'"; }
+# The engine's own probe (the liveness probe, as podman runs it: curl in
+# the container).
+$PODMAN healthcheck run "$ctr" >/dev/null 2>&1 ||
+    fail "the manifest's probe, run by podman: $($PODMAN inspect "$ctr" --format '{{json .Config.Healthcheck}}')"
+echo "ok   podman kube play: the Deployment's pod is up; its probe, run by podman, answers"
+caps=$($PODMAN inspect "$ctr" --format '{{.EffectiveCaps}} user={{.Config.User}} ro={{.HostConfig.ReadonlyRootfs}}')
+for cap in CAP_SYS_ADMIN CAP_SETUID CAP_SETGID CAP_KILL CAP_DAC_OVERRIDE CAP_SETPCAP; do
+    case "$caps" in *"$cap"*) ;; *) fail "the container lacks $cap: $caps" ;; esac
+done
+case "$caps" in *CAP_NET_RAW* | *CAP_CHOWN* | *CAP_MKNOD* | *CAP_SYS_PTRACE*) fail "the container has more: $caps" ;; esac
+case "$caps" in *" ro=true") ;; *) fail "the root file system is writable: $caps" ;; esac
+echo "ok   with the manifest's security context: $caps"
+# The token as the Secret's volume holds it (podman 4.3 writes a Secret's
+# data there still base64-encoded, where a kubelet decodes it: the server
+# wants what the file says).
+token=$($PODMAN exec "$ctr" cat /etc/pysbx/token) || fail "the Secret's volume"
+answer=$(/usr/bin/python3 "$TOK/ask.py" "$kport" "$token" 2>&1)
+[ "$answer" = "7 completed 42" ] || fail "a run through the played Deployment's port: '$answer'"
+echo "ok   a run through the published port, with the Secret's token"
+scraped=$(/usr/bin/python3 -c 'import sys, urllib.request
+t = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+print([l for l in t.splitlines() if l.startswith("pysbx_runs_total{status=\"completed\"}")][0])' "$mport" 2>&1)
+[ "$scraped" = 'pysbx_runs_total{status="completed"} 1' ] ||
+    fail "the metrics port as the annotations name it: '$scraped'"
+echo "ok   the annotations' port and path answer a scraper without the token"
+$PODMAN kube down "$KUBE/play.yaml" >/dev/null 2>&1 || fail "podman kube down"
+$PODMAN secret rm pysbx-token >/dev/null 2>&1 || true
+left=$($PODMAN ps -a --format '{{.Names}}' | grep -c pysbx || true)
+pods=$($PODMAN pod ps --format '{{.Name}}' | grep -c pysbx || true)
+[ "$left" = 0 ] && [ "$pods" = 0 ] || fail "podman kube down left $left containers, $pods pods"
+echo "ok   podman kube down leaves no pod and no container"
+
 $PODMAN image prune -f >/dev/null # the images of earlier runs
 echo "image test passed"
