@@ -32,6 +32,12 @@ for f in ./usr/bin/pysbx ./usr/libexec/pysbx/pysbx-template ./usr/include/pysbx.
     grep -qx "$f" "$T/files" || fail "the package lacks $f"
 done
 echo "ok   the package holds the command, helper, library, header, pkg-config and CMake files, man pages"
+# Debian's own checker: no error (its warnings are about splitting the
+# library into packages of its own, which this one package does not do).
+command -v lintian >/dev/null || fail "lintian is not installed (scripts/setup installs it)"
+lintian --allow-root "$DEB" >"$T/lintian" 2>&1 || true
+! grep -q '^E:' "$T/lintian" || fail "lintian finds errors: $(grep '^E:' "$T/lintian" | tr '\n' ' ')"
+echo "ok   lintian: no error ($(grep -c '^W:' "$T/lintian") warnings)"
 
 BASE=$("$SRC/scripts/debian-root")
 mkdir "$T/upper" "$T/work" "$T/root"
