@@ -330,21 +330,24 @@ class Client:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return _loads(resp.read(MAX_ANSWER_BYTES + 1))
         except urllib.error.HTTPError as e:
-            # An error answer comes with a 4xx or 5xx status and the same body.
             text = e.read(1 << 20)
             e.close()
-            try:
-                answer = json.loads(text)
-            except ValueError:
-                answer = None
-            if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-                err = answer["error"]
-                raise SandboxError(str(err.get("code")), str(err.get("message")),
-                                   e.code) from None
-            raise SandboxError(f"http_{e.code}", text.decode("utf-8", "replace")[:500] or e.reason,
-                               e.code) from None
+            raise _http_error(e.code, text, e.reason) from None
         except http.client.HTTPException as e:
             raise ProtocolError(f"HTTP: {e!r}") from None
+
+
+def _http_error(status: int, text: bytes, reason: str) -> SandboxError:
+    """An error answer: a 4xx or 5xx status and the error object as its body
+    (else the body's first words, under the code http_STATUS)."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        err = answer["error"]
+        return SandboxError(str(err.get("code")), str(err.get("message")), status)
+    return SandboxError(f"http_{status}", text.decode("utf-8", "replace")[:500] or reason, status)
 
 
 class Session:
@@ -626,15 +629,7 @@ class PysbxSandbox:
             await _close(writer)
         if status == 200:
             return _loads(text)
-        # An error answer comes with a 4xx or 5xx status and the same body.
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            answer = None
-        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-            err = answer["error"]
-            raise SandboxError(str(err.get("code")), str(err.get("message")), status)
-        raise SandboxError(f"http_{status}", text.decode("utf-8", "replace")[:500], status)
+        raise _http_error(status, text, "")
 
 
 async def _http_response(reader: asyncio.StreamReader) -> Tuple[int, Dict[str, str], bytes]:
