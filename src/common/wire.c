@@ -134,44 +134,54 @@ int wire_decode_worker(const void *buf, size_t n, int nfds, struct wire_worker *
     return wire_decode_worker_fds(buf, n, nfds, WFD_COUNT, out, why, cap);
 }
 
+/* |buf| of |n| bytes, from the template: the message of |type|, exactly
+ * |size| bytes, copied to |out| (1); or a failure it sent (WIRE_FAIL, or
+ * |fail_too| when not 0), its text in |why| (-EIO); or anything else
+ * (-EPROTO). */
+static int decode_reply(const void *buf, size_t n, uint32_t type, size_t size, uint32_t fail_too,
+                        void *out, char *why, size_t cap)
+{
+    struct wire_hdr h = {0};
+    struct wire_fail f;
+
+    memcpy(&h, buf, n < sizeof(h) ? n : sizeof(h));
+    if (n > 0 && h.type == type && n == size) {
+        memcpy(out, buf, size);
+        return 1;
+    }
+    if ((h.type == WIRE_FAIL || (fail_too && h.type == fail_too)) && n == sizeof(f)) {
+        memcpy(&f, buf, sizeof(f));
+        return fail_text(&f, why, cap);
+    }
+    return errmsg(why, cap, -EPROTO, "malformed message from the template");
+}
+
 int wire_decode_worker_fds(const void *buf, size_t n, int nfds, int want, struct wire_worker *out,
                            char *why, size_t cap)
 {
-    union {
-        struct wire_hdr hdr;
-        struct wire_worker worker;
-        struct wire_fail fail;
-    } m;
+    struct wire_worker w;
+    int rc = decode_reply(buf, n, WIRE_WORKER, sizeof(w), 0, &w, why, cap);
 
-    memset(&m, 0, sizeof(m));
-    memcpy(&m, buf, n < sizeof(m) ? n : sizeof(m));
-    if (n > 0 && m.hdr.type == WIRE_WORKER && n == sizeof(m.worker) && nfds == want) {
-        m.worker.workspace[sizeof(m.worker.workspace) - 1] = '\0';
-        *out = m.worker;
-        return 0;
+    if (rc == 1 && nfds != want)
+        rc = errmsg(why, cap, -EPROTO, "malformed message from the template");
+    if (rc == 1) {
+        w.workspace[sizeof(w.workspace) - 1] = '\0';
+        *out = w;
+        rc = 0;
     }
-    if (m.hdr.type == WIRE_FAIL && n == sizeof(m.fail))
-        return fail_text(&m.fail, why, cap);
-    return errmsg(why, cap, -EPROTO, "malformed message from the template");
+    return rc;
 }
 
 int wire_decode_session(const void *buf, size_t n, struct wire_session *out, char *why, size_t cap)
 {
-    union {
-        struct wire_hdr hdr;
-        struct wire_session session;
-        struct wire_fail fail;
-    } m;
+    struct wire_session s;
+    int rc = decode_reply(buf, n, WIRE_SESSION, sizeof(s), WIRE_ENDED, &s, why, cap);
 
-    memset(&m, 0, sizeof(m));
-    memcpy(&m, buf, n < sizeof(m) ? n : sizeof(m));
-    if (n > 0 && m.hdr.type == WIRE_SESSION && n == sizeof(m.session)) {
-        *out = m.session;
-        return 0;
+    if (rc == 1) {
+        *out = s;
+        rc = 0;
     }
-    if ((m.hdr.type == WIRE_FAIL || m.hdr.type == WIRE_ENDED) && n == sizeof(m.fail))
-        return fail_text(&m.fail, why, cap);
-    return errmsg(why, cap, -EPROTO, "malformed message from the template");
+    return rc;
 }
 
 int wire_decode_status(const void *buf, size_t n, struct wire_status *out)

@@ -263,6 +263,12 @@ int wire_decode_hello(const void *buf, size_t n, struct wire_hello *out, char *w
  * FAIL: -EIO and its text in |why|. Anything else: -EPROTO. */
 int wire_decode_worker(const void *buf, size_t n, int nfds, struct wire_worker *out, char *why,
                        size_t cap);
+/* Room for what answers a request for a worker: the worker, or a failure. */
+union wire_worker_reply {
+    struct wire_hdr hdr;
+    struct wire_worker worker;
+    struct wire_fail fail;
+};
 /* The same, for a session's cell: |want| descriptors (WFD_SESSION_COUNT). */
 int wire_decode_worker_fds(const void *buf, size_t n, int nfds, int want, struct wire_worker *out,
                            char *why, size_t cap);

@@ -356,11 +356,7 @@ static ssize_t receive(struct sbx *sbx, void *m, size_t cap, int *fds, int *nfds
 int control_take_worker(struct sbx *sbx, const struct sbx_cancel *cancel, uint64_t deadline,
                         struct taken_worker *w, char *why, size_t whylen)
 {
-    union {
-        struct wire_hdr hdr;
-        struct wire_worker worker;
-        struct wire_fail fail;
-    } m;
+    union wire_worker_reply m;
     struct wire_worker worker;
     int nfds = 0;
     ssize_t n = -EAGAIN;

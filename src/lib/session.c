@@ -267,11 +267,7 @@ static void look_for_end(struct sbx_session *s)
 int session_take_cell(struct sbx_session *s, const struct sbx_request *req, uint64_t deadline,
                       struct taken_worker *w, int *saved, char *why, size_t whylen)
 {
-    union {
-        struct wire_hdr hdr;
-        struct wire_worker worker;
-        struct wire_fail fail;
-    } m;
+    union wire_worker_reply m;
     struct wire_worker worker;
     /* The cell's limits travel with the request for it: the template arms
      * them, whatever the cell says. */

@@ -294,20 +294,27 @@ bool known_child(const struct tmpl *t, pid_t pid)
     return false;
 }
 
-/* Whether process |pid| holds the socket whose inode is |ino|. */
-static bool holds_socket(const struct tmpl *t, pid_t pid, ino_t ino)
+/* The directory of process |pid|'s descriptors, /proc/PID/fd, or NULL. */
+static DIR *fd_dir(const struct tmpl *t, pid_t pid)
 {
     char path[32];
-    bool found = false;
 
     fmt(path, sizeof(path), "%d/fd", (int)pid);
     int fd = openat(t->proc_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-        if (fd >= 0)
-            close(fd);
+    if (!d && fd >= 0)
+        close(fd);
+    return d;
+}
+
+/* Whether process |pid| holds the socket whose inode is |ino|. */
+static bool holds_socket(const struct tmpl *t, pid_t pid, ino_t ino)
+{
+    DIR *d = fd_dir(t, pid);
+    bool found = false;
+
+    if (!d)
         return false;
-    }
     for (struct dirent *e; !found && (e = readdir(d));) {
         struct stat st;
         found = e->d_name[0] != '.' && fstatat(dirfd(d), e->d_name, &st, 0) == 0 &&
@@ -365,18 +372,12 @@ static bool output_closed(const struct worker_rec *w)
  * what a rollback cannot put back (an offset, a pipe's content). */
 static bool only_its_own_descriptors(const struct tmpl *t, const struct worker_rec *w)
 {
-    char path[32];
+    DIR *d = fd_dir(t, w->pid);
     bool clean = true;
     int seen = 0;
 
-    fmt(path, sizeof(path), "%d/fd", (int)w->pid);
-    int fd = openat(t->proc_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-        if (fd >= 0)
-            close(fd);
+    if (!d)
         return false;
-    }
     for (struct dirent *e; clean && (e = readdir(d));) {
         if (e->d_name[0] == '.')
             continue;
