@@ -102,12 +102,18 @@ echo "ok   an HTTP request answered from a container (serve --http, published on
 # host's loopback. catatonit is the pod's pause process.
 command -v catatonit >/dev/null || fail "podman kube play needs catatonit (scripts/setup installs it)"
 KUBE=$(mktemp -d)
-trap 'rm -rf "$TOK"; $PODMAN kube down "$KUBE/play.yaml" >/dev/null 2>&1 || true
-      $PODMAN secret rm pysbx-token >/dev/null 2>&1 || true; rm -rf "$KUBE"' EXIT
+# podman keeps a Secret's volume as a named volume of its own, which kube
+# down leaves: it is removed before and after, so a run never sees another's.
+unplay() {
+    $PODMAN kube down "$KUBE/play.yaml" >/dev/null 2>&1 || true
+    $PODMAN secret rm pysbx-token >/dev/null 2>&1 || true
+    $PODMAN volume rm -f pysbx-token >/dev/null 2>&1 || true
+}
+trap 'rm -rf "$TOK"; unplay; rm -rf "$KUBE"' EXIT
 kport=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 mport=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 /usr/bin/python3 - "$SRC/deploy/kubernetes/deployment.yaml" "$kport" "$mport" "$KUBE" <<'PY' ||
-import sys, yaml
+import base64, sys, yaml
 dep = yaml.safe_load(open(sys.argv[1]))
 dep["spec"]["replicas"] = 1
 c = dep["spec"]["template"]["spec"]["containers"][0]
@@ -116,7 +122,7 @@ for p in c["ports"]:
     p["hostPort"] = int(sys.argv[2] if p["name"] == "http" else sys.argv[3])
 open(sys.argv[4] + "/play.yaml", "w").write(yaml.safe_dump(dep, sort_keys=False))
 secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pysbx-token"},
-          "stringData": {"token": "kube-play-token"}}
+          "data": {"token": base64.b64encode(b"kube-play-token").decode()}}
 open(sys.argv[4] + "/secret.yaml", "w").write(yaml.safe_dump(secret))
 PY
     fail "making the play files"
@@ -125,7 +131,7 @@ if [ -n "$RUNFLAGS" ]; then
     printf '[containers]\ndefault_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]\n' >"$KUBE/containers.conf"
     export CONTAINERS_CONF="$KUBE/containers.conf"
 fi
-$PODMAN secret rm pysbx-token >/dev/null 2>&1 || true
+unplay
 $PODMAN kube play "$KUBE/secret.yaml" >"$KUBE/play.out" 2>&1 &&
     $PODMAN kube play "$KUBE/play.yaml" >>"$KUBE/play.out" 2>&1 ||
     { tail -5 "$KUBE/play.out"; fail "podman kube play deploy/kubernetes/deployment.yaml"; }
@@ -164,7 +170,7 @@ print([l for l in t.splitlines() if l.startswith("pysbx_runs_total{status=\"comp
     fail "the metrics port as the annotations name it: '$scraped'"
 echo "ok   the annotations' port and path answer a scraper without the token"
 $PODMAN kube down "$KUBE/play.yaml" >/dev/null 2>&1 || fail "podman kube down"
-$PODMAN secret rm pysbx-token >/dev/null 2>&1 || true
+unplay
 left=$($PODMAN ps -a --format '{{.Names}}' | grep -c pysbx || true)
 pods=$($PODMAN pod ps --format '{{.Name}}' | grep -c pysbx || true)
 [ "$left" = 0 ] && [ "$pods" = 0 ] || fail "podman kube down left $left containers, $pods pods"
