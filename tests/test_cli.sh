@@ -63,6 +63,14 @@ check "batch --wall is the default of request lines; a line's own limit wins" \
     "$($PY -c 'import json, sys
 rs = sorted((json.loads(l) for l in open(sys.argv[1])), key=lambda r: r["id"])
 print(*("%s %s %s" % (r["id"], r["status"], r["limit"]) for r in rs))' "$T/lines.out")"
+# A count as well as seconds: --max-output is a default too.
+printf '%s\n' '{"id": 1, "code": "print(\"x\" * 50)"}' \
+    '{"id": 2, "code": "print(\"x\" * 50)", "limits": {"max_output_chars": 100}}' >"$T/out.jsonl"
+"$PYSBX" batch "$T/out.jsonl" --max-output 10 >"$T/out.out" 2>/dev/null
+check "batch --max-output is the default of request lines; a line's own wins" "1 True 2 False" \
+    "$($PY -c 'import json, sys
+rs = sorted((json.loads(l) for l in open(sys.argv[1])), key=lambda r: r["id"])
+print(*("%s %s" % (r["id"], r["stdout_truncated"]) for r in rs))' "$T/out.out")"
 printf 'open("made", "w").write("1")\nprint("ran")\n' >"$T/makes.py"
 touch "$T/not-a-dir"
 "$PYSBX" run --artifacts-dir "$T/not-a-dir" "$T/makes.py" >"$T/out" 2>"$T/err"

@@ -190,41 +190,7 @@ static char *labelled(const char *label, char *answer)
     return out;
 }
 
-/* The limits the command line gave are the defaults of request lines: a
- * line's own limits win. */
-static void line_defaults(struct json_request *r, const struct sbx_limits *l, unsigned given)
-{
-    json_t *lim = json_object_get(r->doc, "limits");
-    struct sbx_limits *d = &r->req.limits;
-
-    for (int i = 0; i < GIVEN_COUNT; i++) {
-        if (!(given & (1u << i)) || json_object_get(lim, limit_keys[i]))
-            continue;
-        switch (i) {
-        case GIVEN_WALL:
-            d->wall_seconds = l->wall_seconds;
-            break;
-        case GIVEN_CPU:
-            d->cpu_seconds = l->cpu_seconds;
-            break;
-        case GIVEN_MEMORY:
-            d->memory_bytes = l->memory_bytes;
-            break;
-        case GIVEN_OUTPUT:
-            d->max_output_chars = l->max_output_chars;
-            break;
-        case GIVEN_ARTIFACT_BYTES:
-            d->max_artifact_bytes = l->max_artifact_bytes;
-            break;
-        case GIVEN_ARTIFACTS:
-            d->max_artifacts = l->max_artifacts;
-            break;
-        case GIVEN_ARTIFACTS_TOTAL:
-            d->max_artifacts_total_bytes = l->max_artifacts_total_bytes;
-            break;
-        }
-    }
-}
+_Static_assert(GIVEN_COUNT == REQUEST_LIMIT_COUNT, "the GIVEN_* bits are the request limits");
 
 static void *worker(void *p)
 {
@@ -252,7 +218,7 @@ static void *worker(void *p)
             if (rc == 0)
                 rc = json_request_no_session(&r, &err);
             if (rc == 0)
-                line_defaults(&r, &b->o->limits, b->o->limits_given);
+                json_request_default_limits(&r, &b->o->limits, b->o->limits_given);
             if (rc == 0 && r.cancel_text)
                 rc = sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                               "a cancel message means nothing to a batch");

@@ -20,7 +20,7 @@
  * library's ceilings, base64-encoded, fit well within it. */
 #define ANSWER_MAX (1ULL << 30)
 
-const char *const limit_keys[GIVEN_COUNT] = {
+static const char *const limit_keys[GIVEN_COUNT] = {
     "wall_seconds",
     "cpu_seconds",
     "memory_bytes",

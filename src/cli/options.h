@@ -28,8 +28,6 @@ enum {
     GIVEN_ARTIFACTS_TOTAL,
     GIVEN_COUNT
 };
-/* Their names in a request's "limits" (connect.c). */
-extern const char *const limit_keys[GIVEN_COUNT];
 
 enum cmd { CMD_RUN = 1, CMD_SERVE = 2, CMD_MCP = 4, CMD_BATCH = 8, CMD_DOCTOR = 16 };
 

@@ -30,6 +30,8 @@ static const struct limit_field {
      SBX_MAX_ARTIFACTS_TOTAL_LIMIT},
 };
 
+_Static_assert(ARRAY_SIZE(limit_fields) == REQUEST_LIMIT_COUNT, "one entry per request limit");
+
 /* What a request may hold, besides the limits' own keys. */
 static const char *const request_fields[] = {"id",           "code",    "files",    "files_base64",
                                              "limits",       "session", "rollback", "stdin",
@@ -53,6 +55,22 @@ static double seconds_in(const struct sbx_limits *l, const struct limit_field *f
 static uint64_t count_in(const struct sbx_limits *l, const struct limit_field *f)
 {
     return *(const uint64_t *)((const char *)l + f->off);
+}
+
+void json_request_default_limits(struct json_request *r, const struct sbx_limits *defaults,
+                                 unsigned given)
+{
+    json_t *named = json_object_get(r->doc, "limits");
+
+    for (size_t i = 0; i < ARRAY_SIZE(limit_fields); i++) {
+        const struct limit_field *f = &limit_fields[i];
+        if (!(given & (1u << i)) || json_object_get(named, f->name))
+            continue;
+        if (f->seconds)
+            *seconds_of(&r->req.limits, f) = seconds_in(defaults, f);
+        else
+            *count_of(&r->req.limits, f) = count_in(defaults, f);
+    }
 }
 
 void json_ceilings_init(struct sbx_limits *ceil)

@@ -53,6 +53,15 @@ int json_request_parse(const char *text, size_t len, const struct sbx_limits *ce
 int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_request *r,
                       struct sbx_error *err);
 void json_request_free(struct json_request *r);
+/* The limits of a request, in the order of struct sbx_limits: wall and CPU
+ * seconds, memory bytes, output characters, artifact bytes, artifacts,
+ * artifacts' total bytes. */
+#define REQUEST_LIMIT_COUNT 7
+/* Where bit i of |given| is set and the request's "limits" does not name
+ * the i-th limit, that limit is |defaults|' (the command line's limits are
+ * the defaults of `pysbx batch`'s request lines; a line's own win). */
+void json_request_default_limits(struct json_request *r, const struct sbx_limits *defaults,
+                                 unsigned given);
 /* Refuses (-EINVAL, invalid_request) a request or message that names a
  * session, for the front ends that serve none (HTTP, batch). */
 int json_request_no_session(const struct json_request *r, struct sbx_error *err);
