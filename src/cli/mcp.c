@@ -449,38 +449,46 @@ static void *run_call(void *p)
 
 /* reset_session: answered at once; the cells called before it still run,
  * then the session ends. */
-/* As the schemas say (additionalProperties: false): an argument the tool
- * does not know is refused, not ignored (a misspelt "sesion_id" would
- * otherwise run the code outside its session). Replies and returns true. */
+/* As the schemas say (additionalProperties: false): an argument that is
+ * not a property of the tool's input schema is refused, not ignored (a
+ * misspelt "sesion_id" would otherwise run the code outside its session).
+ * The schema is the one list of what a tool takes. Replies and returns
+ * true. */
 static bool unknown_argument(struct server *s, json_t *id, json_t *args, const char *tool,
-                             const char *const *known, const char *listed)
+                             const char *schema)
 {
-    const char *key;
-    json_t *v;
+    json_t *doc = json_loads(schema, 0, NULL), *props = json_object_get(doc, "properties"), *v;
+    const char *key, *unknown = NULL;
 
     json_object_foreach(args, key, v)
     {
-        size_t i = 0;
-        while (known[i] && strcmp(known[i], key) != 0)
-            i++;
-        if (!known[i]) {
-            char text[512];
-            fmt(text, sizeof(text), "%s has no argument '%.128s' (it takes %s)", tool, key, listed);
-            reply_error(s, id, -32602, text);
-            return true;
+        if (!json_object_get(props, key)) {
+            unknown = key;
+            break;
         }
     }
-    return false;
+    if (unknown) {
+        char text[512], listed[256] = "";
+        size_t n = 0;
+        json_object_foreach(props, key, v)
+        {
+            fmt(listed + n, sizeof(listed) - n, "%s%s", n ? ", " : "", key);
+            n += strlen(listed + n);
+        }
+        fmt(text, sizeof(text), "%s has no argument '%.128s' (it takes %s)", tool, unknown, listed);
+        reply_error(s, id, -32602, text);
+    }
+    json_decref(doc);
+    return unknown != NULL;
 }
 
 static void reset_session(struct server *s, json_t *id, json_t *args)
 {
-    static const char *const known[] = {"session_id", NULL};
     struct sbx_error err = {0};
     const char *name;
     char text[512];
 
-    if (json_is_object(args) && unknown_argument(s, id, args, "reset_session", known, "session_id"))
+    if (json_is_object(args) && unknown_argument(s, id, args, "reset_session", reset_schema))
         return;
     if (json_session_name(args, "session_id", &name, &err) < 0) {
         reply_error(s, id, -32602, err.message);
@@ -513,10 +521,7 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
         reply_error(s, id, -32602, "run_python needs {\"code\": string}");
         return;
     }
-    static const char *const known[] = {"code",       "files",    "stdin", "argv",
-                                        "session_id", "rollback", NULL};
-    if (unknown_argument(s, id, args, "run_python", known,
-                         "code, files, stdin, argv, session_id, rollback"))
+    if (unknown_argument(s, id, args, "run_python", input_schema))
         return;
     json_t *files = json_object_get(args, "files"), *v;
     const char *fname;
