@@ -37,7 +37,7 @@ docs = {p: read(p) for p in sorted(os.path.relpath(q, SRC)
 all_docs = "\n".join(docs.values())
 for cmd in COMMANDS:
     opts = help_options(cmd)
-    check(f"pysbx {cmd} --help lists options", len(opts) > 0 or cmd == "doctor", "none found")
+    check(f"pysbx {cmd} --help lists options", len(opts) > 0, "none found")
     m = re.search(r'^\.SS "pysbx %s"\n(.*?)(?=^\.SS |^\.SH )' % cmd, man1, re.S | re.M)
     block = (m.group(1) if m else "").replace("\\-", "-")
     missing = sorted(o for o in opts if not re.search(r"^\.B %s\b" % re.escape(o), block, re.M))
