@@ -488,6 +488,72 @@ for s in many:
 check("one address holds at most --max-client-connections (128) connections", 0 < alive <= 128,
       alive)
 
+# --- "stream": true, read by curl -N as a client would ----------------------------------
+LINE = {"$ref": "#/paths/~1v1~1run/post/responses/200/content/application~1x-ndjson/x-pysbx-line"}
+TICKS = ("import sys, time\nfor i in range(3):\n    print('tick', i, flush=True)\n"
+         "    time.sleep(0.4)\nprint('err', file=sys.stderr)")
+
+
+def curl_stream(body, timeout=60):
+    """(seconds since the start, line) as curl -N gives them; headers apart."""
+    p = subprocess.Popen(["curl", "-sS", "-N", "-D", "/dev/stderr", "-H",
+                          "Authorization: Bearer " + TOKEN, "-H", "Content-Type: application/json",
+                          "--data-binary", json.dumps(body), "--max-time", str(timeout),
+                          f"http://127.0.0.1:{port}/v1/run"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0, got = time.monotonic(), []
+    for line in p.stdout:
+        got.append((time.monotonic() - t0, line))
+    return got, p.stderr.read(), p.wait()
+
+
+got, headers, rc = curl_stream({"id": "s", "code": TICKS, "stream": True})
+lines = [json.loads(l) for _, l in got]
+bad = []
+for m in lines:
+    try:
+        jsonschema.Draft202012Validator(LINE, resolver=RESOLVER).validate(m)
+    except jsonschema.ValidationError as e:
+        bad.append(str(e)[:200])
+check("stream: 200, application/x-ndjson, chunked", rc == 0 and " 200 " in headers.splitlines()[0]
+      and "content-type: application/x-ndjson" in headers.lower()
+      and "transfer-encoding: chunked" in headers.lower(), headers)
+check("stream: every line is as the document says", not bad and lines, bad)
+ticks = [t for (t, _), m in zip(got, lines) if m.get("event") == "stdout"]
+check("stream: each line as it is written (0.4 s apart), the result last",
+      len(ticks) == 3 and ticks[1] - ticks[0] > 0.25 and ticks[2] - ticks[1] > 0.25
+      and "status" in lines[-1] and got[-1][0] - ticks[0] > 1.0,
+      [(round(t, 2), l[:60]) for t, l in got])
+st, plain = c.run({"id": "s", "code": TICKS})
+streamed = {k: v for k, v in lines[-1].items() if k != "stats"}
+check("stream: the result is the one a run without streaming gets",
+      streamed == {k: v for k, v in plain.items() if k != "stats"}
+      and "".join(m["data"] for m in lines if m.get("event") == "stdout") == plain["stdout"]
+      and "".join(m["data"] for m in lines if m.get("event") == "stderr") == plain["stderr"],
+      (streamed, plain))
+got, headers, rc = curl_stream({"id": "bad", "code": "pass", "stream": True,
+                                "limits": {"wall_seconds": 100}})
+check("stream: a refused request is its usual 400, not a stream", " 400 " in headers.splitlines()[0]
+      and json.loads(got[0][1])["error"]["code"] == "invalid_limit", (headers, got))
+
+
+def runs_total(status):
+    r, text = c.request("GET", "/metrics", check_doc=False)
+    m = re.search(r'^pysbx_runs_total\{status="%s"\} (\d+)' % status, text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+before = runs_total("cancelled")
+got, headers, rc = curl_stream({"id": "gone", "stream": True, "limits": {"wall_seconds": 5},
+                                "code": "import time\nwhile True:\n    print(1, flush=True)\n"
+                                        "    time.sleep(0.1)"}, timeout=1)
+for _ in range(40):
+    if runs_total("cancelled") > before:
+        break
+    time.sleep(0.05)
+check("stream: a client that hangs up has its run cancelled at once (not at its wall limit)",
+      rc == 28 and got and runs_total("cancelled") == before + 1, (rc, len(got)))
+
 # --- shutdown ---------------------------------------------------------------------------
 slow = {}
 

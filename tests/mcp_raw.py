@@ -140,5 +140,44 @@ check("so is one reset_session does not know",
 check("both schemas say so", all(t["inputSchema"].get("additionalProperties") is False
                                  for t in answers[1]["result"]["tools"]), answers[1])
 
+# Progress: a call with a progressToken gets its output as notifications
+# before its answer; one without gets none; a cancelled one gets neither.
+init = [{"jsonrpc": "2.0", "id": "init", "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+with_token = call(21, "import time\nfor i in range(3):\n    print(i, 'é' * 3, flush=True)\n"
+                      "    time.sleep(0.3)")
+with_token["params"]["_meta"] = {"progressToken": "p21"}
+cut = call(23, "import time\nprint('up', flush=True)\ntime.sleep(15)")
+cut["params"]["_meta"] = {"progressToken": "p23"}
+p = subprocess.Popen([PYSBX, "mcp", "--wall", "20", "--max-output", "7"], stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, text=True)
+p.stdin.write("".join(json.dumps(m) + "\n" for m in
+                      init + [with_token, call(22, "print('quiet')"), cut]))
+p.stdin.flush()
+lines = []
+while True:
+    m = json.loads(p.stdout.readline())
+    lines.append(m)
+    if m.get("id") == 21:
+        break
+p.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                          "params": {"requestId": 23}}) + "\n")
+p.stdin.close()
+lines += [json.loads(l) for l in p.stdout]
+p.wait(timeout=60)
+prog = [m["params"] for m in lines if m.get("method") == "notifications/progress"]
+mine = [x for x in prog if x["progressToken"] == "p21"]
+answer = next(m for m in lines if m.get("id") == 21)
+check("progress: the output before the answer, in order, cut where the answer is cut",
+      "".join(x["message"] for x in mine).startswith("0 ééé\n1")
+      and "output cut" in "".join(x["message"] for x in mine)
+      and [x["progress"] for x in mine] == list(range(1, len(mine) + 1))
+      and lines.index(answer) > max(i for i, m in enumerate(lines) if m.get("method")), lines)
+check("progress: none for a call without a token", len(prog) == len(mine) + sum(
+    x["progressToken"] == "p23" for x in prog), prog)
+check("progress: a cancelled call gets no answer", not any(m.get("id") == 23 for m in lines), lines)
+
 print(f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

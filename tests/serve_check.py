@@ -1002,6 +1002,130 @@ def sessions_need_a_backend_that_has_them():
           answers)
 
 
+# --- "stream": true -------------------------------------------------------
+
+TICKS = ("import sys, time\n"
+         "for i in range(3):\n"
+         "    print('tick', i, flush=True)\n"
+         "    print('err', i, file=sys.stderr, flush=True)\n"
+         "    time.sleep(0.4)\n"
+         "sys.stdout.buffer.write('é'.encode()[:1]); sys.stdout.flush(); time.sleep(0.2)\n"
+         "sys.stdout.buffer.write('é'.encode()[1:] + b'\\n')\n")
+
+
+def timed_lines(lines, rid, timeout=60):
+    """(seconds since the call, line) of |rid|'s lines up to its answer."""
+    t0, got = time.monotonic(), []
+    while True:
+        line = lines.until(lambda l: json.loads(l).get("id") == rid, timeout=timeout)
+        if line is None:
+            raise EOFError("the stream ended before the answer")
+        m = json.loads(line)
+        got.append((time.monotonic() - t0, m))
+        if "event" not in m:
+            return got
+
+
+def same_answer(streamed, plain):
+    """The answers but for their timings."""
+    drop = lambda a: {k: v for k, v in a.items() if k not in ("id", "stats")}
+    return drop(streamed) == drop(plain)
+
+
+def check_stream(where, got, plain):
+    events = [(t, m) for t, m in got if "event" in m]
+    answer = got[-1][1]
+    out = "".join(m["data"] for _, m in events if m["event"] == "stdout")
+    err = "".join(m["data"] for _, m in events if m["event"] == "stderr")
+    ticks = [t for t, m in events if m["event"] == "stdout" and m["data"].startswith("tick")]
+    check(f"{where}: the output as events, then the answer",
+          out == answer["stdout"] and err == answer["stderr"] and "tick 2" in out, got)
+    check(f"{where}: each line as it is written (0.4 s apart), long before the answer",
+          len(ticks) == 3 and ticks[1] - ticks[0] > 0.25 and ticks[2] - ticks[1] > 0.25
+          and got[-1][0] - ticks[0] > 1.0, [(round(t, 2), m.get("data")) for t, m in got])
+    check(f"{where}: a character written in two pieces comes whole in one event",
+          "\ufffd" not in out and any("é" in m["data"] for _, m in events), events)
+    check(f"{where}: the answer is the one a run without streaming gets",
+          same_answer(answer, plain), (answer, plain))
+
+
+def streaming_on_standard_input():
+    rc, answers = serve([json.dumps({"id": "p", "code": TICKS})])
+    plain = answers[0]
+    srv = start(stdin=subprocess.PIPE)
+    lines = Lines(srv.stdout.fileno())
+    send(srv.stdin, {"id": "s", "code": TICKS, "stream": True})
+    check_stream("stdin", timed_lines(lines, "s"), plain)
+    send(srv.stdin, {"id": "f", "code": "print(1)", "stream": False},
+         {"id": "b", "code": "pass", "stream": "yes"})
+    got = [json.loads(lines.next()) for _ in range(2)]
+    check("stream false: the answer alone", any(m.get("id") == "f" and "status" in m
+                                                for m in got), got)
+    check("stream not a boolean: invalid_request", any(
+        m.get("id") == "b" and refusal(m).get("code") == "invalid_request" for m in got), got)
+    # A session's cell streams too.
+    send(srv.stdin, {"id": "c1", "session": "S", "code": "x = 5"},
+         {"id": "c2", "session": "S", "code": "print(x * 2)", "stream": True})
+    got = timed_lines(lines, "c2")
+    check("a session's cell: its output as events, then its answer",
+          [m.get("event") for _, m in got] == ["stdout", None] and got[0][1]["data"] == "10\n"
+          and got[-1][1].get("session", {}).get("cell") == 2, got)
+    srv.stdin.close()
+    check("serve ends at the end of input", srv.wait(timeout=60) == 0)
+
+
+def streaming_on_a_socket():
+    rc, answers = serve([json.dumps({"id": "p", "code": TICKS})])
+    srv, path, log = listening()
+    sock, lines = connect(path)
+    send(sock, {"id": 7, "code": TICKS, "stream": True})
+    check_stream("socket", timed_lines(lines, 7), answers[0])
+    # The events are bounded like the result: at most max_output_chars.
+    send(sock, {"id": 8, "stream": True, "limits": {"max_output_chars": 50},
+                "code": "for i in range(200):\n    print('é' * 10, flush=True)"})
+    got = timed_lines(lines, 8)
+    out = "".join(m["data"] for _, m in got if m.get("event") == "stdout")
+    check("streamed output is cut where the result is, the note included",
+          out == got[-1][1]["stdout"] and got[-1][1]["stdout_truncated"]
+          and out.startswith(("é" * 10 + "\n") * 4 + "é" * 6 + "\n[pysbx: output cut"), out)
+    sock.close()
+
+
+def a_stream_nobody_reads():
+    """A reader that does not keep up: its events are dropped and said so,
+    never the run held up (its clock), the server or another client."""
+    srv, path, log = listening("--max-pending-bytes", "64K")
+    flood = ("import sys\nfor i in range(2000):\n    print('y' * 999, flush=True)\n"
+             "print('end', file=sys.stderr)")
+    s_sock, s_in = connect(path)
+    send(s_sock, {"id": "flood", "stream": True, "code": flood,
+                  "limits": {"max_output_chars": 4000000}})
+    f_sock, f_in = connect(path)
+    send(f_sock, {"id": "fast", "code": "print(2)"})
+    a = json.loads(f_in.next(timeout=60))
+    check("another client is answered while a stream is not read", a.get("stdout") == "2\n", a)
+    time.sleep(3)  # the flood ends meanwhile, its events left unread
+    got = timed_lines(s_in, "flood")
+    answer = got[-1][1]
+    dropped = [m for _, m in got if m.get("event") == "dropped"]
+    shown = sum(len(m["data"].encode()) for _, m in got if m.get("event") == "stdout")
+    check("the answer holds all the output", answer.get("stdout", "").count("y" * 999) == 2000,
+          answer.get("stdout_truncated"))
+    check("what was not sent as events is said, just before the answer",
+          len(dropped) == 1 and got[-2][1] is dropped[0]
+          and dropped[0]["stdout"] + shown == len(answer["stdout"].encode())
+          and dropped[0]["stderr"] == 0, (dropped, shown))
+    check("the run was not held up by its reader", answer["stats"]["wall_ms"] < 2500,
+          answer["stats"])
+    check("a stream left unread does not cut the client off",
+          not any("unread" in l for l in log.buf.decode().splitlines()), log.buf)
+    s_sock.close()
+    f_sock.close()
+
+
+section(streaming_on_standard_input)
+section(streaming_on_a_socket)
+section(a_stream_nobody_reads)
 section(sessions_on_standard_input)
 section(a_sessions_memory_is_its_first_cells)
 section(sessions_need_the_templates_own_proc)

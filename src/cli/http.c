@@ -20,6 +20,7 @@
  */
 #define _GNU_SOURCE
 #include "commands.h"
+#include "detach.h"
 #include "drain.h"
 #include "options.h"
 #include "reqjson.h"
@@ -53,6 +54,7 @@ static struct {
     __typeof__(MHD_stop_daemon) *stop_daemon;
     __typeof__(MHD_queue_response) *queue_response;
     __typeof__(MHD_create_response_from_buffer) *create_response_from_buffer;
+    __typeof__(MHD_create_response_from_callback) *create_response_from_callback;
     __typeof__(MHD_destroy_response) *destroy_response;
     __typeof__(MHD_add_response_header) *add_response_header;
     __typeof__(MHD_lookup_connection_value) *lookup_connection_value;
@@ -77,6 +79,7 @@ static int mhd_load(void)
     MHD_LOAD(stop_daemon, "MHD_stop_daemon")
     MHD_LOAD(queue_response, "MHD_queue_response")
     MHD_LOAD(create_response_from_buffer, "MHD_create_response_from_buffer")
+    MHD_LOAD(create_response_from_callback, "MHD_create_response_from_callback")
     MHD_LOAD(destroy_response, "MHD_destroy_response")
     MHD_LOAD(add_response_header, "MHD_add_response_header")
     MHD_LOAD(lookup_connection_value, "MHD_lookup_connection_value")
@@ -106,6 +109,7 @@ static int mhd_load(void)
 #define LISTEN_BACKLOG    128
 #define TOKEN_MAX         4096u
 #define JSON_TYPE         "application/json"
+#define NDJSON_TYPE       "application/x-ndjson"
 #define METRICS_TYPE      "text/plain; version=0.0.4; charset=utf-8"
 #define METRICS_ROOM      8192u
 
@@ -606,6 +610,202 @@ static void job_done(struct http *h, struct job *j, const struct sbx_result *res
     efd_notify(h->wake_fd);
 }
 
+/* --- "stream": true ---------------------------------------------------------------- */
+
+/* A streamed run: its thread runs it, queueing the output as event lines
+ * and the answer last; libmicrohttpd's thread for the connection takes the
+ * bytes as the client takes them (a chunked application/x-ndjson body).
+ * Both hold it; the last to let go frees it. */
+struct live {
+    struct http *h;
+    pthread_mutex_t lock;
+    pthread_cond_t more;
+    char *buf; /* queued bytes not yet taken: buf[off..len) */
+    size_t off, len, cap;
+    size_t max;          /* --max-pending-bytes: events past it are dropped */
+    uint64_t dropped[2]; /* bytes of stdout and stderr events dropped */
+    bool done;           /* the answer is queued: nothing more comes */
+    bool gone;           /* libmicrohttpd let go: the client is gone or served */
+    unsigned refs;
+    struct job j;
+    struct json_request r;
+};
+
+static void live_unref(struct live *l)
+{
+    pthread_mutex_lock(&l->lock);
+    bool last = --l->refs == 0;
+    pthread_mutex_unlock(&l->lock);
+    if (!last)
+        return;
+    free(l->buf);
+    sbx_cancel_free(l->j.cancel);
+    json_request_free(&l->r);
+    pthread_mutex_destroy(&l->lock);
+    pthread_cond_destroy(&l->more);
+    free(l);
+}
+
+/* Appends |line| (taken), unless |optional| and there is no room: the
+ * answer always goes, an event only within the allowance. Under l->lock;
+ * returns whether it went. */
+static bool live_put(struct live *l, char *line, bool optional)
+{
+    size_t n = line ? strlen(line) : 0;
+    bool ok = line != NULL;
+
+    if (l->off == l->len)
+        l->off = l->len = 0;
+    if (ok && optional && l->len > l->off && l->len - l->off + n > l->max)
+        ok = false; /* as for answers, one alone may pass the allowance */
+    if (ok && l->len + n > l->cap) {
+        size_t cap = l->cap ? l->cap : 4096;
+        while (cap < l->len + n)
+            cap *= 2;
+        char *p = realloc(l->buf, cap);
+        ok = p != NULL;
+        if (ok) {
+            l->buf = p;
+            l->cap = cap;
+        }
+    }
+    if (ok) {
+        memcpy(l->buf + l->len, line, n);
+        l->len += n;
+        pthread_cond_broadcast(&l->more);
+    }
+    free(line);
+    return ok;
+}
+
+/* on_output, in the run's thread: never waits for the client. */
+static void live_output(void *user, int stream, const char *text, size_t len)
+{
+    struct live *l = user;
+
+    pthread_mutex_lock(&l->lock);
+    if (l->gone || !live_put(l, json_event_output(l->r.id_text, stream, text, len), true))
+        l->dropped[stream - 1] += len;
+    pthread_mutex_unlock(&l->lock);
+}
+
+static void *live_main(void *p)
+{
+    struct live *l = p;
+    struct http *h = l->h;
+    struct sbx_result *res = NULL;
+    struct sbx_error err = {0};
+    char *answer;
+
+    uint64_t t0 = now_ns();
+    int rc = h->o->backend->run(h->o->backend->self, &l->r.req, &res, &err);
+    if (rc < 0)
+        count_refused(h, err.code);
+    job_done(h, &l->j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9);
+    answer = rc == 0 ? json_answer_result(l->r.id_text, res) : json_answer_error(l->r.id_text, &err);
+    sbx_result_free(res);
+    /* From here on |h| may be gone: the drain waits for this exchange only
+     * until its answer has been taken. */
+    pthread_mutex_lock(&l->lock);
+    if (l->dropped[0] || l->dropped[1])
+        live_put(l, json_event_dropped(l->r.id_text, l->dropped), false);
+    live_put(l, answer, false);
+    l->done = true;
+    pthread_cond_broadcast(&l->more);
+    pthread_mutex_unlock(&l->lock);
+    live_unref(l);
+    return NULL;
+}
+
+/* libmicrohttpd asks for the next bytes of the body: waits for them (this
+ * is the connection's own thread); the end once the answer is taken. */
+static ssize_t live_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct live *l = cls;
+    ssize_t n;
+
+    (void)pos;
+    pthread_mutex_lock(&l->lock);
+    while (l->off == l->len && !l->done)
+        pthread_cond_wait(&l->more, &l->lock);
+    if (l->off == l->len)
+        n = l->len == 0 && !l->buf ? MHD_CONTENT_READER_END_WITH_ERROR
+                                   : MHD_CONTENT_READER_END_OF_STREAM;
+    else {
+        n = (ssize_t)(l->len - l->off < max ? l->len - l->off : max);
+        memcpy(buf, l->buf + l->off, (size_t)n);
+        l->off += (size_t)n;
+    }
+    pthread_mutex_unlock(&l->lock);
+    return n;
+}
+
+/* libmicrohttpd is done with the body: the client took it all, or went
+ * away, in which case its run is cancelled. */
+static void live_release(void *cls)
+{
+    struct live *l = cls;
+
+    pthread_mutex_lock(&l->lock);
+    l->gone = true;
+    if (!l->done)
+        sbx_cancel_fire(l->j.cancel);
+    pthread_mutex_unlock(&l->lock);
+    live_unref(l);
+}
+
+/* Starts |r| (taken) in a thread of its own and answers with its stream. */
+static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
+                                    struct json_request *r)
+{
+    struct live *l = calloc(1, sizeof(*l));
+    struct MHD_Response *resp = NULL;
+    enum MHD_Result ok;
+
+    if (!l || !(l->j.cancel = sbx_cancel_new())) {
+        free(l);
+        json_request_free(r);
+        return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
+                          "out of memory");
+    }
+    l->h = h;
+    l->r = *r;
+    l->max = h->o->max_pending_bytes;
+    l->refs = 2;
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_cond_init(&l->more, NULL);
+    l->r.req.cancel = l->j.cancel;
+    l->r.req.on_output = live_output;
+    l->r.req.user = l;
+    const union MHD_ConnectionInfo *ci =
+        mhd.get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    l->j.fd = ci ? ci->connect_fd : -1;
+    resp = mhd.create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, live_read, l, live_release);
+    if (!resp) {
+        l->refs = 1;
+        live_unref(l);
+        return MHD_NO;
+    }
+    job_add(h, &l->j);
+    if (start_detached(live_main, l) < 0) {
+        struct sbx_error err;
+        sbx_fail(&err, SBX_ERR_UNAVAILABLE, -EAGAIN, "cannot start a thread");
+        count_refused(h, err.code);
+        job_done(h, &l->j, NULL, 0);
+        pthread_mutex_lock(&l->lock);
+        live_put(l, json_answer_error(l->r.id_text, &err), false);
+        l->done = true;
+        pthread_mutex_unlock(&l->lock);
+        live_unref(l);
+    }
+    mhd.add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, NDJSON_TYPE);
+    /* A proxy in front (nginx) passes each line on as it comes. */
+    mhd.add_response_header(resp, "X-Accel-Buffering", "no");
+    ok = mhd.queue_response(conn, MHD_HTTP_OK, resp);
+    mhd.destroy_response(resp); /* live_release runs once libmicrohttpd is done with it */
+    return ok;
+}
+
 static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct exchange *x)
 {
     struct json_request r = {0};
@@ -630,6 +830,8 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
         json_request_free(&r);
         return ok;
     }
+    if (r.stream)
+        return run_streamed(h, conn, &r);
     if (!(j.cancel = sbx_cancel_new())) {
         json_request_free(&r);
         return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,

@@ -37,6 +37,21 @@ struct call {
     bool cancelled; /* by the client: its answer is not sent; under lock */
 };
 
+/* A call's output waiting to go out as progress notifications. */
+struct progress {
+    struct progress *next; /* in s->progressing while it has text waiting */
+    json_t *token;         /* the call's progressToken */
+    char *text;            /* waiting: text[0..len), whole UTF-8 characters */
+    size_t len, cap;
+    uint64_t sent;    /* notifications sent: each one's "progress" */
+    uint64_t dropped; /* bytes past PROGRESS_BYTES, not sent */
+    bool queued;      /* on s->progressing */
+};
+
+/* What one call may have waiting to go out as progress; past it, output is
+ * counted and left to the call's result (which holds all of it). */
+#define PROGRESS_BYTES (1u << 20)
+
 struct server {
     const struct mcp_opts *o;
     pthread_mutex_t lock; /* output lines, calls, inflight */
@@ -44,6 +59,13 @@ struct server {
     unsigned inflight;
     struct call *calls;
     struct session_table *sessions;
+    /* Progress: taken and written by the notifier under |lock|, so that a
+     * call's notifications go out before its answer; put by the runs
+     * under |plock| alone, which a blocked standard output never holds. */
+    pthread_mutex_t plock;
+    pthread_cond_t pwake;
+    struct progress *progressing;
+    bool pstop;
 };
 
 static char *message_text(json_t *msg)
@@ -344,6 +366,7 @@ static json_t *tool_result(const struct sbx_result *r, const char *session)
 
 struct call_job {
     struct server *s;
+    struct progress progress; /* token NULL: the call asked for none */
     json_t *id;
     json_t *args;
     struct call call;
@@ -354,6 +377,8 @@ struct call_job {
 
 static void call_job_free(struct call_job *j)
 {
+    json_decref(j->progress.token);
+    free(j->progress.text);
     session_leave(j->cell);
     sbx_cancel_free(j->call.cancel);
     json_decref(j->id);
@@ -396,6 +421,95 @@ static json_t *request_for(json_t *args)
     return req;
 }
 
+/* --- progress: the output as it comes ----------------------------------------- */
+
+/* on_output of a call that carries a progressToken, in its run's thread:
+ * never waits for standard output. */
+static void progress_output(void *user, int stream, const char *text, size_t len)
+{
+    struct call_job *j = user;
+    struct server *s = j->s;
+    struct progress *p = &j->progress;
+
+    (void)stream; /* stdout and stderr interleaved, as a terminal shows them */
+    pthread_mutex_lock(&s->plock);
+    if (p->len + len > PROGRESS_BYTES)
+        p->dropped += len;
+    else {
+        if (p->len + len > p->cap) {
+            size_t cap = p->cap ? p->cap : 4096;
+            while (cap < p->len + len)
+                cap *= 2;
+            char *t = realloc(p->text, cap);
+            if (t) {
+                p->text = t;
+                p->cap = cap;
+            }
+        }
+        if (p->len + len <= p->cap) {
+            memcpy(p->text + p->len, text, len);
+            p->len += len;
+        } else
+            p->dropped += len;
+    }
+    if (!p->queued && (p->len || p->dropped)) {
+        p->queued = true;
+        p->next = s->progressing;
+        s->progressing = p;
+        pthread_cond_signal(&s->pwake);
+    }
+    pthread_mutex_unlock(&s->plock);
+}
+
+/* Writes what |p| has waiting as one notification. Under s->lock and
+ * s->plock (taken in that order); leaves |p| empty and off the list. */
+static void progress_flush_locked(struct server *s, struct progress *p)
+{
+    for (struct progress **pp = &s->progressing; p->queued && *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            p->queued = false;
+            break;
+        }
+    if (!p->len && !p->dropped)
+        return;
+    char note[96] = "";
+    if (p->dropped)
+        fmt(note, sizeof(note), "[pysbx: %llu bytes of output not sent as progress]\n",
+            (unsigned long long)p->dropped);
+    char *msg = NULL;
+    if (asprintf(&msg, "%.*s%s", (int)p->len, p->text ? p->text : "", note) >= 0)
+        write_line(message_text(json_pack(
+            "{s:s, s:s, s:{s:O, s:I, s:s}}", "jsonrpc", "2.0", "method", "notifications/progress",
+            "params", "progressToken", p->token, "progress", (json_int_t)++p->sent, "message",
+            msg)));
+    free(msg);
+    p->len = 0;
+    p->dropped = 0;
+}
+
+/* The notifier: sends each call's waiting output, one call at a time. */
+static void *notifier_main(void *arg)
+{
+    struct server *s = arg;
+
+    for (;;) {
+        pthread_mutex_lock(&s->plock);
+        while (!s->progressing && !s->pstop)
+            pthread_cond_wait(&s->pwake, &s->plock);
+        bool stop = !s->progressing;
+        pthread_mutex_unlock(&s->plock);
+        if (stop)
+            return NULL;
+        pthread_mutex_lock(&s->lock);
+        pthread_mutex_lock(&s->plock);
+        if (s->progressing)
+            progress_flush_locked(s, s->progressing);
+        pthread_mutex_unlock(&s->plock);
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
 static void *run_call(void *p)
 {
     struct call_job *j = p;
@@ -411,6 +525,10 @@ static void *run_call(void *p)
     if (req && json_request_from(req, NULL, &r, &err) == 0) {
         r.req.limits = s->o->limits;
         r.req.cancel = j->call.cancel;
+        if (j->progress.token) {
+            r.req.on_output = progress_output;
+            r.req.user = j;
+        }
         rc = sbx_request_check(&r.req, &err);
     }
     if (rc == 0 && j->cell) {
@@ -434,7 +552,13 @@ static void *run_call(void *p)
     json_decref(req);
     sbx_result_free(res);
     pthread_mutex_lock(&s->lock);
-    /* A call the client cancelled gets no answer: it has stopped waiting. */
+    /* Its last progress first; none at all for a call the client
+     * cancelled, and no answer: it has stopped waiting. */
+    pthread_mutex_lock(&s->plock);
+    if (j->call.cancelled)
+        j->progress.len = j->progress.dropped = 0;
+    progress_flush_locked(s, &j->progress);
+    pthread_mutex_unlock(&s->plock);
     if (j->call.cancelled)
         free(text);
     else
@@ -556,6 +680,8 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
         return;
     }
     j->s = s;
+    j->progress.token = json_incref(json_object_get(json_object_get(params, "_meta"),
+                                                    "progressToken"));
     j->id = json_incref(id);
     j->args = json_incref(args);
     j->call.id = j->id;
@@ -658,6 +784,14 @@ int mcp_main(const struct mcp_opts *o)
     }
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.idle, NULL);
+    pthread_mutex_init(&s.plock, NULL);
+    pthread_cond_init(&s.pwake, NULL);
+    pthread_t notifier;
+    if (pthread_create(&notifier, NULL, notifier_main, &s) != 0) {
+        fputs("pysbx mcp: cannot start a thread\n", stderr);
+        session_table_free(s.sessions);
+        return EXIT_FAILURE;
+    }
     line_reader_init(&lr, 0, o->max_line_bytes);
     /* SIGINT, SIGTERM, SIGHUP: no more input; the calls in flight are
      * cancelled and answered, and the sandbox is closed on the way out. */
@@ -689,9 +823,16 @@ int mcp_main(const struct mcp_opts *o)
     while (s.inflight > 0)
         pthread_cond_wait(&s.idle, &s.lock);
     pthread_mutex_unlock(&s.lock);
+    pthread_mutex_lock(&s.plock);
+    s.pstop = true;
+    pthread_cond_signal(&s.pwake);
+    pthread_mutex_unlock(&s.plock);
+    pthread_join(notifier, NULL);
     /* No call holds a session now; all closed before the backend is. */
     session_table_free(s.sessions);
     pthread_mutex_destroy(&s.lock);
     pthread_cond_destroy(&s.idle);
+    pthread_mutex_destroy(&s.plock);
+    pthread_cond_destroy(&s.pwake);
     return stopper_signal() ? 128 + stopper_signal() : 0;
 }

@@ -40,6 +40,8 @@ struct json_request {
     enum sbx_rollback rollback;
     /* In |doc|: a session_close message's name (r->req unfilled). */
     const char *session_close;
+    /* "stream": true: the output as events before the answer. */
+    bool stream;
 };
 
 /* Parses one line: a request, or (r->cancel_text or r->session_close set,
@@ -92,6 +94,13 @@ char *json_answer_error(const char *id_text, const struct sbx_error *err);
 char *json_answer_session(const char *id_text, const struct sbx_result *res, const char *name);
 /* {"id": ..., "session_closed": |name|}. */
 char *json_answer_session_closed(const char *id_text, const char *name);
+/* Streaming: {"id": ..., "event": "stdout" | "stderr", "data": |text|}
+ * for |stream| 1 or 2 (|text| valid UTF-8, as on_output gives it); and
+ * {"id": ..., "event": "dropped", "stdout": N, "stderr": M}, the bytes of
+ * events a reader too slow to take them did not get (the answer holds
+ * them all). */
+char *json_event_output(const char *id_text, int stream, const char *text, size_t len);
+char *json_event_dropped(const char *id_text, const uint64_t dropped[2]);
 /* The refusal of a cancel message: {"id":null,"cancel":<its id>,"error":...}. */
 char *json_answer_cancel_error(const char *cancel_text, const struct sbx_error *err);
 

@@ -51,10 +51,21 @@
  * lets a cancel sent behind them be seen. */
 #define READ_AHEAD 1024u
 
+/* The longest run of one stream's output one event line carries: events
+ * waiting to be written are joined up to it. */
+#define EVENT_JOIN_BYTES 65536u
+
 struct answer {
     struct answer *next;
     char *text;
     size_t len;
+    /* An output event: its request's number on the stream (0: not an
+     * event), which stream, and its text before encoding, to join more to
+     * while it waits. */
+    uint64_t seq;
+    int stream;
+    char *raw;
+    size_t raw_len;
 };
 
 struct server {
@@ -75,6 +86,8 @@ struct job {
     struct conn *c;
     struct sbx_cancel *cancel;
     struct session_cell *cell; /* its place in its session's line, until it runs */
+    uint64_t seq;              /* its number among the stream's requests, from 1 */
+    uint64_t dropped[2];       /* bytes of stdout and stderr events not queued */
     struct json_request r;
 };
 
@@ -96,12 +109,22 @@ struct conn {
     unsigned n_waiting;
     size_t waiting_bytes;
     struct answer *head, **tail;
-    size_t pending; /* bytes of answers queued or being written */
+    struct answer *last; /* the one at the tail, not yet being written; or NULL */
+    uint64_t seqs;       /* requests numbered so far */
+    size_t pending;      /* bytes of answers queued or being written */
+    size_t events;       /* ... of them, in output events */
     bool done;      /* no more answers will be queued */
     bool dropped;   /* the client is gone or cut off: its answers go nowhere */
     /* The stream's sessions, by the names it gave them. */
     struct session_table *sessions;
 };
+
+static void answer_free(struct answer *a)
+{
+    free(a->text);
+    free(a->raw);
+    free(a);
+}
 
 static void free_answers(struct conn *c)
 {
@@ -109,10 +132,23 @@ static void free_answers(struct conn *c)
         struct answer *a = c->head;
         c->head = a->next;
         c->pending -= a->len;
-        free(a->text);
-        free(a);
+        c->events -= a->seq ? a->len : 0;
+        answer_free(a);
     }
     c->tail = &c->head;
+    c->last = NULL;
+}
+
+/* Puts |a| at the tail. Under c->lock. */
+static void enqueue(struct conn *c, struct answer *a)
+{
+    a->next = NULL;
+    *c->tail = a;
+    c->tail = &a->next;
+    c->last = a;
+    c->pending += a->len;
+    c->events += a->seq ? a->len : 0;
+    pthread_cond_broadcast(&c->changed);
 }
 
 /* The client is gone, or will not be waited for: cancel its runs, forget its
@@ -168,20 +204,19 @@ static struct job *finish(struct conn *c, struct job *j, char *line, bool slot)
 
     pthread_mutex_lock(&c->lock);
     /* Standard output: wait, as a blocking pipe would make us. A client:
-     * past its allowance (one answer alone may exceed it), cut it off. */
-    while (!c->socket && !c->dropped && c->pending && c->pending + len > max)
+     * past its allowance (one answer alone may exceed it), cut it off.
+     * Output events have an allowance of their own (stream_output). */
+    while (!c->socket && !c->dropped && c->pending > c->events &&
+           c->pending - c->events + len > max)
         pthread_cond_wait(&c->changed, &c->lock);
-    if (c->socket && !c->dropped && c->pending && c->pending + len > max) {
+    if (c->socket && !c->dropped && c->pending > c->events && c->pending - c->events + len > max) {
         char why[96];
         fmt(why, sizeof(why), "left more than %zu bytes of answers unread", max);
         drop_locked(c, why);
     }
     if (a && !c->dropped) {
-        *a = (struct answer){NULL, line, len};
-        *c->tail = a;
-        c->tail = &a->next;
-        c->pending += len;
-        pthread_cond_broadcast(&c->changed);
+        *a = (struct answer){.text = line, .len = len};
+        enqueue(c, a);
         a = NULL;
         line = NULL;
     }
@@ -233,6 +268,69 @@ static void job_free(struct job *j)
     free(j);
 }
 
+/* "stream": true. Called in the run's thread with each piece of output as
+ * it arrives (whole UTF-8 characters, never more in all than the result's
+ * own text); queued as an event line with the answers, or joined to the
+ * same stream's event of this request still waiting at the tail. Never
+ * waits (the run's clock is kept in the thread that calls this): past the
+ * stream's allowance an event is dropped and counted, and the answer,
+ * which holds every character, is preceded by a line that says so. */
+static void stream_output(void *user, int stream, const char *text, size_t len)
+{
+    struct job *j = user;
+    struct conn *c = j->c;
+    size_t max = c->s->o->max_pending_bytes;
+
+    pthread_mutex_lock(&c->lock);
+    struct answer *t = c->last;
+    bool join = t && t->seq == j->seq && t->stream == stream && t->raw_len + len <= EVENT_JOIN_BYTES;
+    size_t before = join ? t->raw_len : 0, old = join ? t->len : 0;
+    char *raw = c->dropped ? NULL : malloc(before + len + 1);
+    char *line = NULL;
+    if (raw) {
+        memcpy(raw, join ? t->raw : "", before);
+        memcpy(raw + before, text, len);
+        line = json_event_output(j->r.id_text, stream, raw, before + len);
+    }
+    size_t llen = line ? strlen(line) : 0;
+    struct answer *a = line && !join ? calloc(1, sizeof(*a)) : NULL;
+    /* Events have an allowance of their own, apart from the answers'; as
+     * for answers, one alone may pass it. */
+    bool room = c->events == old || c->events - old + llen <= max;
+    if (!line || (!join && !a) || !room) {
+        j->dropped[stream - 1] += len;
+        free(raw);
+        free(line);
+        free(a);
+    } else if (join) {
+        free(t->text);
+        free(t->raw);
+        *t = (struct answer){NULL, line, llen, j->seq, stream, raw, before + len};
+        c->last = t;
+        c->pending += llen - old;
+        c->events += llen - old;
+        pthread_cond_broadcast(&c->changed);
+    } else {
+        *a = (struct answer){NULL, line, llen, j->seq, stream, raw, len};
+        enqueue(c, a);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* The answer of a request some of whose events were dropped, after the
+ * line that says how many bytes of each stream. */
+static char *dropped_first(struct job *j, char *answer)
+{
+    char *note = json_event_dropped(j->r.id_text, j->dropped), *both = NULL;
+
+    if (note && asprintf(&both, "%s%s", note, answer) >= 0) {
+        free(answer);
+        answer = both;
+    }
+    free(note);
+    return answer;
+}
+
 /* Runs |j| and answers it; returns the next request to run (see finish). */
 static struct job *run_one(struct job *j, bool slot)
 {
@@ -244,6 +342,10 @@ static struct job *run_one(struct job *j, bool slot)
     char *line;
 
     j->r.req.cancel = j->cancel;
+    if (j->r.stream) {
+        j->r.req.on_output = stream_output;
+        j->r.req.user = j;
+    }
     struct session_cell *cell = j->cell;
     j->cell = NULL; /* session_run gives its place up */
     int rc = cell ? session_run(cell, &j->r.req, j->r.rollback, &res, &err)
@@ -259,7 +361,10 @@ static struct job *run_one(struct job *j, bool slot)
     else
         line = json_answer_result(j->r.id_text, res);
     sbx_result_free(res);
-    next = finish(c, j, or_fallback(line, j->r.id_text), slot);
+    line = or_fallback(line, j->r.id_text);
+    if (line && (j->dropped[0] || j->dropped[1]))
+        line = dropped_first(j, line);
+    next = finish(c, j, line, slot);
     job_free(j);
     return next;
 }
@@ -292,14 +397,16 @@ static void *writer_main(void *p)
             break;
         struct answer *a = c->head;
         c->head = a->next;
-        if (!c->head)
+        if (!c->head) {
             c->tail = &c->head;
+            c->last = NULL; /* being written: nothing more is joined to it */
+        }
         pthread_mutex_unlock(&c->lock);
         int rc = write_full(c->out_fd, a->text, a->len);
         pthread_mutex_lock(&c->lock);
         c->pending -= a->len;
-        free(a->text);
-        free(a);
+        c->events -= a->seq ? a->len : 0;
+        answer_free(a);
         pthread_cond_broadcast(&c->changed);
         if (rc < 0)
             drop_locked(c, rc == -EPIPE ? "hung up" : "cannot be written to");
@@ -393,6 +500,7 @@ static void start_job(struct conn *c, struct job *j)
     bool now;
 
     j->c = c;
+    j->seq = ++c->seqs; /* only the reader numbers them */
     if (!(j->cancel = sbx_cancel_new()))
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
     /* In its session's line now, in the order requests are read. */

@@ -55,6 +55,26 @@ await check("code runs", async () => {
   assert.match(text(r), /stdout:\n42\n/);
 });
 
+await check("output as it is written: progress notifications, the SDK's onprogress", async () => {
+  const seen = [];
+  const t0 = Date.now();
+  const code =
+    "import sys, time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.4)\n" +
+    "print('err', file=sys.stderr)";
+  const r = await client.callTool({ name: "run_python", arguments: { code } }, undefined, {
+    onprogress: (p) => seen.push({ at: Date.now() - t0, ...p }),
+  });
+  const done = Date.now() - t0;
+  assert.equal(r.isError, false);
+  assert.equal(seen.map((p) => p.message).join(""), "tick 0\ntick 1\ntick 2\nerr\n");
+  assert.deepEqual(seen.map((p) => p.progress), seen.map((_, i) => i + 1));
+  const ticks = seen.filter((p) => p.message.startsWith("tick")).map((p) => p.at);
+  assert.equal(ticks.length, 3, JSON.stringify(seen));
+  assert.ok(ticks[1] - ticks[0] > 250 && ticks[2] - ticks[1] > 250, JSON.stringify(seen));
+  assert.ok(done - ticks[0] > 700, JSON.stringify({ seen, done }));
+  assert.match(text(r), /stdout:\ntick 0\ntick 1\ntick 2\n/);
+});
+
 await check("input files", async () => {
   const r = await call({
     code: "import csv\nrows = list(csv.reader(open('data/in.csv')))\nprint(len(rows), rows[1])",
