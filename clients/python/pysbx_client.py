@@ -22,6 +22,10 @@ Over a UNIX socket each run() is one connection (so runs from many threads
 at once are independent); closing it, as a timeout does, cancels the run.
 Over HTTP each run() is one POST /v1/run with the same JSON body.
 
+on_output=fn(stream, text) (run() and a session's run()) asks for the output
+as it is written: fn is called with "stdout" or "stderr" and each piece, in
+the order written, before run() returns the whole result.
+
 A session keeps state (variables, imports, files) from one cell to the next,
 over a UNIX socket only; a cell that raises is rolled back (rollback=
 "on_error", the server's default; "on_stop" and "never" keep more):
@@ -206,6 +210,36 @@ def _result(answer: Dict[str, Any]) -> Result:
         raise ProtocolError(f"a malformed result ({e!r}): {answer!r:.200}") from None
 
 
+# The events of a streamed answer that carry output.
+_OUTPUT_EVENTS = ("stdout", "stderr")
+
+
+def _event(m: Any) -> Optional[Tuple[str, ...]]:
+    """None when |m| is the answer; for an event line of a streamed answer,
+    (stream, text) when it carries output, else () ("dropped": that output
+    is in the answer all the same)."""
+    if not isinstance(m, dict) or "event" not in m:
+        return None
+    if m["event"] in _OUTPUT_EVENTS and isinstance(m.get("data"), str):
+        return (m["event"], m["data"])
+    return ()
+
+
+def _follow(readline, on_output) -> Any:
+    """The answer among the lines readline() gives, events passed on."""
+    while True:
+        line = readline()
+        if not line.endswith(b"\n"):
+            raise ProtocolError("the server closed the connection without an answer"
+                                if not line else "an answer past MAX_ANSWER_BYTES")
+        m = _loads(line)
+        ev = _event(m)
+        if ev is None:
+            return m
+        if ev:
+            on_output(*ev)
+
+
 def _request(code: str, files, limits, id) -> Dict[str, Any]:
     if not isinstance(code, str):
         raise TypeError("code is a str")
@@ -276,19 +310,23 @@ class Client:
     def run(self, code: str, files: Optional[Mapping[str, Union[str, bytes]]] = None,
             limits: Optional[Mapping[str, Any]] = None,
             stdin: Optional[Union[str, bytes]] = None,
-            argv: Optional[List[str]] = None, filename: Optional[str] = None) -> Result:
+            argv: Optional[List[str]] = None, filename: Optional[str] = None,
+            on_output=None) -> Result:
         """Runs |code| with |files| (name to str, or to bytes for binary
         content) in the workspace and |limits| (wall_seconds, cpu_seconds,
         memory_bytes, max_output_chars, max_artifact_bytes, max_artifacts);
         |stdin| (str or bytes) is its standard input, |argv| its
         sys.argv[1:], |filename| its name (sys.argv[0], __file__ and the
-        file its tracebacks name, as python3 FILENAME gives them)."""
+        file its tracebacks name, as python3 FILENAME gives them);
+        on_output(stream, text) is called with the output as it comes."""
         with self._lock:
             id = next(self._ids)
         req = _request(code, files, limits, id)
         _add_input(req, stdin, argv, filename)
+        if on_output is not None:
+            req["stream"] = True
         body = json.dumps(req).encode()
-        answer = self._post(body) if self._http else self._unix(body)
+        answer = self._post(body, on_output) if self._http else self._unix(body, on_output)
         if isinstance(answer, dict) and answer.get("id") not in (id, None):
             raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
         return _result(answer)
@@ -300,12 +338,15 @@ class Client:
             raise ValueError("sessions are served over a UNIX socket (and MCP), not HTTP")
         return Session(self, name)
 
-    def _unix(self, body: bytes) -> Any:
+    def _unix(self, body: bytes, on_output=None) -> Any:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(self.timeout)
             s.connect(self.target)
             s.sendall(body + b"\n")
             s.shutdown(socket.SHUT_WR)  # one request: the server answers it and closes
+            if on_output is not None:
+                with s.makefile("rb") as f:
+                    return _follow(lambda: f.readline(MAX_ANSWER_BYTES + 1), on_output)
             chunks, size = [], 0
             while True:
                 chunk = s.recv(1 << 16)
@@ -320,7 +361,7 @@ class Client:
             raise ProtocolError("the server closed the connection without an answer")
         return _loads(line)
 
-    def _post(self, body: bytes) -> Any:
+    def _post(self, body: bytes, on_output=None) -> Any:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -328,6 +369,8 @@ class Client:
                                      headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                if on_output is not None:
+                    return _follow(lambda: resp.readline(MAX_ANSWER_BYTES + 1), on_output)
                 return _loads(resp.read(MAX_ANSWER_BYTES + 1))
         except urllib.error.HTTPError as e:
             text = e.read(1 << 20)
@@ -369,11 +412,15 @@ class Session:
 
     def run(self, code: str, files: Optional[Mapping[str, Union[str, bytes]]] = None,
             limits: Optional[Mapping[str, Any]] = None,
-            rollback: Optional[str] = None, argv: Optional[List[str]] = None) -> Result:
-        """Runs |code| as the session's next cell (files, limits and argv as
-        for Client.run; a cell has no stdin); rollback: on_error (the
-        default), on_stop or never."""
-        return _result(self._ask(_cell(self.name, code, files, limits, rollback, argv)))
+            rollback: Optional[str] = None, argv: Optional[List[str]] = None,
+            on_output=None) -> Result:
+        """Runs |code| as the session's next cell (files, limits, argv and
+        on_output as for Client.run; a cell has no stdin); rollback:
+        on_error (the default), on_stop or never."""
+        req = _cell(self.name, code, files, limits, rollback, argv)
+        if on_output is not None:
+            req["stream"] = True
+        return _result(self._ask(req, on_output))
 
     def reset(self) -> None:
         """Closes the session on the server: the next run() starts a new one.
@@ -401,23 +448,20 @@ class Session:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _ask(self, req: Dict[str, Any]) -> Dict[str, Any]:
+    def _ask(self, req: Dict[str, Any], on_output=None) -> Dict[str, Any]:
         with self._lock:
             if self._sock is None:
                 raise ValueError("the session is closed")
             req["id"] = next(self._ids)
             try:
                 self._sock.sendall(json.dumps(req).encode() + b"\n")
-                line = self._in.readline(MAX_ANSWER_BYTES + 1)
-                if not line.endswith(b"\n"):
-                    raise ProtocolError("the server closed the connection without an answer"
-                                        if not line else "an answer past MAX_ANSWER_BYTES")
+                answer = _follow(lambda: self._in.readline(MAX_ANSWER_BYTES + 1),
+                                 on_output or (lambda stream, text: None))
             except BaseException:
                 # A cell still running, or an answer half read: the
                 # connection can serve no more; closing it ends the cell.
                 self._drop()
                 raise
-        answer = _loads(line)
         if not isinstance(answer, dict) or answer.get("id") not in (req["id"], None):
             raise ProtocolError(f"not the answer to request {req['id']}: {answer!r:.200}")
         return answer
@@ -568,14 +612,18 @@ class PysbxSandbox:
     async def run(self, code: str, *, limits: Union[SandboxLimits, Mapping[str, Any], None] = None,
                   files: Optional[Mapping[str, Union[str, bytes]]] = None,
                   stdin: Optional[Union[str, bytes]] = None, argv: Optional[List[str]] = None,
-                  filename: Optional[str] = None) -> SandboxResult:
+                  filename: Optional[str] = None, on_output=None) -> SandboxResult:
         """Runs |code| in a fresh sandbox (files, stdin, argv and filename as
-        Client.run has them)."""
+        Client.run has them); on_output(stream, text), a function or a
+        coroutine function, is called with the output as it comes."""
         id = next(self._ids)
         req = _request(code, files, _limits_json(limits), id)
         _add_input(req, stdin, argv, filename)
+        if on_output is not None:
+            req["stream"] = True
         body = json.dumps(req).encode()
-        answer = await (self._post(body) if self._url else self._unix(body))
+        answer = await (self._post(body, on_output) if self._url else
+                        self._unix(body, on_output))
         if isinstance(answer, dict) and answer.get("id") not in (id, None):
             raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
         return _sandbox_result(_result(answer))
@@ -591,12 +639,15 @@ class PysbxSandbox:
         """A run_python tool for a model, every call under |limits|."""
         return RunPythonTool(self, limits, sessions)
 
-    async def _unix(self, body: bytes) -> Any:
-        reader, writer = await asyncio.open_unix_connection(self.address)
+    async def _unix(self, body: bytes, on_output=None) -> Any:
+        reader, writer = await asyncio.open_unix_connection(self.address,
+                                                            limit=MAX_ANSWER_BYTES + 1)
         try:
             writer.write(body + b"\n")
             await writer.drain()
             writer.write_eof()  # one request: the server answers it and closes
+            if on_output is not None:
+                return await _afollow(reader.readline, on_output)
             data = await _read_capped(reader)
         finally:
             # Also when the task is cancelled: the server sees the
@@ -607,7 +658,7 @@ class PysbxSandbox:
             raise ProtocolError("the server closed the connection without an answer")
         return _loads(line)
 
-    async def _post(self, body: bytes) -> Any:
+    async def _post(self, body: bytes, on_output=None) -> Any:
         u = self._url
         tls = u.scheme == "https"
         port = u.port or (443 if tls else 80)
@@ -624,7 +675,7 @@ class PysbxSandbox:
                 head.append(f"Authorization: Bearer {self.token}")
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
             await writer.drain()
-            status, headers, text = await _http_response(reader)
+            status, headers, text = await _http_response(reader, on_output)
         finally:
             await _close(writer)
         if status == 200:
@@ -632,9 +683,50 @@ class PysbxSandbox:
         raise _http_error(status, text, "")
 
 
-async def _http_response(reader: asyncio.StreamReader) -> Tuple[int, Dict[str, str], bytes]:
+async def _afollow(readline, on_output) -> Any:
+    """_follow for asyncio: on_output may be a coroutine function."""
+    async def emit(stream: str, text: str) -> None:
+        r = on_output(stream, text)
+        if asyncio.iscoroutine(r):
+            await r
+
+    while True:
+        line = await readline()
+        if not line.endswith(b"\n"):
+            raise ProtocolError("the server closed the connection without an answer"
+                                if not line else "an answer past MAX_ANSWER_BYTES")
+        m = _loads(line)
+        ev = _event(m)
+        if ev is None:
+            return m
+        if ev:
+            await emit(*ev)
+
+
+class _ChunkedLines:
+    """The lines of a chunked body as its chunks arrive."""
+
+    def __init__(self, reader: asyncio.StreamReader):
+        self.reader, self.buf, self.end, self.size = reader, b"", False, 0
+
+    async def readline(self) -> bytes:
+        while b"\n" not in self.buf and not self.end:
+            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            self.size += size
+            if self.size > MAX_ANSWER_BYTES:
+                raise ProtocolError("an answer past MAX_ANSWER_BYTES")
+            self.buf += (await self.reader.readexactly(size + 2))[:-2]
+            self.end = size == 0
+        line, nl, self.buf = self.buf.partition(b"\n")
+        return line + nl
+
+
+async def _http_response(reader: asyncio.StreamReader,
+                         on_output=None) -> Tuple[int, Dict[str, str], bytes]:
     """An HTTP/1.1 response on a connection the server closes after it:
-    its status, headers and body (Content-Length, chunked, or to the end)."""
+    its status, headers and body (Content-Length, chunked, or to the end);
+    a streamed one's events handed to on_output and the answer's line as
+    the body."""
     try:
         line = await reader.readuntil(b"\r\n")
         parts = line.decode("latin-1").split(" ", 2)
@@ -650,7 +742,11 @@ async def _http_response(reader: asyncio.StreamReader) -> Tuple[int, Dict[str, s
             headers[k.strip().lower()] = v.strip()
             if len(headers) > 100:
                 raise ProtocolError("too many HTTP headers")
-        if headers.get("transfer-encoding", "").lower() == "chunked":
+        chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+        if chunked and on_output is not None and status == 200:
+            answer = await _afollow(_ChunkedLines(reader).readline, on_output)
+            return status, headers, json.dumps(answer).encode()
+        if chunked:
             body = b""
             while True:
                 size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
@@ -693,12 +789,15 @@ class AsyncSession:
     async def run(self, code: str, *, limits: Union[SandboxLimits, Mapping[str, Any], None] = None,
                   files: Optional[Mapping[str, Union[str, bytes]]] = None,
                   rollback: Optional[str] = None,
-                  argv: Optional[List[str]] = None) -> SandboxResult:
+                  argv: Optional[List[str]] = None, on_output=None) -> SandboxResult:
         """The session's next cell; rollback: on_error (the default),
-        on_stop or never. A cell stopped at a limit raises as run() does
-        (its result says whether the session was rolled back)."""
+        on_stop or never; on_output as for PysbxSandbox.run. A cell stopped
+        at a limit raises as run() does (its result says whether the
+        session was rolled back)."""
         req = _cell(self.name, code, files, _limits_json(limits), rollback, argv)
-        return _sandbox_result(_result(await self._ask(req)))
+        if on_output is not None:
+            req["stream"] = True
+        return _sandbox_result(_result(await self._ask(req, on_output)))
 
     async def reset(self) -> None:
         """Closes the session on the server: the next run() starts afresh."""
@@ -718,7 +817,7 @@ class AsyncSession:
             w, self._writer, self._reader = self._writer, None, None
             await _close(w)
 
-    async def _ask(self, req: Dict[str, Any]) -> Dict[str, Any]:
+    async def _ask(self, req: Dict[str, Any], on_output=None) -> Dict[str, Any]:
         async with self._lock:
             if self._closed:
                 raise ValueError("the session is closed")
@@ -729,15 +828,13 @@ class AsyncSession:
             try:
                 self._writer.write(json.dumps(req).encode() + b"\n")
                 await self._writer.drain()
-                line = await self._reader.readline()
-                if not line.endswith(b"\n"):
-                    raise ProtocolError("the server closed the connection without an answer")
+                answer = await _afollow(self._reader.readline,
+                                        on_output or (lambda stream, text: None))
             except BaseException:
                 # A cell still running (cancelled), or an answer half read:
                 # the connection can serve no more; closing it ends the cell.
                 await asyncio.shield(self._drop())
                 raise
-        answer = _loads(line)
         if not isinstance(answer, dict) or answer.get("id") not in (req["id"], None):
             raise ProtocolError(f"not the answer to request {req['id']}: {answer!r:.200}")
         return answer

@@ -140,6 +140,20 @@ class Common:
             self.client.run("pass", files={"../x": "x"})
         self.assertEqual(e.exception.code, "invalid_file")
 
+    def test_output_as_it_is_written(self):
+        code = ("import sys, time\nfor i in range(3):\n    print('tick', i, flush=True)\n"
+                "    time.sleep(0.3)\nprint('é' * 2, file=sys.stderr)")
+        seen, t0 = [], time.monotonic()
+        r = self.client.run(code, on_output=lambda s, t: seen.append((time.monotonic() - t0, s, t)))
+        done = time.monotonic() - t0
+        self.assertEqual(r.status, "completed")
+        self.assertEqual("".join(t for _, s, t in seen if s == "stdout"), r.stdout)
+        self.assertEqual("".join(t for _, s, t in seen if s == "stderr"), "éé\n")
+        first = next(at for at, s, t in seen if t.startswith("tick 0"))
+        self.assertGreater(done - first, 0.45, seen)  # seen while the code still ran
+        # Not asked: no events, the same result.
+        self.assertEqual(self.client.run(code).stdout, r.stdout)
+
     def test_runs_from_many_threads(self):
         out = {}
 
@@ -225,6 +239,22 @@ class AsyncChecks:
         self.assertLess(used, 0.3, "a busy loop went on after its run was cancelled")
         self.assertEqual(self.go(self.sandbox.run("print(1)")).stdout, "1\n")
 
+    def test_async_output_as_it_is_written(self):
+        async def go():
+            seen = []
+
+            async def on_output(stream, text):
+                seen.append((time.monotonic(), stream, text))
+
+            t0 = time.monotonic()
+            r = await self.sandbox.run("import time\nprint(1, flush=True)\ntime.sleep(0.5)\n"
+                                       "print(2)", on_output=on_output)
+            return t0, time.monotonic(), seen, r
+        t0, done, seen, r = asyncio.run(go())
+        self.assertEqual("".join(t for _, s, t in seen), "1\n2\n")
+        self.assertEqual(r.stdout, "1\n2\n")
+        self.assertGreater(done - seen[0][0], 0.4, seen)
+
     def test_many_tasks_at_once(self):
         async def many():
             return await asyncio.gather(*(self.sandbox.run(f"print({i} * 3)") for i in range(6)))
@@ -296,6 +326,11 @@ class OverUnixSocket(Common, AsyncChecks, unittest.TestCase):
             # A cell takes arguments; its error comes back typed.
             r = s.run("import sys\nprint(sys.argv[1:])\nrows", argv=["x"])
             self.assertEqual((r.stdout, r.error.type), ("['x']\n", "NameError"))
+            # A cell's output as it comes.
+            seen = []
+            r = s.run("print('a', flush=True)\nprint('b')", on_output=lambda *e: seen.append(e))
+            self.assertEqual((seen[0], "".join(t for _, t in seen)), (("stdout", "a\n"), "a\nb\n"))
+            self.assertEqual(r.session["cell"], 3)
         with self.assertRaises(ValueError):
             s.run("pass")  # closed
 

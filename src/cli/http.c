@@ -702,7 +702,8 @@ static void *live_main(void *p)
     if (rc < 0)
         count_refused(h, err.code);
     job_done(h, &l->j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9);
-    answer = rc == 0 ? json_answer_result(l->r.id_text, res) : json_answer_error(l->r.id_text, &err);
+    answer =
+        rc == 0 ? json_answer_result(l->r.id_text, res) : json_answer_error(l->r.id_text, &err);
     sbx_result_free(res);
     /* From here on |h| may be gone: the drain waits for this exchange only
      * until its answer has been taken. */

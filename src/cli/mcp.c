@@ -479,10 +479,10 @@ static void progress_flush_locked(struct server *s, struct progress *p)
             (unsigned long long)p->dropped);
     char *msg = NULL;
     if (asprintf(&msg, "%.*s%s", (int)p->len, p->text ? p->text : "", note) >= 0)
-        write_line(message_text(json_pack(
-            "{s:s, s:s, s:{s:O, s:I, s:s}}", "jsonrpc", "2.0", "method", "notifications/progress",
-            "params", "progressToken", p->token, "progress", (json_int_t)++p->sent, "message",
-            msg)));
+        write_line(
+            message_text(json_pack("{s:s, s:s, s:{s:O, s:I, s:s}}", "jsonrpc", "2.0", "method",
+                                   "notifications/progress", "params", "progressToken", p->token,
+                                   "progress", (json_int_t)++p->sent, "message", msg)));
     free(msg);
     p->len = 0;
     p->dropped = 0;
@@ -680,8 +680,8 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
         return;
     }
     j->s = s;
-    j->progress.token = json_incref(json_object_get(json_object_get(params, "_meta"),
-                                                    "progressToken"));
+    j->progress.token =
+        json_incref(json_object_get(json_object_get(params, "_meta"), "progressToken"));
     j->id = json_incref(id);
     j->args = json_incref(args);
     j->call.id = j->id;

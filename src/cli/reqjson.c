@@ -33,9 +33,9 @@ static const struct limit_field {
 _Static_assert(ARRAY_SIZE(limit_fields) == REQUEST_LIMIT_COUNT, "one entry per request limit");
 
 /* What a request may hold, besides the limits' own keys. */
-static const char *const request_fields[] = {
-    "id", "code", "files", "files_base64", "limits", "session", "rollback", "stdin", "stdin_base64",
-    "argv", "filename", "stream"};
+static const char *const request_fields[] = {"id",           "code",    "files",    "files_base64",
+                                             "limits",       "session", "rollback", "stdin",
+                                             "stdin_base64", "argv",    "filename", "stream"};
 
 static double *seconds_of(struct sbx_limits *l, const struct limit_field *f)
 {
@@ -356,8 +356,7 @@ int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_requ
         return rc;
     json_t *stream = json_object_get(o, "stream");
     if (stream && !json_is_boolean(stream))
-        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
-                        "\"stream\" is true or false");
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "\"stream\" is true or false");
     r->stream = json_is_true(stream);
     code = json_object_get(o, "code");
     if (!json_is_string(code))
@@ -694,8 +693,8 @@ char *json_answer_error(const char *id_text, const struct sbx_error *err)
 
 char *json_event_output(const char *id_text, int stream, const char *text, size_t len)
 {
-    json_t *o = json_pack("{s:s, s:s%}", "event", stream == 1 ? "stdout" : "stderr", "data", text,
-                          len);
+    json_t *o =
+        json_pack("{s:s, s:s%}", "event", stream == 1 ? "stdout" : "stderr", "data", text, len);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 
     json_decref(o);

@@ -113,8 +113,8 @@ struct conn {
     uint64_t seqs;       /* requests numbered so far */
     size_t pending;      /* bytes of answers queued or being written */
     size_t events;       /* ... of them, in output events */
-    bool done;      /* no more answers will be queued */
-    bool dropped;   /* the client is gone or cut off: its answers go nowhere */
+    bool done;           /* no more answers will be queued */
+    bool dropped;        /* the client is gone or cut off: its answers go nowhere */
     /* The stream's sessions, by the names it gave them. */
     struct session_table *sessions;
 };
@@ -283,7 +283,8 @@ static void stream_output(void *user, int stream, const char *text, size_t len)
 
     pthread_mutex_lock(&c->lock);
     struct answer *t = c->last;
-    bool join = t && t->seq == j->seq && t->stream == stream && t->raw_len + len <= EVENT_JOIN_BYTES;
+    bool join =
+        t && t->seq == j->seq && t->stream == stream && t->raw_len + len <= EVENT_JOIN_BYTES;
     size_t before = join ? t->raw_len : 0, old = join ? t->len : 0;
     char *raw = c->dropped ? NULL : malloc(before + len + 1);
     char *line = NULL;
