@@ -40,6 +40,16 @@ int wire_send(int sock, const void *msg, size_t len, const int *fds, int nfds)
     }
 }
 
+ssize_t wire_recv_one(int sock, void *buf, size_t cap, int *fd)
+{
+    int nfds = 0;
+    ssize_t n = wire_recv(sock, buf, cap, fd, 1, &nfds);
+
+    if (nfds == 0)
+        *fd = -1;
+    return n;
+}
+
 ssize_t wire_recv(int sock, void *buf, size_t cap, int *fds, int maxfds, int *nfds)
 {
     union {

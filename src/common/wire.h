@@ -249,6 +249,9 @@ int wire_send(int sock, const void *msg, size_t len, const int *fds, int nfds);
  * their count into *nfds. Returns the message length, 0 at end of stream, or
  * -errno (-EMSGSIZE when the message or its descriptors were cut). */
 ssize_t wire_recv(int sock, void *buf, size_t cap, int *fds, int maxfds, int *nfds);
+/* wire_recv of a message that carries at most one descriptor: into *fd, or
+ * -1 when none came. */
+ssize_t wire_recv_one(int sock, void *buf, size_t cap, int *fd);
 
 /* The decoding of what the template sends, apart from the reading, so that
  * the bytes alone decide (and a fuzzer reaches the very code that runs).

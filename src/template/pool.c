@@ -494,16 +494,14 @@ static void on_control(struct tmpl *t, bool *stop)
         struct wire_hdr h;
         struct wire_session_open open;
     } m;
-    int fds[1];
-    int nfds = 0;
-    ssize_t n = wire_recv(t->ctl, &m, sizeof(m), fds, 1, &nfds);
+    int fd;
+    ssize_t n = wire_recv_one(t->ctl, &m, sizeof(m), &fd);
 
-    if (n == (ssize_t)sizeof(m.open) && m.h.type == WIRE_SESSION_OPEN && nfds == 1) {
-        session_open(t, &m.open, fds[0]); /* the channel is its now */
+    if (n == (ssize_t)sizeof(m.open) && m.h.type == WIRE_SESSION_OPEN && fd >= 0) {
+        session_open(t, &m.open, fd); /* the channel is its now */
         return;
     }
-    for (int i = 0; i < nfds; i++)
-        close(fds[i]);
+    close_fd(&fd);
     if (n == -EINTR || n == -EAGAIN)
         return;
     if (n <= 0) {

@@ -1348,11 +1348,10 @@ static void on_channel(struct tmpl *t, struct session_rec *s)
         struct wire_cell cell;
         struct wire_settle settle;
     } m;
-    int fds[1];
-    int nfds = 0;
-    ssize_t n = wire_recv(s->chan, &m, sizeof(m), fds, 1, &nfds);
+    int fd;
+    ssize_t n = wire_recv_one(s->chan, &m, sizeof(m), &fd);
 
-    close_fds(fds, (size_t)nfds);
+    close_fd(&fd);
     if (n == -EINTR || n == -EAGAIN)
         return;
     if (n <= 0) {
