@@ -232,6 +232,29 @@ struct sbx_file {
     size_t len;
 };
 
+/* A host tool the code may call: in a run that declares tools, `import
+ * pysbx` gives pysbx.tools.NAME(**arguments) and pysbx.call_tool(name,
+ * arguments), which block the calling thread until the caller answers
+ * (on_tool_call, sbx_tool_answer). Nothing of the host reaches the code but
+ * what the caller answers. */
+struct sbx_tool {
+    const char *name;        /* [A-Za-z_][A-Za-z0-9_]{0,63} */
+    const char *description; /* optional: the function's __doc__; valid UTF-8 */
+};
+
+#define SBX_MAX_TOOLS              64u
+#define SBX_MAX_TOOL_DESCRIPTION   4096u
+#define SBX_DEFAULT_MAX_TOOL_CALLS 64u
+#define SBX_MAX_TOOL_CALLS_LIMIT   4096u
+#define SBX_DEFAULT_MAX_TOOL_BYTES (1ULL << 20)
+#define SBX_MAX_TOOL_BYTES_LIMIT   (16ULL << 20)
+#define SBX_MIN_TOOL_BYTES         1024u
+
+/* Where a run's tool calls are answered, owned by the caller: made with
+ * sbx_tool_answers_new, given in the request, answered from any thread with
+ * sbx_tool_answer or sbx_tool_fail, freed only after the run returned. */
+struct sbx_tool_answers;
+
 /* A cancellation token, owned by the caller: fire it from any thread and the
  * run that carries it ends as SBX_CANCELLED (at once if it is still waiting
  * for a worker). Free it only after that run has returned. */
@@ -269,6 +292,24 @@ struct sbx_request {
      * and tracebacks "<stdin>". Valid UTF-8, at most 4096 bytes. NULL:
      * tracebacks name "<main>", __file__ is not set, sys.argv[0] is "". */
     const char *filename;
+    /* Optional: host tools (at most SBX_MAX_TOOLS, names unique). Each call
+     * the code makes is numbered from 1 in the order it was made and handed
+     * to on_tool_call in sbx_run's thread, with its arguments as a JSON
+     * object (|len| bytes, NUL-terminated); it must not block: the answer
+     * goes to |tool_answers| (sbx_tool_answer, sbx_tool_fail), now or from
+     * another thread while the code waits, its wall and CPU limits running.
+     * A call the code makes past |max_tool_calls| (default 64), or with
+     * arguments longer than |max_tool_bytes| (default 1 MiB; also the most a
+     * result may be), or naming no declared tool, is refused to the code
+     * (pysbx.ToolError) without reaching on_tool_call. Not in a session's
+     * cell, nor on the python3 backend. */
+    const struct sbx_tool *tools;
+    size_t n_tools;
+    void (*on_tool_call)(void *user, uint64_t call, const char *name, const char *arguments_json,
+                         size_t len);
+    struct sbx_tool_answers *tool_answers;
+    uint32_t max_tool_calls;
+    uint64_t max_tool_bytes;
 };
 
 enum sbx_status {
@@ -427,6 +468,20 @@ PYSBX_API struct sbx_cancel *sbx_cancel_new(void);
 PYSBX_API void sbx_cancel_fire(struct sbx_cancel *cancel);
 PYSBX_API bool sbx_cancel_fired(const struct sbx_cancel *cancel);
 PYSBX_API void sbx_cancel_free(struct sbx_cancel *cancel);
+
+/* Tool answers (see struct sbx_request). sbx_tool_answers_new returns NULL
+ * when out of memory. sbx_tool_answer gives call |call| its result, any JSON
+ * value (|json|, |len| bytes; at most the run's max_tool_bytes), which the
+ * code's call returns decoded; sbx_tool_fail makes it raise
+ * pysbx.ToolError(|message|) (valid UTF-8). Each returns 0, or -ENOENT for a
+ * call that was never made or whose run has ended, -EALREADY for a call
+ * already answered, -EINVAL for text that is not JSON (or not UTF-8),
+ * -E2BIG past max_tool_bytes, -ENOMEM: and then nothing changed. */
+PYSBX_API struct sbx_tool_answers *sbx_tool_answers_new(void);
+PYSBX_API int sbx_tool_answer(struct sbx_tool_answers *a, uint64_t call, const char *json,
+                              size_t len);
+PYSBX_API int sbx_tool_fail(struct sbx_tool_answers *a, uint64_t call, const char *message);
+PYSBX_API void sbx_tool_answers_free(struct sbx_tool_answers *a);
 
 /* Fills |out| (SBX_LAYER_COUNT entries, in bit order) with what is active
  * in this sandbox. Returns SBX_LAYER_COUNT. */

@@ -33,9 +33,10 @@ static const struct limit_field {
 _Static_assert(ARRAY_SIZE(limit_fields) == REQUEST_LIMIT_COUNT, "one entry per request limit");
 
 /* What a request may hold, besides the limits' own keys. */
-static const char *const request_fields[] = {"id",           "code",    "files",    "files_base64",
-                                             "limits",       "session", "rollback", "stdin",
-                                             "stdin_base64", "argv",    "filename", "stream"};
+static const char *const request_fields[] = {
+    "id",       "code",     "files", "files_base64",   "limits",
+    "session",  "rollback", "stdin", "stdin_base64",   "argv",
+    "filename", "stream",   "tools", "max_tool_calls", "max_tool_bytes"};
 
 static double *seconds_of(struct sbx_limits *l, const struct limit_field *f)
 {
@@ -339,6 +340,63 @@ static int parse_input(json_t *o, struct json_request *r, struct sbx_error *err)
     return 0;
 }
 
+/* "tools": [{"name", "description", "parameters"}, ...] and their bounds,
+ * into r->req (sbx_request_check checks the names and the bounds' ranges).
+ * "parameters" (a JSON Schema object) is the caller's documentation of the
+ * tool: taken, not enforced here. */
+static int parse_tools(json_t *o, struct json_request *r, struct sbx_error *err)
+{
+    static const char *const tool_fields[] = {"name", "description", "parameters"};
+    json_t *list = json_object_get(o, "tools");
+    json_t *calls = json_object_get(o, "max_tool_calls"),
+           *bytes = json_object_get(o, "max_tool_bytes");
+    int rc;
+
+    if ((calls || bytes) && !list)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "max_tool_calls and max_tool_bytes go with tools");
+    if (!list)
+        return 0;
+    if (!json_is_array(list) || json_array_size(list) == 0 || json_array_size(list) > SBX_MAX_TOOLS)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "\"tools\" is a list of 1 to %u tools", SBX_MAX_TOOLS);
+    if (calls && (!json_is_integer(calls) || json_integer_value(calls) < 1 ||
+                  json_integer_value(calls) > SBX_MAX_TOOL_CALLS_LIMIT))
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
+                        "max_tool_calls is an integer from 1 to %u", SBX_MAX_TOOL_CALLS_LIMIT);
+    if (bytes && (!json_is_integer(bytes) || json_integer_value(bytes) < SBX_MIN_TOOL_BYTES ||
+                  (uint64_t)json_integer_value(bytes) > SBX_MAX_TOOL_BYTES_LIMIT))
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
+                        "max_tool_bytes is an integer from %u to %llu", SBX_MIN_TOOL_BYTES,
+                        SBX_MAX_TOOL_BYTES_LIMIT);
+    size_t n = json_array_size(list);
+    if (!(r->tools = calloc(n, sizeof(*r->tools))))
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(list, i), *name = json_object_get(t, "name");
+        json_t *desc = json_object_get(t, "description"),
+               *params = json_object_get(t, "parameters");
+        if (!json_is_object(t) || !json_is_string(name) || (desc && !json_is_string(desc)) ||
+            (params && !json_is_object(params)))
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                            "tool %zu is {\"name\": string, \"description\": string, "
+                            "\"parameters\": object}",
+                            i + 1);
+        if ((rc = unknown_field(t, tool_fields, ARRAY_SIZE(tool_fields),
+                                "a tool has name, description, parameters", err)) < 0)
+            return rc;
+        r->tools[i].name = json_string_value(name);
+        r->tools[i].description = desc ? json_string_value(desc) : NULL;
+    }
+    r->req.tools = r->tools;
+    r->req.n_tools = n;
+    if (calls)
+        r->req.max_tool_calls = (uint32_t)json_integer_value(calls);
+    if (bytes)
+        r->req.max_tool_bytes = (uint64_t)json_integer_value(bytes);
+    return 0;
+}
+
 int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_request *r,
                       struct sbx_error *err)
 {
@@ -350,7 +408,8 @@ int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_requ
      * without what its caller thinks it asked for. */
     if ((rc = unknown_field(o, request_fields, ARRAY_SIZE(request_fields),
                             "a request has id, code, files, files_base64, stdin, stdin_base64, "
-                            "argv, limits, session, rollback, stream",
+                            "argv, limits, session, rollback, stream, tools, max_tool_calls, "
+                            "max_tool_bytes",
                             err)) < 0 ||
         (rc = json_session_fields(o, "session", &r->session, &r->rollback, err)) < 0)
         return rc;
@@ -358,6 +417,8 @@ int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_requ
     if (stream && !json_is_boolean(stream))
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "\"stream\" is true or false");
     r->stream = json_is_true(stream);
+    if ((rc = parse_tools(o, r, err)) < 0)
+        return rc;
     code = json_object_get(o, "code");
     if (!json_is_string(code))
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
@@ -576,6 +637,29 @@ int json_request_parse(const char *text, size_t len, const struct sbx_limits *ce
         return unknown_field(o, cancel_fields, ARRAY_SIZE(cancel_fields),
                              "a cancel message has only \"cancel\"", err);
     }
+    if (json_object_get(o, "tool_result")) {
+        static const char *const result_fields[] = {"id", "tool_result"};
+        static const char *const answer_fields[] = {"call", "content", "error"};
+        json_t *a = json_object_get(o, "tool_result"), *call = json_object_get(a, "call");
+        json_t *content = json_object_get(a, "content"), *error = json_object_get(a, "error");
+        int rc = unknown_field(o, result_fields, ARRAY_SIZE(result_fields),
+                               "a tool_result message has only id and tool_result", err);
+        if (rc == 0 && json_is_object(a))
+            rc = unknown_field(a, answer_fields, ARRAY_SIZE(answer_fields),
+                               "a tool_result has call, and content or error", err);
+        r->is_tool_result = true;
+        if (rc < 0)
+            return rc;
+        if (!json_is_object(a) || !json_is_integer(call) || json_integer_value(call) < 1 ||
+            !content == !error || (error && !json_is_string(error)))
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                            "a tool_result is {\"call\": N, \"content\": any JSON} or "
+                            "{\"call\": N, \"error\": string}");
+        r->result_call = (uint64_t)json_integer_value(call);
+        r->result_content = content;
+        r->result_error = error ? json_string_value(error) : NULL;
+        return 0;
+    }
     if (json_object_get(o, "session_close")) {
         int rc = unknown_field(o, close_fields, ARRAY_SIZE(close_fields),
                                "a session_close message has only id and session_close", err);
@@ -593,6 +677,7 @@ void json_request_free(struct json_request *r)
     free(r->files);
     free(r->stdin_decoded);
     free(r->args);
+    free(r->tools);
     free(r->id_text);
     free(r->cancel_text);
     json_decref(r->doc);
@@ -709,6 +794,32 @@ char *json_event_dropped(const char *id_text, const uint64_t dropped[2])
 
     json_decref(o);
     return with_id(id_text, s);
+}
+
+char *json_event_tool_call(const char *id_text, uint64_t call, const char *name,
+                           const char *arguments, size_t len)
+{
+    json_error_t e;
+    json_t *args = json_loadb(arguments, len, 0, &e);
+    json_t *o = args ? json_pack("{s:s, s:I, s:s, s:o}", "event", "tool_call", "call",
+                                 (json_int_t)call, "name", name, "arguments", args)
+                     : NULL;
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+    json_decref(o);
+    return with_id(id_text, s);
+}
+
+char *json_answer_tool_result_error(const char *id_text, uint64_t call, const struct sbx_error *err)
+{
+    char *head = NULL, *out;
+
+    if (asprintf(&head, "\"id\":null,\"tool_result\":{\"id\":%s,\"call\":%llu}",
+                 id_text ? id_text : "null", (unsigned long long)call) < 0)
+        return NULL;
+    out = splice(head, error_object(err));
+    free(head);
+    return out;
 }
 
 char *json_answer_cancel_error(const char *cancel_text, const struct sbx_error *err)

@@ -42,6 +42,15 @@ struct json_request {
     const char *session_close;
     /* "stream": true: the output as events before the answer. */
     bool stream;
+    /* "tools": the host tools it declares (names and descriptions in
+     * |doc|), into r->req. */
+    struct sbx_tool *tools;
+    /* A tool_result message (r->req unfilled): the call it answers, and
+     * in |doc| its content (JSON) or its error (a string). */
+    bool is_tool_result;
+    uint64_t result_call;
+    json_t *result_content;
+    const char *result_error;
 };
 
 /* Parses one line: a request, or (r->cancel_text or r->session_close set,
@@ -101,6 +110,15 @@ char *json_answer_session_closed(const char *id_text, const char *name);
  * them all). */
 char *json_event_output(const char *id_text, int stream, const char *text, size_t len);
 char *json_event_dropped(const char *id_text, const uint64_t dropped[2]);
+/* A host tool's call: {"id": ..., "event": "tool_call", "call": N, "name":
+ * |name|, "arguments": <|arguments|, a JSON object>}. */
+char *json_event_tool_call(const char *id_text, uint64_t call, const char *name,
+                           const char *arguments, size_t len);
+/* The refusal of a tool_result message: {"id": null, "tool_result": {"id":
+ * <its id>, "call": N}, "error": ...} (never mistaken for the answer to the
+ * request of that id). */
+char *json_answer_tool_result_error(const char *id_text, uint64_t call,
+                                    const struct sbx_error *err);
 /* The refusal of a cancel message: {"id":null,"cancel":<its id>,"error":...}. */
 char *json_answer_cancel_error(const char *cancel_text, const struct sbx_error *err);
 

@@ -85,9 +85,10 @@ struct job {
     size_t bytes; /* of its line */
     struct conn *c;
     struct sbx_cancel *cancel;
-    struct session_cell *cell; /* its place in its session's line, until it runs */
-    uint64_t seq;              /* its number among the stream's requests, from 1 */
-    uint64_t dropped[2];       /* bytes of stdout and stderr events not queued */
+    struct session_cell *cell;        /* its place in its session's line, until it runs */
+    uint64_t seq;                     /* its number among the stream's requests, from 1 */
+    struct sbx_tool_answers *answers; /* a run with host tools: where their results go */
+    uint64_t dropped[2];              /* bytes of stdout and stderr events not queued */
     struct json_request r;
 };
 
@@ -263,6 +264,7 @@ static void answer_error(struct conn *c, const char *id_text, const struct sbx_e
 static void job_free(struct job *j)
 {
     session_leave(j->cell);
+    sbx_tool_answers_free(j->answers);
     json_request_free(&j->r);
     sbx_cancel_free(j->cancel);
     free(j);
@@ -318,6 +320,31 @@ static void stream_output(void *user, int stream, const char *text, size_t len)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* A call of |j|'s run to a host tool (on_tool_call, in the run's thread):
+ * an event line, never dropped (a run makes at most max_tool_calls of them,
+ * each of at most max_tool_bytes), nor waited for. The client answers with
+ * a tool_result line (tool_result()). */
+static void tool_call(void *user, uint64_t call, const char *name, const char *args, size_t len)
+{
+    struct job *j = user;
+    struct conn *c = j->c;
+    char *line = json_event_tool_call(j->r.id_text, call, name, args, len);
+    struct answer *a = line ? calloc(1, sizeof(*a)) : NULL;
+
+    pthread_mutex_lock(&c->lock);
+    if (a && !c->dropped) {
+        *a = (struct answer){.text = line, .len = strlen(line), .seq = j->seq};
+        enqueue(c, a);
+        line = NULL;
+        a = NULL;
+    }
+    pthread_mutex_unlock(&c->lock);
+    /* Not queued (out of memory, a client gone): the call waits until the
+     * run's limits end it. */
+    free(line);
+    free(a);
+}
+
 /* The answer of a request some of whose events were dropped, after the
  * line that says how many bytes of each stream. */
 static char *dropped_first(struct job *j, char *answer)
@@ -343,10 +370,13 @@ static struct job *run_one(struct job *j, bool slot)
     char *line;
 
     j->r.req.cancel = j->cancel;
-    if (j->r.stream) {
+    if (j->r.stream)
         j->r.req.on_output = stream_output;
-        j->r.req.user = j;
+    if (j->answers) {
+        j->r.req.on_tool_call = tool_call;
+        j->r.req.tool_answers = j->answers;
     }
+    j->r.req.user = j;
     struct session_cell *cell = j->cell;
     j->cell = NULL; /* session_run gives its place up */
     int rc = cell ? session_run(cell, &j->r.req, j->r.rollback, &res, &err)
@@ -481,6 +511,58 @@ static void cancel_requests(struct conn *c, const char *id_text)
     finish(c, NULL, json_answer_cancel_error(id_text, &err), false);
 }
 
+/* {"id": ID, "tool_result": {"call": N, ...}}: the answer to call N of the
+ * request of this stream in flight with id ID that declared tools. Nothing
+ * is said when it is taken (the call returns it to the code); a result
+ * that fits no waiting call is refused and changes nothing. */
+static void tool_result(struct conn *c, const struct json_request *r)
+{
+    const char *id = r->id_text ? r->id_text : "null";
+    struct sbx_error err = {0};
+    struct job *found = NULL;
+    unsigned n = 0;
+    int rc = 0;
+
+    pthread_mutex_lock(&c->lock);
+    for (struct job *j = c->jobs; j; j = j->next)
+        if (j->answers && strcmp(j->r.id_text ? j->r.id_text : "null", id) == 0) {
+            found = j;
+            n++;
+        }
+    if (n == 1) {
+        char *text = r->result_content
+                         ? json_dumps(r->result_content, JSON_COMPACT | JSON_ENCODE_ANY)
+                         : NULL;
+        rc = r->result_error ? sbx_tool_fail(found->answers, r->result_call, r->result_error)
+             : text          ? sbx_tool_answer(found->answers, r->result_call, text, strlen(text))
+                             : -ENOMEM;
+        free(text);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (n == 1 && rc == 0)
+        return;
+    unsigned long long call = (unsigned long long)r->result_call;
+    if (n == 0)
+        sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -ENOENT,
+                 "no request in flight on this stream with the id %s declared tools", id);
+    else if (n > 1)
+        sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                 "%u requests in flight on this stream have the id %s: give each its own", n, id);
+    else if (rc == -ENOENT)
+        sbx_fail(&err, SBX_ERR_INVALID_REQUEST, rc,
+                 "request %s has no call %llu waiting (never made, refused, or its run ended)", id,
+                 call);
+    else if (rc == -EALREADY)
+        sbx_fail(&err, SBX_ERR_INVALID_REQUEST, rc, "call %llu of request %s is answered already",
+                 call, id);
+    else if (rc == -E2BIG)
+        sbx_fail(&err, SBX_ERR_TOO_LARGE, rc, "the result is longer than the run's max_tool_bytes");
+    else
+        sbx_fail(&err, rc == -ENOMEM ? SBX_ERR_UNAVAILABLE : SBX_ERR_INVALID_REQUEST, rc,
+                 "the result could not be taken (%s)", strerror(-rc));
+    finish(c, NULL, json_answer_tool_result_error(id, r->result_call, &err), false);
+}
+
 /* {"id": ..., "session_close": NAME}: answered at once. */
 static void close_session(struct conn *c, const struct json_request *r)
 {
@@ -502,7 +584,9 @@ static void start_job(struct conn *c, struct job *j)
 
     j->c = c;
     j->seq = ++c->seqs; /* only the reader numbers them */
-    if (!(j->cancel = sbx_cancel_new()))
+    if (j->r.req.n_tools && !(j->answers = sbx_tool_answers_new()))
+        sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    else if (!(j->cancel = sbx_cancel_new()))
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
     /* In its session's line now, in the order requests are read. */
     if (!j->cancel ||
@@ -582,8 +666,13 @@ static void read_requests(struct conn *c)
             answer_error(c, NULL, &err);
             continue;
         }
-        if (json_request_parse(line, len, &o->ceilings, &j->r, &err) < 0)
+        int prc = json_request_parse(line, len, &o->ceilings, &j->r, &err);
+        if (prc < 0 && j->r.is_tool_result)
+            finish(c, NULL, json_answer_tool_result_error(j->r.id_text, 0, &err), false);
+        else if (prc < 0)
             answer_error(c, j->r.id_text, &err);
+        else if (j->r.is_tool_result)
+            tool_result(c, &j->r);
         else if (j->r.cancel_text)
             cancel_requests(c, j->r.cancel_text);
         else if (j->r.session_close)

@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define WIRE_VERSION 5
+#define WIRE_VERSION 6
 
 enum wire_msg_type {
     WIRE_CONFIG = 1,
@@ -211,13 +211,17 @@ struct wire_req {
     uint64_t max_output_chars; /* how much of stdout the answer shows */
     uint64_t stdin_len;
     uint32_t filename_len; /* the program's name (0: none) */
-    uint32_t reserved;
+    /* The host tools' JSON text, [{"name", "description"}, ...] (0: none;
+     * else the request socket stays open as the run's tool channel). */
+    uint32_t tools_len;
 };
 
 /* Each file follows as: struct wire_file, the name (name_len bytes, no NUL),
  * then data_len bytes of content. Then each argument, as a uint32_t length
  * and its bytes (no NUL); then the program's name (filename_len bytes, no
- * NUL); then stdin_len bytes of standard input. */
+ * NUL); then the tools (tools_len bytes); then stdin_len bytes of standard
+ * input. */
+#define WIRE_TOOLS_MAX (512u << 10)
 struct wire_file {
     uint32_t name_len;
     uint32_t reserved;

@@ -191,6 +191,9 @@ static int py3_run(void *self, const struct sbx_request *req, struct sbx_result 
     if (req->stdin_len || req->argc)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                         "the python3 backend takes no stdin or arguments");
+    if (req->n_tools)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "the python3 backend has no host tools");
     res = calloc(1, sizeof(*res));
     if (!res)
         return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");

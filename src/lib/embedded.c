@@ -14,6 +14,7 @@
 #include "verdict.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -88,6 +89,23 @@ static int send_segment(struct supervision *sv, int fd, struct segment s)
     return 0;
 }
 
+/* What the worker's pysbx module is told: {"max_bytes": N, "tools":
+ * [{"name", "description"}, ...]}. */
+static char *tools_spec(const struct sbx_request *req)
+{
+    json_t *list = json_array();
+    for (size_t i = 0; list && i < req->n_tools; i++)
+        json_array_append_new(
+            list, json_pack("{s:s, s:s}", "name", req->tools[i].name, "description",
+                            req->tools[i].description ? req->tools[i].description : ""));
+    json_t *o =
+        list ? json_pack("{s:I, s:o}", "max_bytes", (json_int_t)req->max_tool_bytes, "tools", list)
+             : NULL;
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return text && strlen(text) <= WIRE_TOOLS_MAX ? text : (free(text), NULL);
+}
+
 static int send_request(struct supervision *sv, int *fdp)
 {
     const struct sbx_request *req = sv->req;
@@ -105,8 +123,16 @@ static int send_request(struct supervision *sv, int *fdp)
         .stdin_len = req->stdin_len,
         .filename_len = req->filename ? (uint32_t)strlen(req->filename) : 0,
     };
+    char *tools = NULL;
     int rc;
 
+    if (req->n_tools) {
+        if (!(tools = tools_spec(req))) {
+            close_fd(fdp);
+            return -ENOMEM;
+        }
+        h.tools_len = (uint32_t)strlen(tools);
+    }
     if (h.cpu_ms == 0)
         h.cpu_ms = 1;
     /* Header and a small program in one write: the worker wakes once. */
@@ -137,10 +163,20 @@ static int send_request(struct supervision *sv, int *fdp)
     }
     if (rc == 0 && h.filename_len)
         rc = send_segment(sv, fd, (struct segment){req->filename, h.filename_len});
+    if (rc == 0 && h.tools_len)
+        rc = send_segment(sv, fd, (struct segment){tools, h.tools_len});
     if (rc == 0 && req->stdin_len)
         rc = send_segment(sv, fd, (struct segment){req->stdin_data, req->stdin_len});
-    /* Closing our end also discards anything the code might send back on
-     * it, descriptors included, so nothing of the worker outlives it here. */
+    free(tools);
+    /* With host tools the socket is their channel (tools.h says what the
+     * code can send on it). Else closing our end also discards anything the
+     * code might send back on it, descriptors included, so nothing of the
+     * worker outlives it here. */
+    if (rc == 0 && h.tools_len) {
+        fcntl(fd, F_SETFL, O_NONBLOCK);
+        *fdp = -1;
+        return tool_chan_start(&sv->tools, fd);
+    }
     close_fd(fdp);
     return rc;
 }
@@ -296,6 +332,9 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
     if (!sbx)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "no sandbox");
     rc = sbx_request_check(req, err);
+    if (rc == 0 && req->n_tools && (!req->on_tool_call || !req->tool_answers))
+        rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                      "a request with tools needs on_tool_call and tool_answers");
     if (rc == 0)
         rc = embedded_check_fits(sbx, req, err);
     if (rc < 0)

@@ -26,6 +26,8 @@ void sbx_request_init(struct sbx_request *req)
 {
     memset(req, 0, sizeof(*req));
     sbx_limits_init(&req->limits);
+    req->max_tool_calls = SBX_DEFAULT_MAX_TOOL_CALLS;
+    req->max_tool_bytes = SBX_DEFAULT_MAX_TOOL_BYTES;
 }
 
 static int check_seconds(const char *what, double v, struct sbx_error *err)
@@ -204,6 +206,51 @@ static int check_input(const struct sbx_request *req, uint64_t *total, struct sb
     return 0;
 }
 
+static bool tool_name_ok(const char *name)
+{
+    size_t n = 0;
+
+    if (!name || !(name[0] == '_' || ((name[0] | 0x20) >= 'a' && (name[0] | 0x20) <= 'z')))
+        return false;
+    for (const char *p = name; *p; p++, n++)
+        if (!(*p == '_' || ((*p | 0x20) >= 'a' && (*p | 0x20) <= 'z') || (*p >= '0' && *p <= '9')))
+            return false;
+    return n <= 64;
+}
+
+static int check_tools(const struct sbx_request *req, struct sbx_error *err)
+{
+    if (req->n_tools == 0)
+        return 0;
+    if (!req->tools || req->n_tools > SBX_MAX_TOOLS)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "at most %u tools", SBX_MAX_TOOLS);
+    if (req->max_tool_calls < 1 || req->max_tool_calls > SBX_MAX_TOOL_CALLS_LIMIT)
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL, "max_tool_calls must be from 1 to %u",
+                        SBX_MAX_TOOL_CALLS_LIMIT);
+    if (req->max_tool_bytes < SBX_MIN_TOOL_BYTES || req->max_tool_bytes > SBX_MAX_TOOL_BYTES_LIMIT)
+        return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
+                        "max_tool_bytes must be from %u to %llu", SBX_MIN_TOOL_BYTES,
+                        SBX_MAX_TOOL_BYTES_LIMIT);
+    for (size_t i = 0; i < req->n_tools; i++) {
+        const struct sbx_tool *t = &req->tools[i];
+        if (!tool_name_ok(t->name))
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                            "tool %zu: a name is [A-Za-z_][A-Za-z0-9_]{0,63}", i + 1);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(req->tools[j].name, t->name) == 0)
+                return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "tool %s is declared twice",
+                                t->name);
+        const char *desc = t->description ? t->description : "";
+        size_t dlen = strlen(desc);
+        if (dlen > SBX_MAX_TOOL_DESCRIPTION ||
+            utf8_valid_prefix((const unsigned char *)desc, dlen) != dlen)
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                            "tool %s: a description is valid UTF-8, at most %u bytes", t->name,
+                            SBX_MAX_TOOL_DESCRIPTION);
+    }
+    return 0;
+}
+
 int sbx_request_check(const struct sbx_request *req, struct sbx_error *err)
 {
     uint64_t total = 0;
@@ -218,7 +265,8 @@ int sbx_request_check(const struct sbx_request *req, struct sbx_error *err)
                         SBX_MAX_CODE_BYTES >> 20);
     if ((rc = check_limits(&req->limits, err)) < 0)
         return rc;
-    if ((rc = check_files(req, &total, err)) < 0 || (rc = check_input(req, &total, err)) < 0)
+    if ((rc = check_files(req, &total, err)) < 0 || (rc = check_input(req, &total, err)) < 0 ||
+        (rc = check_tools(req, err)) < 0)
         return rc;
     if (total + req->code_len > SBX_MAX_REQUEST_BYTES)
         return sbx_fail(err, SBX_ERR_TOO_LARGE, -E2BIG,

@@ -477,6 +477,9 @@ int sbx_session_run(struct sbx_session *s, const struct sbx_request *req,
     if (rc == 0 && req->stdin_len)
         rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                       "a session's cell takes no stdin (put the input in a file instead)");
+    if (rc == 0 && req->n_tools)
+        rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                      "host tools are for plain runs, not a session's cells");
     if (rc < 0)
         return rc;
     /* Behind another caller's cell: its cancellation still ends it, as it

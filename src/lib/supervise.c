@@ -28,6 +28,7 @@ void supervise_init(struct supervision *s, const struct sbx_request *req)
     s->out_fd = s->err_fd = s->done_fd = s->pidfd = s->ws_fd = -1;
     outbuf_init(&s->out, req->limits.max_output_chars);
     outbuf_init(&s->err, req->limits.max_output_chars);
+    tool_chan_init(&s->tools, req);
 }
 
 void supervise_start_clock(struct supervision *s)
@@ -45,6 +46,7 @@ void supervise_free(struct supervision *s)
     close_fd(&s->ws_fd);
     outbuf_free(&s->out);
     outbuf_free(&s->err);
+    tool_chan_end(&s->tools);
 }
 
 /* Hands the caller the text kept since the last call, if it asked. */
@@ -123,11 +125,14 @@ void supervise_run(struct supervision *s)
     int cfd = cancel_fd(s->req->cancel);
 
     while (!s->have_outcome && !s->lost) {
-        struct pollfd p[4] = {
+        short tool_events = tool_chan_events(&s->tools);
+        struct pollfd p[6] = {
             {.fd = out_open ? s->out_fd : -1, .events = POLLIN},
             {.fd = err_open ? s->err_fd : -1, .events = POLLIN},
             {.fd = s->done_fd, .events = POLLIN},
             {.fd = s->cancelled ? -1 : cfd, .events = POLLIN},
+            {.fd = tool_events ? s->tools.fd : -1, .events = tool_events},
+            {.fd = tool_chan_answers_fd(&s->tools), .events = POLLIN},
         };
         check_deadline(s);
         if ((s->killed_for_wall || s->cancelled) && now_ns() >= s->deadline_ns) {
@@ -136,7 +141,7 @@ void supervise_run(struct supervision *s)
             s->lost_reason = "no exit status for the worker after SIGKILL";
             break;
         }
-        int n = poll(p, 4, poll_timeout_ms(s->deadline_ns));
+        int n = poll(p, 6, poll_timeout_ms(s->deadline_ns));
         if (n < 0 && errno != EINTR)
             break;
         if (n <= 0)
@@ -145,6 +150,10 @@ void supervise_run(struct supervision *s)
             out_open = read_stream(s, 1) != STREAM_END;
         if (p[1].revents)
             err_open = read_stream(s, 2) != STREAM_END;
+        /* After the output: what the code printed before a call is seen
+         * before the call. */
+        if (p[4].revents || p[5].revents)
+            tool_chan_ready(&s->tools, p[4].revents, p[5].revents != 0);
         if (p[2].revents)
             s->on_done(s);
         if (p[3].revents && !s->cancelled) {
@@ -162,6 +171,8 @@ void supervise_run(struct supervision *s)
         ;
     while (err_open && read_stream(s, 2) == STREAM_DATA)
         ;
+    /* No call of this run can be answered any more. */
+    tool_chan_end(&s->tools);
 }
 
 /* The first line of what the worker said before user code, for a reason. */

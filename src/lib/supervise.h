@@ -10,6 +10,7 @@
 #define PYSBX_SUPERVISE_H
 
 #include "outbuf.h"
+#include "tools.h"
 #include "pysbx.h"
 
 #include <stdbool.h>
@@ -57,7 +58,8 @@ struct supervision {
     bool (*only_artifacts)(const void *ctx, const char *path);
     const void *only_ctx;
     struct outbuf out, err;
-    size_t delivered[2]; /* bytes of out/err text handed to on_output */
+    size_t delivered[2];    /* bytes of out/err text handed to on_output */
+    struct tool_chan tools; /* a run with host tools: their channel */
 };
 
 /* Descriptors -1, output buffers bound to the request's limits. */

@@ -806,6 +806,133 @@ static void before_code(uint64_t output_chars, char *const *args, uint32_t n_arg
     Py_XDECREF(file);
 }
 
+/* --- host tools --------------------------------------------------------------- */
+
+/* The pysbx module of a run that declared tools. Its calls go out on the
+ * request socket, framed as a little-endian uint32 length and a JSON object
+ * {"name", "arguments"}; answers come back framed the same way,
+ * {"call": N, "content"} or {"call": N, "error"}, N counting the calls sent.
+ * The code may do anything with the descriptor itself: the supervisor
+ * trusts nothing that comes on it (lib/tools.c). */
+static const char tools_source[] =
+    "\"\"\"The host tools this run may call: pysbx.tools.NAME(**arguments), or\n"
+    "pysbx.call_tool(name, arguments). A call waits for the host's answer (the\n"
+    "run's wall and CPU limits keep running) and returns its result, decoded\n"
+    "from JSON; a call the host refused or failed raises ToolError.\"\"\"\n"
+    "import json as _json, os as _os, struct as _struct, threading as _threading, types as _types\n"
+    "\n"
+    "\n"
+    "class ToolError(Exception):\n"
+    "    \"\"\"A tool call the host refused, or one whose tool failed.\"\"\"\n"
+    "\n"
+    "\n"
+    "_send = _threading.Lock()\n"
+    "_cond = _threading.Condition()\n"
+    "_results = {}\n"
+    "_state = {\"sent\": 0, \"reading\": False, \"closed\": None}\n"
+    "\n"
+    "\n"
+    "def _read_exact(n):\n"
+    "    b = bytearray()\n"
+    "    while len(b) < n:\n"
+    "        chunk = _os.read(_FD, n - len(b))\n"
+    "        if not chunk:\n"
+    "            raise EOFError\n"
+    "        b += chunk\n"
+    "    return bytes(b)\n"
+    "\n"
+    "\n"
+    "def call_tool(name, arguments=None):\n"
+    "    \"\"\"Calls host tool |name| with |arguments| (a dict that JSON encodes) and\n"
+    "    returns its result.\"\"\"\n"
+    "    if arguments is None:\n"
+    "        arguments = {}\n"
+    "    if not isinstance(name, str) or not isinstance(arguments, dict):\n"
+    "        raise TypeError(\"call_tool(name: str, arguments: dict)\")\n"
+    "    body = _json.dumps({\"name\": name, \"arguments\": arguments}, "
+    "ensure_ascii=False).encode()\n"
+    "    if len(body) > _SPEC[\"max_bytes\"]:\n"
+    "        raise ToolError(\"a call of %d bytes, more than max_tool_bytes (%d)\" % (len(body), "
+    "_SPEC[\"max_bytes\"]))\n"
+    "    with _send:\n"
+    "        if _state[\"closed\"]:\n"
+    "            raise ToolError(_state[\"closed\"])\n"
+    "        view = memoryview(_struct.pack(\"<I\", len(body)) + body)\n"
+    "        try:\n"
+    "            while view:\n"
+    "                view = view[_os.write(_FD, view):]\n"
+    "        except OSError as e:\n"
+    "            _state[\"closed\"] = \"the tool channel is closed (%s)\" % e.strerror\n"
+    "            raise ToolError(_state[\"closed\"]) from None\n"
+    "        _state[\"sent\"] += 1\n"
+    "        n = _state[\"sent\"]\n"
+    "    with _cond:\n"
+    "        while n not in _results:\n"
+    "            if _state[\"closed\"]:\n"
+    "                raise ToolError(_state[\"closed\"])\n"
+    "            if _state[\"reading\"]:\n"
+    "                _cond.wait()\n"
+    "                continue\n"
+    "            _state[\"reading\"] = True\n"
+    "            _cond.release()\n"
+    "            msg = None\n"
+    "            try:\n"
+    "                head = _read_exact(4)\n"
+    "                msg = _json.loads(_read_exact(_struct.unpack(\"<I\", head)[0]))\n"
+    "            except Exception:\n"
+    "                pass\n"
+    "            finally:\n"
+    "                _cond.acquire()\n"
+    "                _state[\"reading\"] = False\n"
+    "            if isinstance(msg, dict) and type(msg.get(\"call\")) is int:\n"
+    "                _results[msg[\"call\"]] = msg\n"
+    "            else:\n"
+    "                _state[\"closed\"] = \"the tool channel is closed\"\n"
+    "            _cond.notify_all()\n"
+    "        msg = _results.pop(n)\n"
+    "    if \"error\" in msg:\n"
+    "        raise ToolError(str(msg[\"error\"]))\n"
+    "    return msg.get(\"content\")\n"
+    "\n"
+    "\n"
+    "def _tool(name, doc):\n"
+    "    def call(**arguments):\n"
+    "        return call_tool(name, arguments)\n"
+    "    call.__name__ = call.__qualname__ = name\n"
+    "    call.__doc__ = doc\n"
+    "    return call\n"
+    "\n"
+    "\n"
+    "_SPEC = _json.loads(_TOOLS)\n"
+    "tools = _types.SimpleNamespace(**{t[\"name\"]: _tool(t[\"name\"], t.get(\"description\") or "
+    "None)\n"
+    "                                  for t in _SPEC[\"tools\"]})\n"
+    "del _tool\n";
+
+int pyrun_tools(int fd, const char *tools_json, char *err, size_t cap)
+{
+    PyObject *mod = PyModule_New("pysbx");
+    PyObject *d = mod ? PyModule_GetDict(mod) : NULL; /* borrowed */
+    PyObject *fdo = PyLong_FromLong(fd), *tools = PyUnicode_FromString(tools_json), *r = NULL;
+    int rc = -1;
+
+    if (d && fdo && tools && PyDict_SetItemString(d, "__builtins__", PyEval_GetBuiltins()) == 0 &&
+        PyDict_SetItemString(d, "_FD", fdo) == 0 && PyDict_SetItemString(d, "_TOOLS", tools) == 0 &&
+        (r = PyRun_String(tools_source, Py_file_input, d, d)) &&
+        PyDict_DelItemString(d, "_TOOLS") == 0 &&
+        PyDict_SetItemString(PyImport_GetModuleDict(), "pysbx", mod) == 0)
+        rc = 0;
+    if (rc < 0) {
+        PyErr_Clear();
+        fmt(err, cap, "pysbx: the tools module could not be made\n");
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(tools);
+    Py_XDECREF(fdo);
+    Py_XDECREF(mod);
+    return rc;
+}
+
 _Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars, char *const *args,
                           uint32_t n_args, const char *filename)
 {

@@ -28,6 +28,10 @@ int pyrun_prepare(const char *workspace, const char *user, bool rehearse, int de
  * |output_chars|: the run's max_output_chars (pyrun_stdout_install);
  * |args|: sys.argv[1:]; |filename|: the program's name, or NULL (see
  * sbx_request.filename). */
+/* A run with host tools: makes the module pysbx (pysbx.tools, call_tool,
+ * ToolError) over descriptor |fd|, for the tools of |tools_json|. Before the
+ * code runs. Returns 0, or -1 with |err| set. */
+int pyrun_tools(int fd, const char *tools_json, char *err, size_t cap);
 _Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars, char *const *args,
                           uint32_t n_args, const char *filename);
 

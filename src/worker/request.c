@@ -120,6 +120,8 @@ void request_input_free(struct request_input *in)
     in->n_args = 0;
     free(in->filename);
     in->filename = NULL;
+    free(in->tools);
+    in->tools = NULL;
     if (in->stdin_fd >= 0)
         close(in->stdin_fd);
     in->stdin_fd = -1;
@@ -171,6 +173,15 @@ int request_read_input(int fd, int ws_fd, const struct wire_req *req, struct req
             memchr(in->filename, '\0', req->filename_len))
             return errmsg(why, cap, -EPROTO, "pysbx: malformed request (file name cut short)\n");
         in->filename[req->filename_len] = '\0';
+    }
+    if (req->tools_len) {
+        if (req->tools_len > WIRE_TOOLS_MAX)
+            return errmsg(why, cap, -EPROTO, "pysbx: malformed request (tools)\n");
+        if (!(in->tools = malloc(req->tools_len + 1)))
+            return errmsg(why, cap, -ENOMEM, "pysbx: out of memory reading the tools\n");
+        if (read_full(fd, in->tools, req->tools_len) != (ssize_t)req->tools_len)
+            return errmsg(why, cap, -EPROTO, "pysbx: malformed request (tools cut short)\n");
+        in->tools[req->tools_len] = '\0';
     }
     if (!req->stdin_len)
         return 0;

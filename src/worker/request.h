@@ -28,6 +28,7 @@ struct request_input {
     uint32_t n_args;
     int stdin_fd;   /* an unnamed file beneath the workspace holding it, at its start; or -1 */
     char *filename; /* the program's name, malloc'd; or NULL */
+    char *tools;    /* the host tools' JSON text, malloc'd; or NULL */
 };
 
 /* After request_read: reads the arguments and the standard input (into a

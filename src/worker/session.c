@@ -204,6 +204,8 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
      * the state's sys.stdin would carry one cell's input into the next). */
     if (rc == 0 && req.stdin_len)
         rc = errmsg(err, sizeof(err), -EINVAL, "pysbx: a session's cell takes no stdin\n");
+    if (rc == 0 && req.tools_len) /* refused by the library too */
+        rc = errmsg(err, sizeof(err), -EINVAL, "pysbx: a session's cell has no host tools\n");
     if (rc == 0)
         rc = request_read_input(FD_REQUEST, ws, &req, &in, err, sizeof(err));
     if (rc < 0) {

@@ -278,7 +278,11 @@ _Noreturn void worker_main(const struct worker_args *a)
         fail_request("pysbx: standard input: %s\n", strerror(errno));
     close_fd(&in.stdin_fd);
     prof_mark(PROF_REQUEST);
-    close(FD_REQUEST);
+    /* A run with host tools keeps the request socket as their channel. */
+    if (in.tools && pyrun_tools(FD_REQUEST, in.tools, err, sizeof(err)) < 0)
+        fail_request("%s", err);
+    if (!in.tools)
+        close(FD_REQUEST);
     close(FD_WORKSPACE);
 
     if (worker_set_limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT) < 0 ||
