@@ -1123,9 +1123,196 @@ def a_stream_nobody_reads():
     f_sock.close()
 
 
+# --- host tools --------------------------------------------------------------
+
+TOOLS = [{"name": "lookup", "description": "Looks a word up.",
+          "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}},
+         {"name": "double"}]
+
+
+def serve_tools(lines, sender, rid, answer, timeout=60):
+    """Reads |rid|'s lines until its answer, answering each tool_call with
+    answer(event) (a tool_result body, or None to leave it). Returns
+    (calls, refusals, answer)."""
+    calls, refusals = [], []
+    while True:
+        line = lines.next(timeout=timeout)
+        if line is None:
+            raise EOFError("the stream ended before the answer")
+        m = json.loads(line)
+        if "tool_result" in m and "error" in m:
+            refusals.append(m)
+        elif m.get("id") != rid:
+            continue
+        elif m.get("event") == "tool_call":
+            calls.append(m)
+            body = answer(m)
+            if body is not None:
+                send(sender, {"id": rid, "tool_result": {"call": m["call"], **body}})
+        elif "event" not in m:
+            return calls, refusals, m
+
+
+def tools_over_json_lines():
+    srv = start(stdin=subprocess.PIPE)
+    lines = Lines(srv.stdout.fileno())
+    code = ("import pysbx\ntotal = 0\nfor i in range(3):\n"
+            "    total += pysbx.tools.lookup(q=str(i))['n']\n"
+            "    total += pysbx.call_tool('double', {'x': i})\n"
+            "print(total, pysbx.tools.lookup.__doc__)")
+    send(srv.stdin, {"id": "t", "code": code, "tools": TOOLS})
+    calls, refusals, a = serve_tools(
+        lines, srv.stdin, "t",
+        lambda m: {"content": {"n": 10}} if m["name"] == "lookup"
+        else {"content": m["arguments"]["x"] * 2})
+    check("a program calls two tools in a loop: each result comes back",
+          a.get("stdout") == "36 Looks a word up.\n" and not refusals, (a, refusals))
+    check("the host sees each call once, numbered in order, with its arguments",
+          [(m["call"], m["name"], m["arguments"]) for m in calls]
+          == [(1, "lookup", {"q": "0"}), (2, "double", {"x": 0}), (3, "lookup", {"q": "1"}),
+              (4, "double", {"x": 1}), (5, "lookup", {"q": "2"}), (6, "double", {"x": 2})],
+          calls)
+
+    # Forged and late results: refused with a line of their own, nothing changes.
+    code = "import pysbx\nprint(pysbx.tools.lookup(q='a'))"
+    send(srv.stdin, {"id": "f", "code": code, "tools": TOOLS})
+
+    def forge(m):
+        send(srv.stdin, {"id": "f", "tool_result": {"call": 2, "content": "forged"}},
+             {"id": "nobody", "tool_result": {"call": 1, "content": "forged"}},
+             {"id": "f", "tool_result": {"content": "no call"}},
+             {"id": "f", "tool_result": {"call": 1, "content": "x" * (2 << 20)}})
+        send(srv.stdin, {"id": "f", "tool_result": {"call": 1, "content": "real"}})
+        return {"content": "second"}
+    calls, refusals, a = serve_tools(lines, srv.stdin, "f", forge)
+    codes = sorted((r["tool_result"]["id"], r["tool_result"]["call"], r["error"]["code"])
+                   for r in refusals)
+    check("forged, unknown, malformed, oversized and second results are refused apart",
+          a.get("stdout") == "real\n" and codes == sorted([
+              ("f", 2, "invalid_request"), ("nobody", 1, "invalid_request"),
+              ("f", 0, "invalid_request"), ("f", 1, "request_too_large"),
+              ("f", 1, "invalid_request")]), (a.get("stdout"), refusals))
+    send(srv.stdin, {"id": "f", "tool_result": {"call": 1, "content": "late"}})
+    late = json.loads(lines.next())
+    check("a result after the run ended is refused", late.get("tool_result") == {"id": "f", "call": 1}
+          and late["error"]["code"] == "invalid_request", late)
+
+    # A flood of calls: past max_tool_calls the code is refused, the host sees none.
+    code = ("import pysbx\nok = bad = 0\nfor i in range(40):\n    try:\n"
+            "        pysbx.tools.double(x=i); ok += 1\n"
+            "    except pysbx.ToolError as e:\n        bad += 1; why = str(e)\nprint(ok, bad, why)")
+    send(srv.stdin, {"id": "flood", "code": code, "tools": TOOLS, "max_tool_calls": 5})
+    calls, refusals, a = serve_tools(lines, srv.stdin, "flood", lambda m: {"content": 0})
+    check("a flood of calls: max_tool_calls reach the host, the rest raise ToolError",
+          len(calls) == 5 and a.get("stdout", "").startswith("5 35 this run's 5 tool calls"),
+          (len(calls), a.get("stdout")))
+
+    # What the code may send that is not a call: each refused to the code alone.
+    code = ("import os, struct, pysbx\nres = []\n"
+            "for f in [b'not json', b'[1]', b'{\"name\": \"lookup\", \"arguments\": 5}',"
+            " b'{\"name\": \"lookup\", \"x\": 1}', b'{\"name\": \"nope\"}']:\n"
+            "    os.write(3, struct.pack('<I', len(f)) + f)\n"
+            "    n = struct.unpack('<I', os.read(3, 4))[0]\n"
+            "    res.append(os.read(3, n).decode())\n"
+            "try:\n    pysbx.call_tool('lookup', {'q': 'x' * 5000})\n"
+            "except pysbx.ToolError as e:\n    res.append(str(e))\n"
+            "try:\n    pysbx.tools.lookup(q=object())\nexcept TypeError:\n    res.append('TypeError')\n"
+            "print('\\n'.join(res))")
+    send(srv.stdin, {"id": "raw", "code": code, "tools": TOOLS, "max_tool_bytes": 2048})
+    calls, refusals, a = serve_tools(lines, srv.stdin, "raw", lambda m: {"content": 0})
+    out = a.get("stdout", "").splitlines()
+    check("frames that are not calls, unknown names, oversized arguments: refused to the code, "
+          "never reaching the host",
+          not calls and len(out) == 7 and all('"error"' in l for l in out[:5])
+          and "no tool named nope" in out[4] and "more than max_tool_bytes (2048)" in out[5]
+          and out[6] == "TypeError", (calls, out))
+    # A frame longer than max_tool_bytes, written raw: the channel closes,
+    # the run goes on.
+    code = ("import os, struct, pysbx\nos.write(3, struct.pack('<I', 1 << 30))\n"
+            "try:\n    os.write(3, b'x' * 100000)\nexcept OSError as e:\n    print('write', e.errno)\n"
+            "try:\n    print(pysbx.tools.double(x=1))\n"
+            "except pysbx.ToolError as e:\n    print('ToolError', e)\nprint('done')")
+    send(srv.stdin, {"id": "huge", "code": code, "tools": TOOLS, "max_tool_bytes": 4096})
+    calls, refusals, a = serve_tools(lines, srv.stdin, "huge", lambda m: {"content": 0})
+    check("a frame past max_tool_bytes closes the channel; the run goes on and ends",
+          not calls and a.get("status") == "completed" and a["stdout"].endswith("done\n")
+          and "ToolError" in a["stdout"], (calls, a.get("stdout")))
+
+    # Many threads: each gets its own answer.
+    code = ("import pysbx, threading\nout = {}\n"
+            "def go(i):\n    out[i] = pysbx.tools.double(x=i)\n"
+            "ts = [threading.Thread(target=go, args=(i,)) for i in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\nprint(sorted(out.items()))")
+    send(srv.stdin, {"id": "threads", "code": code, "tools": TOOLS})
+    pending = []
+
+    def later(m):  # answered in reverse order, all at once
+        pending.append(m)
+        if len(pending) == 8:
+            for p in reversed(pending):
+                send(srv.stdin, {"id": "threads", "tool_result":
+                                 {"call": p["call"], "content": p["arguments"]["x"] * 2}})
+        return None
+    calls, refusals, a = serve_tools(lines, srv.stdin, "threads", later)
+    check("calls from eight threads, answered out of order: each thread gets its own",
+          a.get("stdout") == str([(i, 2 * i) for i in range(8)]) + "\n" and len(calls) == 8,
+          (a.get("stdout"), len(calls)))
+
+    # A client that never answers: the wall limit ends the run, which used no CPU waiting.
+    send(srv.stdin, {"id": "silent", "code": "import pysbx\npysbx.tools.lookup(q='?')",
+                     "tools": TOOLS, "limits": {"wall_seconds": 1}})
+    calls, refusals, a = serve_tools(lines, srv.stdin, "silent", lambda m: None)
+    check("a client that never answers: the run ends at its wall limit, no CPU spent waiting",
+          len(calls) == 1 and a.get("status") == "timeout" and a.get("limit") == "wall"
+          and a["stats"]["cpu_ms"] < 500, a)
+    send(srv.stdin, {"id": "silent", "tool_result": {"call": 1, "content": "too late"}})
+    late = json.loads(lines.next())
+    check("... and its call can no longer be answered", "error" in late
+          and late.get("tool_result") == {"id": "silent", "call": 1}, late)
+
+    # Without tools: no module, no channel.
+    send(srv.stdin, {"id": "none", "code": "import os\ntry:\n    import pysbx\n"
+                     "except ImportError as e:\n    print(type(e).__name__)\n"
+                     "try:\n    os.write(3, b'\\0\\0\\0\\0')\nexcept OSError as e:\n"
+                     "    print(e.errno)"})
+    a = json.loads(lines.until(lambda l: json.loads(l).get("id") == "none"))
+    check("a run that declared no tools has neither the module nor the channel",
+          a.get("stdout") == "ModuleNotFoundError\n9\n", a)
+    for name, req, want in [
+        ("a bad tool name", {"tools": [{"name": "1x"}]}, "invalid_request"),
+        ("two tools of one name", {"tools": [{"name": "a"}, {"name": "a"}]}, "invalid_request"),
+        ("65 tools", {"tools": [{"name": f"t{i}"} for i in range(65)]}, "invalid_request"),
+        ("an unknown tool field", {"tools": [{"name": "a", "schema": {}}]}, "invalid_request"),
+        ("max_tool_calls without tools", {"max_tool_calls": 3}, "invalid_request"),
+        ("max_tool_bytes too small", {"tools": TOOLS, "max_tool_bytes": 10}, "invalid_limit"),
+        ("tools in a session's cell", {"tools": TOOLS, "session": "s"}, "invalid_request"),
+    ]:
+        send(srv.stdin, {"id": name, "code": "pass", **req})
+        a = json.loads(lines.until(lambda l: json.loads(l).get("id") == name))
+        check(f"refused: {name}", refusal(a).get("code") == want, a)
+    srv.stdin.close()
+    check("serve ends at the end of input", srv.wait(timeout=60) == 0)
+
+
+def tools_on_a_socket():
+    srv, path, log = listening()
+    sock, lines = connect(path)
+    send(sock, {"id": 1, "code": "import pysbx\nprint(pysbx.tools.double(x=21))", "tools": TOOLS})
+    calls, refusals, a = serve_tools(lines, sock, 1, lambda m: {"content": m["arguments"]["x"] * 2})
+    check("a tool over a socket", a.get("stdout") == "42\n" and len(calls) == 1, a)
+    send(sock, {"id": 2, "code": "import pysbx\npysbx.tools.double(x=1)", "tools": TOOLS})
+    calls, refusals, a = serve_tools(lines, sock, 2, lambda m: {"error": "no such thing"})
+    check("a tool's error is ToolError in the code", a.get("exit_code") == 1
+          and a["error"]["type"] == "pysbx.ToolError" and a["error"]["message"] == "no such thing"
+          and 'File "<pysbx>"' in a["stderr"], a)
+    sock.close()
+
+
 section(streaming_on_standard_input)
 section(streaming_on_a_socket)
 section(a_stream_nobody_reads)
+section(tools_over_json_lines)
+section(tools_on_a_socket)
 section(sessions_on_standard_input)
 section(a_sessions_memory_is_its_first_cells)
 section(sessions_need_the_templates_own_proc)

@@ -99,6 +99,117 @@ static void streamed_output_is_bounded_like_the_result(void **state)
     sbx_result_free(r);
 }
 
+/* --- host tools ----------------------------------------------------------------- */
+
+struct tool_host {
+    struct sbx_tool_answers *answers;
+    pthread_t caller;
+    int calls;
+    bool on_callers_thread;
+    uint64_t last_call;
+    pthread_t later;
+    bool answer_later;
+};
+
+static void *answer_later(void *p)
+{
+    struct tool_host *h = p;
+    const char *answer = "[1, \"two\"]";
+    usleep(200000);
+    /* Checked on the test's thread, once the run is back. */
+    h->calls += 100 * (sbx_tool_answer(h->answers, h->last_call, answer, strlen(answer)) != 0);
+    return NULL;
+}
+
+static void on_tool_call(void *user, uint64_t call, const char *name, const char *args, size_t len)
+{
+    struct tool_host *h = user;
+    char buf[256];
+
+    h->calls++;
+    h->last_call = call;
+    h->on_callers_thread = pthread_equal(pthread_self(), h->caller);
+    assert_int_equal(strlen(args), len);
+    if (h->answer_later) {
+        assert_int_equal(pthread_create(&h->later, NULL, answer_later, h), 0);
+        return;
+    }
+    snprintf(buf, sizeof(buf), "{\"name\": \"%s\", \"args\": %s, \"call\": %llu}", name, args,
+             (unsigned long long)call);
+    assert_int_equal(sbx_tool_answer(h->answers, call, buf, strlen(buf)), 0);
+    /* Once only; and nothing but JSON. */
+    assert_int_equal(sbx_tool_answer(h->answers, call, "1", 1), -EALREADY);
+    assert_int_equal(sbx_tool_answer(h->answers, call + 1, "1", 1), -ENOENT);
+}
+
+static void tools_are_called_on_the_callers_thread_and_answered(void **state)
+{
+    struct tool_host h = {.answers = sbx_tool_answers_new(), .caller = pthread_self()};
+    const struct sbx_tool tools[] = {{"lookup", "Finds it."}, {"other", NULL}};
+    struct sbx_request req;
+    struct sbx_result *r;
+    struct sbx_error err;
+    const char *code = "import pysbx\n"
+                       "print(pysbx.tools.lookup(q=1)['args'], pysbx.call_tool('other')['call'])\n"
+                       "try:\n    pysbx.call_tool('missing')\n"
+                       "except pysbx.ToolError as e:\n    print(e)\n";
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    req.tools = tools;
+    req.n_tools = 2;
+    req.on_tool_call = on_tool_call;
+    req.user = &h;
+    /* Without somewhere to answer, refused before it runs. */
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), -EINVAL);
+    assert_int_equal(err.code, SBX_ERR_INVALID_REQUEST);
+    req.tool_answers = h.answers;
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "{'q': 1} 2\nno tool named missing in this run\n");
+    assert_int_equal(h.calls, 2);
+    assert_true(h.on_callers_thread);
+    sbx_result_free(r);
+    /* The run is over: its calls are no one's to answer. */
+    assert_int_equal(sbx_tool_answer(h.answers, 1, "1", 1), -ENOENT);
+    sbx_tool_answers_free(h.answers);
+}
+
+static void a_tool_answered_from_another_thread_while_the_code_waits(void **state)
+{
+    struct tool_host h = {.answers = sbx_tool_answers_new(), .answer_later = true};
+    const struct sbx_tool tool = {"slow", NULL};
+    struct sbx_request req;
+    struct sbx_result *r;
+    struct sbx_error err;
+    const char *code = "import pysbx\nprint(pysbx.tools.slow())";
+    sbx_request_init(&req);
+    req.code = code;
+    req.code_len = strlen(code);
+    req.tools = &tool;
+    req.n_tools = 1;
+    req.on_tool_call = on_tool_call;
+    req.tool_answers = h.answers;
+    req.user = &h;
+    req.max_tool_bytes = 1024;
+    h.caller = pthread_self();
+    /* What is not JSON, and what is longer than max_tool_bytes, is refused. */
+    assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
+    pthread_join(h.later, NULL);
+    assert_int_equal(h.calls, 1);
+    expect_completed(r, 0);
+    assert_string_equal(r->stdout_text, "[1, 'two']\n");
+    assert_true(r->wall_ms >= 200);
+    assert_true(r->cpu_ms < 150); /* the code waited, it did not spin */
+    sbx_result_free(r);
+    assert_int_equal(sbx_tool_answer(h.answers, 1, "{", 1), -EINVAL);
+    char big[2048];
+    memset(big, ' ', sizeof(big));
+    big[0] = '1';
+    assert_int_equal(sbx_tool_answer(h.answers, 1, big, sizeof(big)), -E2BIG);
+    sbx_tool_answers_free(h.answers);
+}
+
 /* --- cancellation ------------------------------------------------------------- */
 
 struct canceller {
@@ -637,6 +748,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(output_is_streamed_as_it_is_written),
         cmocka_unit_test(streamed_output_is_bounded_like_the_result),
+        cmocka_unit_test(tools_are_called_on_the_callers_thread_and_answered),
+        cmocka_unit_test(a_tool_answered_from_another_thread_while_the_code_waits),
         cmocka_unit_test(cancel_from_another_thread_ends_the_run),
         cmocka_unit_test(cancel_before_the_start_runs_nothing),
         cmocka_unit_test(many_threads_at_once_each_get_their_own_answer),

@@ -914,11 +914,13 @@ int pyrun_tools(int fd, const char *tools_json, char *err, size_t cap)
     PyObject *mod = PyModule_New("pysbx");
     PyObject *d = mod ? PyModule_GetDict(mod) : NULL; /* borrowed */
     PyObject *fdo = PyLong_FromLong(fd), *tools = PyUnicode_FromString(tools_json), *r = NULL;
+    /* Named, so that a traceback through it says where it was. */
+    PyObject *compiled = Py_CompileString(tools_source, "<pysbx>", Py_file_input);
     int rc = -1;
 
     if (d && fdo && tools && PyDict_SetItemString(d, "__builtins__", PyEval_GetBuiltins()) == 0 &&
         PyDict_SetItemString(d, "_FD", fdo) == 0 && PyDict_SetItemString(d, "_TOOLS", tools) == 0 &&
-        (r = PyRun_String(tools_source, Py_file_input, d, d)) &&
+        compiled && (r = PyEval_EvalCode(compiled, d, d)) &&
         PyDict_DelItemString(d, "_TOOLS") == 0 &&
         PyDict_SetItemString(PyImport_GetModuleDict(), "pysbx", mod) == 0)
         rc = 0;
@@ -927,6 +929,7 @@ int pyrun_tools(int fd, const char *tools_json, char *err, size_t cap)
         fmt(err, cap, "pysbx: the tools module could not be made\n");
     }
     Py_XDECREF(r);
+    Py_XDECREF(compiled);
     Py_XDECREF(tools);
     Py_XDECREF(fdo);
     Py_XDECREF(mod);
