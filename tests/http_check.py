@@ -51,7 +51,18 @@ def conforms(path, method, status, resp_type, body):
     """Whether an answer is one the document describes: a documented status,
     its content type, and (for JSON) the schema."""
     # Unknown paths and methods: the document's NotFound and MethodNotAllowed.
+    # A templated path ({run_id}) matches its parameter's pattern.
     ops = API["paths"].get(path)
+    for templ, o in API["paths"].items():
+        names = re.findall(r"\{(\w+)\}", templ)
+        if ops is None and names:
+            params = {p["name"]: p["schema"].get("pattern", "^[^/]+$").strip("^$")
+                      for p in o.get("post", o.get("get", {})).get("parameters", [])}
+            rx = re.escape(templ)
+            for n in names:
+                rx = rx.replace(re.escape("{" + n + "}"), "(?:" + params.get(n, "[^/]+") + ")")
+            if re.fullmatch(rx, path):
+                ops = o
     op = (ops or {}).get(method.lower())
     if op is None:
         want = "NotFound" if ops is None else "MethodNotAllowed"
@@ -553,6 +564,70 @@ for _ in range(40):
     time.sleep(0.05)
 check("stream: a client that hangs up has its run cancelled at once (not at its wall limit)",
       rc == 28 and got and runs_total("cancelled") == before + 1, (rc, len(got)))
+
+# --- host tools over HTTP: the run streamed, its calls answered by POST ------------------
+def tool_run(body, answer, timeout=60):
+    """Runs |body| (with tools), answering each tool_call with answer(event)
+    through POST /v1/runs/RUN_ID/tool_results; (lines, posts, status)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request("POST", "/v1/run", body=json.dumps(body),
+                 headers={"Authorization": "Bearer " + TOKEN, "Content-Type": "application/json"})
+    r = conn.getresponse()
+    lines, posts, run_id = [], [], None
+    while r.status == 200:
+        line = r.readline()
+        if not line:
+            break
+        m = json.loads(line)
+        lines.append(m)
+        if m.get("event") == "started":
+            run_id = m["run_id"]
+        if m.get("event") == "tool_call":
+            for b in answer(m):
+                rr, data = c.request("POST", f"/v1/runs/{run_id}/tool_results", b)
+                posts.append((rr.status, json.loads(data)))
+    conn.close()
+    return lines, posts, r.status
+
+
+TOOLS = [{"name": "lookup", "description": "Looks a word up."}, {"name": "double"}]
+code = ("import pysbx\nt = 0\nfor i in range(3):\n    t += pysbx.tools.lookup(q=str(i))['n']\n"
+        "    t += pysbx.tools.double(x=i)\nprint(t)")
+lines, posts, st = tool_run({"id": "tl", "code": code, "tools": TOOLS},
+                            lambda m: [{"call": m["call"], "content": {"n": 10}}]
+                            if m["name"] == "lookup"
+                            else [{"call": m["call"], "content": m["arguments"]["x"] * 2}])
+bad = []
+for m in lines:
+    try:
+        jsonschema.Draft202012Validator(LINE, resolver=RESOLVER).validate(m)
+    except jsonschema.ValidationError as e:
+        bad.append(str(e)[:200])
+check("tools over HTTP: started, six calls answered by POST, the result last, as documented",
+      st == 200 and lines[0].get("event") == "started" and not bad
+      and [m["call"] for m in lines if m.get("event") == "tool_call"] == [1, 2, 3, 4, 5, 6]
+      and all(p == 200 for p, _ in posts) and lines[-1].get("stdout") == "36\n", (bad, lines, posts))
+check("tools over HTTP: no output events unless asked for",
+      not any(m.get("event") in ("stdout", "stderr") for m in lines), lines)
+run_id = lines[0]["run_id"]
+lines, posts, st = tool_run({"id": "tf", "code": "import pysbx\nprint(pysbx.tools.double(x=1))",
+                             "tools": TOOLS, "max_tool_bytes": 1024},
+                            lambda m: [{"call": m["call"] + 1, "content": 0},
+                                       {"call": m["call"], "content": "x" * 2000},
+                                       {"call": m["call"], "result": 1},
+                                       {"call": m["call"], "content": 2},
+                                       {"call": m["call"], "content": 3}])
+check("tools over HTTP: an unknown call 409, too large 413, malformed 400, a second answer 409; "
+      "the first good one is taken", [p for p, _ in posts] == [409, 413, 400, 200, 409]
+      and lines[-1].get("stdout") == "2\n", (posts, lines[-1]))
+r, data = c.request("POST", f"/v1/runs/{run_id}/tool_results", {"call": 1, "content": 0})
+check("tools over HTTP: a run that ended is 404", r.status == 404
+      and json.loads(data)["error"]["code"] == "not_found", (r.status, data))
+r, data = Client(port, token="wrong").request("POST", f"/v1/runs/{lines[0]['run_id']}/tool_results",
+                                              {"call": 1, "content": 0})
+check("tools over HTTP: results want the token", r.status == 401, r.status)
+r, data = c.request("POST", "/v1/runs/not-an-id/tool_results", {"call": 1, "content": 0})
+check("tools over HTTP: a malformed run id is no path", r.status == 404, r.status)
 
 # --- shutdown ---------------------------------------------------------------------------
 slow = {}

@@ -44,6 +44,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -167,10 +168,14 @@ struct http {
     int watch_fd;     /* eventfd: the runs in flight changed, or the watcher should end */
     bool unwatched;   /* the watcher ends */
     struct conn *conns, *conns_tail; /* open connections, oldest first */
+    struct live *tooled;             /* streamed runs with host tools, in flight */
     unsigned unauthed;               /* of them, not authed and not cut */
 };
 
-enum route { ROUTE_NONE, ROUTE_RUN, ROUTE_HEALTH, ROUTE_METRICS };
+enum route { ROUTE_NONE, ROUTE_RUN, ROUTE_TOOL_RESULTS, ROUTE_HEALTH, ROUTE_METRICS };
+
+/* A run's id in /v1/runs/ID/tool_results: 32 hex digits. */
+#define RUN_ID_LEN 32
 
 /* One request: where it goes, its body as it arrives. */
 struct exchange {
@@ -627,6 +632,10 @@ struct live {
     bool done;           /* the answer is queued: nothing more comes */
     bool gone;           /* libmicrohttpd let go: the client is gone or served */
     unsigned refs;
+    /* A run with host tools: on h->tooled while it runs, found by run_id. */
+    struct live *tnext;
+    char run_id[RUN_ID_LEN + 1];
+    struct sbx_tool_answers *answers;
     struct job j;
     struct json_request r;
 };
@@ -639,6 +648,7 @@ static void live_unref(struct live *l)
     if (!last)
         return;
     free(l->buf);
+    sbx_tool_answers_free(l->answers);
     sbx_cancel_free(l->j.cancel);
     json_request_free(&l->r);
     pthread_mutex_destroy(&l->lock);
@@ -689,6 +699,31 @@ static void live_output(void *user, int stream, const char *text, size_t len)
     pthread_mutex_unlock(&l->lock);
 }
 
+/* on_tool_call: the call as an event line, never dropped (a run makes at
+ * most max_tool_calls, each of at most max_tool_bytes). */
+static void live_tool_call(void *user, uint64_t call, const char *name, const char *args,
+                           size_t len)
+{
+    struct live *l = user;
+
+    pthread_mutex_lock(&l->lock);
+    if (!l->gone)
+        live_put(l, json_event_tool_call(l->r.id_text, call, name, args, len), false);
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* Takes |l| off the runs that tool results can reach. */
+static void untool(struct http *h, struct live *l)
+{
+    pthread_mutex_lock(&h->lock);
+    for (struct live **pp = &h->tooled; *pp; pp = &(*pp)->tnext)
+        if (*pp == l) {
+            *pp = l->tnext;
+            break;
+        }
+    pthread_mutex_unlock(&h->lock);
+}
+
 static void *live_main(void *p)
 {
     struct live *l = p;
@@ -699,6 +734,8 @@ static void *live_main(void *p)
 
     uint64_t t0 = now_ns();
     int rc = h->o->backend->run(h->o->backend->self, &l->r.req, &res, &err);
+    if (l->answers)
+        untool(h, l);
     if (rc < 0)
         count_refused(h, err.code);
     job_done(h, &l->j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9);
@@ -776,8 +813,29 @@ static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->more, NULL);
     l->r.req.cancel = l->j.cancel;
-    l->r.req.on_output = live_output;
+    if (l->r.stream)
+        l->r.req.on_output = live_output;
     l->r.req.user = l;
+    if (l->r.req.n_tools) {
+        unsigned char raw[RUN_ID_LEN / 2];
+        if (!(l->answers = sbx_tool_answers_new()) ||
+            getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
+            live_unref(l);
+            live_unref(l);
+            return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
+                              "no room for the run's tools");
+        }
+        for (size_t i = 0; i < sizeof(raw); i++)
+            snprintf(l->run_id + 2 * i, 3, "%02x", raw[i]);
+        l->r.req.on_tool_call = live_tool_call;
+        l->r.req.tool_answers = l->answers;
+        /* The first line names the run, for its tool results. */
+        live_put(l, json_event_started(l->r.id_text, l->run_id), false);
+        pthread_mutex_lock(&h->lock);
+        l->tnext = h->tooled;
+        h->tooled = l;
+        pthread_mutex_unlock(&h->lock);
+    }
     const union MHD_ConnectionInfo *ci =
         mhd.get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     l->j.fd = ci ? ci->connect_fd : -1;
@@ -793,6 +851,8 @@ static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -EAGAIN, "cannot start a thread");
         count_refused(h, err.code);
         job_done(h, &l->j, NULL, 0);
+        if (l->answers)
+            untool(h, l);
         pthread_mutex_lock(&l->lock);
         live_put(l, json_answer_error(l->r.id_text, &err), false);
         l->done = true;
@@ -831,7 +891,14 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
         json_request_free(&r);
         return ok;
     }
-    if (r.stream)
+    if (r.is_tool_result) {
+        ok = send_error(h, conn, MHD_HTTP_BAD_REQUEST, r.id_text, SBX_ERR_INVALID_REQUEST,
+                        "over HTTP a tool's result is POST /v1/runs/RUN_ID/tool_results");
+        json_request_free(&r);
+        return ok;
+    }
+    /* A run with host tools is streamed: its calls are lines of it. */
+    if (r.stream || r.req.n_tools)
         return run_streamed(h, conn, &r);
     if (!(j.cancel = sbx_cancel_new())) {
         json_request_free(&r);
@@ -858,6 +925,95 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     sbx_cancel_free(j.cancel);
     json_request_free(&r);
     return ok;
+}
+
+/* /v1/runs/RUN_ID/tool_results, its id into |id| (RUN_ID_LEN + 1). */
+static bool tool_results_path(const char *url, char *id)
+{
+    static const char head[] = "/v1/runs/", tail[] = "/tool_results";
+    size_t n = strlen(url);
+
+    if (n != strlen(head) + RUN_ID_LEN + strlen(tail) || strncmp(url, head, strlen(head)) != 0 ||
+        strcmp(url + strlen(head) + RUN_ID_LEN, tail) != 0)
+        return false;
+    for (size_t i = 0; i < RUN_ID_LEN; i++) {
+        char c = url[strlen(head) + i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return false;
+        id[i] = c;
+    }
+    id[RUN_ID_LEN] = '\0';
+    return true;
+}
+
+/* POST /v1/runs/RUN_ID/tool_results: {"call": N, "content": any JSON} or
+ * {"call": N, "error": "message"}, the answer to call N of that run (one
+ * of this server's, whose stream said its run_id). 200 {"run_id", "call"}
+ * when the call takes it; else refused, nothing changed: 404 for a run
+ * that is not in flight here, 409 for a call not waiting (never made,
+ * refused, answered, or its run ended), 413 past the run's max_tool_bytes. */
+static enum MHD_Result tool_results(struct http *h, struct MHD_Connection *conn, const char *url,
+                                    struct exchange *x)
+{
+    static const char *const fields[] = {"call", "content", "error"};
+    char id[RUN_ID_LEN + 1];
+    json_error_t je;
+    json_t *o = json_loadb(x->body ? x->body : "", x->len, 0, &je);
+    json_t *call = json_object_get(o, "call"), *content = json_object_get(o, "content");
+    json_t *error = json_object_get(o, "error");
+    const char *k;
+    json_t *v;
+    bool known = json_is_object(o);
+
+    json_object_foreach(o, k, v)
+    {
+        size_t i = 0;
+        while (i < ARRAY_SIZE(fields) && strcmp(k, fields[i]) != 0)
+            i++;
+        known = known && i < ARRAY_SIZE(fields);
+    }
+    if (!tool_results_path(url, id) || !known || !json_is_integer(call) ||
+        json_integer_value(call) < 1 || !content == !error || (error && !json_is_string(error))) {
+        json_decref(o);
+        return send_error(h, conn, MHD_HTTP_BAD_REQUEST, NULL, SBX_ERR_INVALID_REQUEST,
+                          "a tool result is {\"call\": N, \"content\": any JSON} or "
+                          "{\"call\": N, \"error\": string}");
+    }
+    uint64_t n = (uint64_t)json_integer_value(call);
+    char *text = content ? json_dumps(content, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    int rc = -ESRCH;
+    pthread_mutex_lock(&h->lock);
+    for (struct live *l = h->tooled; l; l = l->tnext)
+        if (strcmp(l->run_id, id) == 0)
+            rc = error  ? sbx_tool_fail(l->answers, n, json_string_value(error))
+                 : text ? sbx_tool_answer(l->answers, n, text, strlen(text))
+                        : -ENOMEM;
+    pthread_mutex_unlock(&h->lock);
+    free(text);
+    json_decref(o);
+    if (rc == 0) {
+        json_t *ok = json_pack("{s:s, s:I}", "run_id", id, "call", (json_int_t)n);
+        char *body = ok ? json_dumps(ok, JSON_COMPACT) : NULL;
+        json_decref(ok);
+        return send_text(conn, MHD_HTTP_OK, body, JSON_TYPE, false);
+    }
+    if (rc == -ESRCH)
+        return refuse(h, conn, MHD_HTTP_NOT_FOUND, REF_NOT_FOUND, NULL, false,
+                      "no run %s with tools is in flight here", id);
+    if (rc == -E2BIG)
+        return send_error(h, conn, MHD_HTTP_CONTENT_TOO_LARGE, NULL, SBX_ERR_TOO_LARGE,
+                          "the result is longer than the run's max_tool_bytes");
+    if (rc == -EALREADY)
+        return send_error(h, conn, MHD_HTTP_CONFLICT, NULL, SBX_ERR_INVALID_REQUEST,
+                          "call %llu of run %s is answered already", (unsigned long long)n, id);
+    if (rc == -ENOENT)
+        return send_error(h, conn, MHD_HTTP_CONFLICT, NULL, SBX_ERR_INVALID_REQUEST,
+                          "run %s has no call %llu waiting (never made, refused, or its run "
+                          "ended)",
+                          id, (unsigned long long)n);
+    return send_error(h, conn, rc == -ENOMEM ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_BAD_REQUEST,
+                      NULL, rc == -ENOMEM ? SBX_ERR_UNAVAILABLE : SBX_ERR_INVALID_REQUEST,
+                      "the result could not be taken (%s)", strerror(-rc));
 }
 
 /* Takes what arrived of the body, up to --max-line-bytes. */
@@ -887,8 +1043,12 @@ static void take_body(struct exchange *x, size_t max, const char *data, size_t n
 
 static enum route route_of(const char *url)
 {
+    char id[RUN_ID_LEN + 1];
+
     if (strcmp(url, "/v1/run") == 0)
         return ROUTE_RUN;
+    if (tool_results_path(url, id))
+        return ROUTE_TOOL_RESULTS;
     if (strcmp(url, "/healthz") == 0)
         return ROUTE_HEALTH;
     if (strcmp(url, "/metrics") == 0)
@@ -908,7 +1068,8 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
                               const char *method, enum route rt)
 {
     bool get = is(method, MHD_HTTP_METHOD_GET) || is(method, MHD_HTTP_METHOD_HEAD);
-    const char *allow = rt == ROUTE_RUN ? "POST" : "GET, HEAD";
+    bool post = rt == ROUTE_RUN || rt == ROUTE_TOOL_RESULTS;
+    const char *allow = post ? "POST" : "GET, HEAD";
     const char *cl, *te;
 
     /* A body framed two ways (RFC 9112, 6.1), or by a coding we do not
@@ -923,8 +1084,10 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
                       te);
     if (rt == ROUTE_NONE)
         return refuse(h, conn, MHD_HTTP_NOT_FOUND, REF_NOT_FOUND, NULL, false,
-                      "no such path: %.100s (POST /v1/run, GET /healthz, GET /metrics)", url);
-    if (rt == ROUTE_RUN ? !is(method, MHD_HTTP_METHOD_POST) : !get)
+                      "no such path: %.100s (POST /v1/run, POST "
+                      "/v1/runs/RUN_ID/tool_results, GET /healthz, GET /metrics)",
+                      url);
+    if (post ? !is(method, MHD_HTTP_METHOD_POST) : !get)
         return refuse(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, REF_METHOD, allow, false,
                       "%.100s takes %s, not %.20s", url, allow, method);
     bool authed = authorised(h, conn);
@@ -933,9 +1096,10 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
     if (rt != ROUTE_HEALTH && !authed)
         return refuse(h, conn, MHD_HTTP_UNAUTHORIZED, REF_UNAUTHORIZED, NULL, false,
                       "a valid bearer token is required (Authorization: Bearer ...)");
-    if (rt != ROUTE_RUN)
+    if (!post)
         return MHD_YES;
-    if (is_draining(h))
+    /* A run in flight during the drain still has its tools answered. */
+    if (rt == ROUTE_RUN && is_draining(h))
         return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
                           "the server is shutting down");
     uint64_t n;
@@ -980,6 +1144,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (x->too_large)
         return send_error(h, conn, MHD_HTTP_CONTENT_TOO_LARGE, NULL, SBX_ERR_TOO_LARGE,
                           "request body longer than %zu bytes", h->o->max_line_bytes);
+    if (x->rt == ROUTE_TOOL_RESULTS)
+        return tool_results(h, conn, url, x);
     return run(h, conn, x);
 }
 

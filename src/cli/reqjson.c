@@ -810,6 +810,15 @@ char *json_event_tool_call(const char *id_text, uint64_t call, const char *name,
     return with_id(id_text, s);
 }
 
+char *json_event_started(const char *id_text, const char *run_id)
+{
+    json_t *o = json_pack("{s:s, s:s}", "event", "started", "run_id", run_id);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+    json_decref(o);
+    return with_id(id_text, s);
+}
+
 char *json_answer_tool_result_error(const char *id_text, uint64_t call, const struct sbx_error *err)
 {
     char *head = NULL, *out;

@@ -114,6 +114,8 @@ char *json_event_dropped(const char *id_text, const uint64_t dropped[2]);
  * |name|, "arguments": <|arguments|, a JSON object>}. */
 char *json_event_tool_call(const char *id_text, uint64_t call, const char *name,
                            const char *arguments, size_t len);
+/* Over HTTP, a run with tools: {"id": ..., "event": "started", "run_id": |run_id|}. */
+char *json_event_started(const char *id_text, const char *run_id);
 /* The refusal of a tool_result message: {"id": null, "tool_result": {"id":
  * <its id>, "call": N}, "error": ...} (never mistaken for the answer to the
  * request of that id). */
