@@ -1359,6 +1359,7 @@ with open(jl, "w") as f:
     f.write(json.dumps({"code": "print('no id')"}) + "\n")
     f.write('{"id": 1.00000000001, "code": "pass"}\n')
     f.write(json.dumps({"id": "sess", "session": "s", "code": "pass"}) + "\n")
+    f.write(json.dumps({"id": "tool", "tools": [{"name": "t"}], "code": "pass"}) + "\n")
     f.write(json.dumps({"id": "in", "code": "import sys\nprint(input(), sys.argv[1:])",
                         "stdin": "6\n", "argv": ["z"]}) + "\n")
 out = os.path.join(d, "out.jsonl")
@@ -1366,7 +1367,10 @@ p = subprocess.run([PYSBX, "batch", jl, "--out", out], capture_output=True, text
                    timeout=120)
 lines = [json.loads(l) for l in open(out)]
 check("batch of JSONL: one line each, labelled", sorted(l["program"] for l in lines)
-      == ["line 1", "line 2", "line 3", "line 4", "line 5", "line 6"], lines)
+      == ["line 1", "line 2", "line 3", "line 4", "line 5", "line 6", "line 7"], lines)
+check("batch refuses host tools (it has no one to answer them)",
+      any(l.get("id") == "tool" and refusal(l).get("code") == "invalid_request"
+          and "no tool calls" in l["error"]["message"] for l in lines), lines)
 check("batch of JSONL: a line's stdin and argv", any(l.get("id") == "in"
                                                      and l.get("stdout") == "6 ['z']\n"
                                                      for l in lines), lines)

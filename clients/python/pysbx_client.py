@@ -214,30 +214,75 @@ def _result(answer: Dict[str, Any]) -> Result:
 _OUTPUT_EVENTS = ("stdout", "stderr")
 
 
-def _event(m: Any) -> Optional[Tuple[str, ...]]:
-    """None when |m| is the answer; for an event line of a streamed answer,
-    (stream, text) when it carries output, else () ("dropped": that output
-    is in the answer all the same)."""
-    if not isinstance(m, dict) or "event" not in m:
-        return None
-    if m["event"] in _OUTPUT_EVENTS and isinstance(m.get("data"), str):
-        return (m["event"], m["data"])
-    return ()
+class _Live:
+    """A run's events and who takes them: output to on_output(stream,
+    text), tool calls to the functions of |tools| (name -> fn(**arguments),
+    which returns what JSON encodes, or raises to fail the call)."""
+
+    def __init__(self, on_output=None, tools: Optional[Mapping[str, Any]] = None):
+        if tools is not None and not all(callable(f) for f in tools.values()):
+            raise TypeError("tools maps each name to a function")
+        self.on_output, self.tools, self.run_id = on_output, tools, None
+
+    def ask(self, req: Dict[str, Any]) -> None:
+        """Puts what it takes into the request."""
+        if self.on_output is not None:
+            req["stream"] = True
+        if self.tools is not None:
+            req["tools"] = [{"name": n, "description": (f.__doc__ or "").strip()}
+                            for n, f in self.tools.items()]
+
+    def take(self, m: Any) -> Optional[Tuple[str, Any]]:
+        """None when |m| is the answer; else what to do with the event:
+        ("output", (stream, text)), ("call", (fn, event)), or ("", None)."""
+        if not isinstance(m, dict) or "event" not in m:
+            return None
+        ev = m["event"]
+        if ev in _OUTPUT_EVENTS and self.on_output is not None and isinstance(m.get("data"), str):
+            return "output", (ev, m["data"])
+        if ev == "started":
+            self.run_id = m.get("run_id")
+        if ev == "tool_call" and self.tools is not None:
+            return "call", (self.tools.get(m.get("name")), m)
+        return "", None  # "dropped": that output is in the answer all the same
 
 
-def _follow(readline, on_output) -> Any:
-    """The answer among the lines readline() gives, events passed on."""
+def _tool_body(m: Dict[str, Any], result: Any, error: Optional[str]) -> Dict[str, Any]:
+    """The tool_result for call event |m|."""
+    if error is None:
+        try:
+            json.dumps(result)
+            return {"call": m["call"], "content": result}
+        except (TypeError, ValueError) as e:
+            error = f"the tool's result is not JSON: {e}"
+    return {"call": m["call"], "error": error}
+
+
+def _run_tool(fn, m: Dict[str, Any]) -> Dict[str, Any]:
+    try:
+        if fn is None:
+            raise LookupError(f"no tool {m.get('name')!r} on this client")
+        return _tool_body(m, fn(**(m.get("arguments") or {})), None)
+    except Exception as e:  # noqa: BLE001 - the tool's failure is the call's
+        return _tool_body(m, None, f"{type(e).__name__}: {e}")
+
+
+def _follow(readline, live: _Live, reply=None) -> Any:
+    """The answer among the lines readline() gives; events to |live|, tool
+    results to reply(body)."""
     while True:
         line = readline()
         if not line.endswith(b"\n"):
             raise ProtocolError("the server closed the connection without an answer"
                                 if not line else "an answer past MAX_ANSWER_BYTES")
         m = _loads(line)
-        ev = _event(m)
-        if ev is None:
+        what = live.take(m)
+        if what is None:
             return m
-        if ev:
-            on_output(*ev)
+        if what[0] == "output":
+            live.on_output(*what[1])
+        elif what[0] == "call":
+            reply(_run_tool(*what[1]))
 
 
 def _request(code: str, files, limits, id) -> Dict[str, Any]:
@@ -311,22 +356,25 @@ class Client:
             limits: Optional[Mapping[str, Any]] = None,
             stdin: Optional[Union[str, bytes]] = None,
             argv: Optional[List[str]] = None, filename: Optional[str] = None,
-            on_output=None) -> Result:
+            on_output=None, tools: Optional[Mapping[str, Any]] = None) -> Result:
         """Runs |code| with |files| (name to str, or to bytes for binary
         content) in the workspace and |limits| (wall_seconds, cpu_seconds,
         memory_bytes, max_output_chars, max_artifact_bytes, max_artifacts);
         |stdin| (str or bytes) is its standard input, |argv| its
         sys.argv[1:], |filename| its name (sys.argv[0], __file__ and the
         file its tracebacks name, as python3 FILENAME gives them);
-        on_output(stream, text) is called with the output as it comes."""
+        on_output(stream, text) is called with the output as it comes;
+        tools (name -> function) are host tools the code may call (import
+        pysbx; pysbx.tools.NAME(**arguments)): each call is answered with
+        what the function returns (JSON), or fails with what it raises."""
         with self._lock:
             id = next(self._ids)
+        live = _Live(on_output, tools)
         req = _request(code, files, limits, id)
         _add_input(req, stdin, argv, filename)
-        if on_output is not None:
-            req["stream"] = True
+        live.ask(req)
         body = json.dumps(req).encode()
-        answer = self._post(body, on_output) if self._http else self._unix(body, on_output)
+        answer = self._post(body, live, id) if self._http else self._unix(body, live, id)
         if isinstance(answer, dict) and answer.get("id") not in (id, None):
             raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
         return _result(answer)
@@ -338,15 +386,19 @@ class Client:
             raise ValueError("sessions are served over a UNIX socket (and MCP), not HTTP")
         return Session(self, name)
 
-    def _unix(self, body: bytes, on_output=None) -> Any:
+    def _unix(self, body: bytes, live: _Live, id: int) -> Any:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(self.timeout)
             s.connect(self.target)
             s.sendall(body + b"\n")
-            s.shutdown(socket.SHUT_WR)  # one request: the server answers it and closes
-            if on_output is not None:
+            if live.tools is None:
+                s.shutdown(socket.SHUT_WR)  # one request: the server answers it and closes
+
+            def reply(result: Dict[str, Any]) -> None:
+                s.sendall(json.dumps({"id": id, "tool_result": result}).encode() + b"\n")
+            if live.on_output is not None or live.tools is not None:
                 with s.makefile("rb") as f:
-                    return _follow(lambda: f.readline(MAX_ANSWER_BYTES + 1), on_output)
+                    return _follow(lambda: f.readline(MAX_ANSWER_BYTES + 1), live, reply)
             chunks, size = [], 0
             while True:
                 chunk = s.recv(1 << 16)
@@ -361,16 +413,21 @@ class Client:
             raise ProtocolError("the server closed the connection without an answer")
         return _loads(line)
 
-    def _post(self, body: bytes, on_output=None) -> Any:
+    def _post(self, body: bytes, live: Optional[_Live] = None, id: Any = None,
+              path: str = "/v1/run") -> Any:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(self.target.rstrip("/") + "/v1/run", data=body,
+        req = urllib.request.Request(self.target.rstrip("/") + path, data=body,
                                      headers=headers, method="POST")
+
+        def reply(result: Dict[str, Any]) -> None:
+            self._post(json.dumps(result).encode(),
+                       path=f"/v1/runs/{live.run_id}/tool_results")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                if on_output is not None:
-                    return _follow(lambda: resp.readline(MAX_ANSWER_BYTES + 1), on_output)
+                if live is not None and (live.on_output is not None or live.tools is not None):
+                    return _follow(lambda: resp.readline(MAX_ANSWER_BYTES + 1), live, reply)
                 return _loads(resp.read(MAX_ANSWER_BYTES + 1))
         except urllib.error.HTTPError as e:
             text = e.read(1 << 20)
@@ -456,7 +513,7 @@ class Session:
             try:
                 self._sock.sendall(json.dumps(req).encode() + b"\n")
                 answer = _follow(lambda: self._in.readline(MAX_ANSWER_BYTES + 1),
-                                 on_output or (lambda stream, text: None))
+                                 _Live(on_output))
             except BaseException:
                 # A cell still running, or an answer half read: the
                 # connection can serve no more; closing it ends the cell.
@@ -612,18 +669,19 @@ class PysbxSandbox:
     async def run(self, code: str, *, limits: Union[SandboxLimits, Mapping[str, Any], None] = None,
                   files: Optional[Mapping[str, Union[str, bytes]]] = None,
                   stdin: Optional[Union[str, bytes]] = None, argv: Optional[List[str]] = None,
-                  filename: Optional[str] = None, on_output=None) -> SandboxResult:
+                  filename: Optional[str] = None, on_output=None,
+                  tools: Optional[Mapping[str, Any]] = None) -> SandboxResult:
         """Runs |code| in a fresh sandbox (files, stdin, argv and filename as
-        Client.run has them); on_output(stream, text), a function or a
-        coroutine function, is called with the output as it comes."""
+        Client.run has them); on_output(stream, text) and the functions of
+        |tools| as Client.run has them, each a plain function or a
+        coroutine function."""
         id = next(self._ids)
+        live = _Live(on_output, tools)
         req = _request(code, files, _limits_json(limits), id)
         _add_input(req, stdin, argv, filename)
-        if on_output is not None:
-            req["stream"] = True
+        live.ask(req)
         body = json.dumps(req).encode()
-        answer = await (self._post(body, on_output) if self._url else
-                        self._unix(body, on_output))
+        answer = await (self._post(body, live) if self._url else self._unix(body, live, id))
         if isinstance(answer, dict) and answer.get("id") not in (id, None):
             raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
         return _sandbox_result(_result(answer))
@@ -639,15 +697,20 @@ class PysbxSandbox:
         """A run_python tool for a model, every call under |limits|."""
         return RunPythonTool(self, limits, sessions)
 
-    async def _unix(self, body: bytes, on_output=None) -> Any:
+    async def _unix(self, body: bytes, live: _Live, id: int) -> Any:
         reader, writer = await asyncio.open_unix_connection(self.address,
                                                             limit=MAX_ANSWER_BYTES + 1)
+
+        async def reply(result: Dict[str, Any]) -> None:
+            writer.write(json.dumps({"id": id, "tool_result": result}).encode() + b"\n")
+            await writer.drain()
         try:
             writer.write(body + b"\n")
             await writer.drain()
-            writer.write_eof()  # one request: the server answers it and closes
-            if on_output is not None:
-                return await _afollow(reader.readline, on_output)
+            if live.tools is None:
+                writer.write_eof()  # one request: the server answers it and closes
+            if live.on_output is not None or live.tools is not None:
+                return await _afollow(reader.readline, live, reply)
             data = await _read_capped(reader)
         finally:
             # Also when the task is cancelled: the server sees the
@@ -658,7 +721,8 @@ class PysbxSandbox:
             raise ProtocolError("the server closed the connection without an answer")
         return _loads(line)
 
-    async def _post(self, body: bytes, on_output=None) -> Any:
+    async def _post(self, body: bytes, live: Optional[_Live] = None,
+                    path: str = "/v1/run") -> Any:
         u = self._url
         tls = u.scheme == "https"
         port = u.port or (443 if tls else 80)
@@ -668,14 +732,18 @@ class PysbxSandbox:
             host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
             if u.port is not None:
                 host = f"{host}:{u.port}"
-            head = [f"POST {u.path.rstrip('/')}/v1/run HTTP/1.1", f"Host: {host}",
+            head = [f"POST {u.path.rstrip('/')}{path} HTTP/1.1", f"Host: {host}",
                     "Content-Type: application/json", "Accept: application/json",
                     f"Content-Length: {len(body)}", "Connection: close"]
             if self.token is not None:
                 head.append(f"Authorization: Bearer {self.token}")
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
             await writer.drain()
-            status, headers, text = await _http_response(reader, on_output)
+
+            async def reply(result: Dict[str, Any]) -> None:
+                await self._post(json.dumps(result).encode(),
+                                 path=f"/v1/runs/{live.run_id}/tool_results")
+            status, headers, text = await _http_response(reader, live, reply)
         finally:
             await _close(writer)
         if status == 200:
@@ -683,24 +751,33 @@ class PysbxSandbox:
         raise _http_error(status, text, "")
 
 
-async def _afollow(readline, on_output) -> Any:
-    """_follow for asyncio: on_output may be a coroutine function."""
-    async def emit(stream: str, text: str) -> None:
-        r = on_output(stream, text)
-        if asyncio.iscoroutine(r):
-            await r
+async def _maybe_await(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) else value
 
+
+async def _afollow(readline, live: _Live, reply=None) -> Any:
+    """_follow for asyncio: on_output, the tools and reply may be
+    coroutine functions."""
     while True:
         line = await readline()
         if not line.endswith(b"\n"):
             raise ProtocolError("the server closed the connection without an answer"
                                 if not line else "an answer past MAX_ANSWER_BYTES")
         m = _loads(line)
-        ev = _event(m)
-        if ev is None:
+        what = live.take(m)
+        if what is None:
             return m
-        if ev:
-            await emit(*ev)
+        if what[0] == "output":
+            await _maybe_await(live.on_output(*what[1]))
+        elif what[0] == "call":
+            fn, ev = what[1]
+            try:
+                if fn is None:
+                    raise LookupError(f"no tool {ev.get('name')!r} on this client")
+                body = _tool_body(ev, await _maybe_await(fn(**(ev.get("arguments") or {}))), None)
+            except Exception as e:  # noqa: BLE001 - the tool's failure is the call's
+                body = _tool_body(ev, None, f"{type(e).__name__}: {e}")
+            await reply(body)
 
 
 class _ChunkedLines:
@@ -721,8 +798,8 @@ class _ChunkedLines:
         return line + nl
 
 
-async def _http_response(reader: asyncio.StreamReader,
-                         on_output=None) -> Tuple[int, Dict[str, str], bytes]:
+async def _http_response(reader: asyncio.StreamReader, live: Optional[_Live] = None,
+                         reply=None) -> Tuple[int, Dict[str, str], bytes]:
     """An HTTP/1.1 response on a connection the server closes after it:
     its status, headers and body (Content-Length, chunked, or to the end);
     a streamed one's events handed to on_output and the answer's line as
@@ -743,8 +820,9 @@ async def _http_response(reader: asyncio.StreamReader,
             if len(headers) > 100:
                 raise ProtocolError("too many HTTP headers")
         chunked = headers.get("transfer-encoding", "").lower() == "chunked"
-        if chunked and on_output is not None and status == 200:
-            answer = await _afollow(_ChunkedLines(reader).readline, on_output)
+        streamed = live is not None and (live.on_output is not None or live.tools is not None)
+        if chunked and streamed and status == 200:
+            answer = await _afollow(_ChunkedLines(reader).readline, live, reply)
             return status, headers, json.dumps(answer).encode()
         if chunked:
             body = b""
@@ -828,8 +906,7 @@ class AsyncSession:
             try:
                 self._writer.write(json.dumps(req).encode() + b"\n")
                 await self._writer.drain()
-                answer = await _afollow(self._reader.readline,
-                                        on_output or (lambda stream, text: None))
+                answer = await _afollow(self._reader.readline, _Live(on_output))
             except BaseException:
                 # A cell still running (cancelled), or an answer half read:
                 # the connection can serve no more; closing it ends the cell.

@@ -222,6 +222,10 @@ static void *worker(void *p)
             if (rc == 0 && r.cancel_text)
                 rc = sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                               "a cancel message means nothing to a batch");
+            if (rc == 0 && (r.req.n_tools || r.is_tool_result))
+                rc = sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                              "a batch answers no tool calls: host tools are served over JSON "
+                              "lines and HTTP");
         } else {
             sbx_request_init(&r.req);
             r.req.code = pr->text;
