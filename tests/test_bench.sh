@@ -18,4 +18,9 @@ grep -q "x floor" "$OUT/summary.txt"
 [ "$(grep -c ',floor,' "$OUT/throughput.csv")" -eq 2 ]
 [ "$(grep -c ',pysbx,' "$OUT/throughput.csv")" -eq 3 ]
 ! grep -qE ',0\.0+$' "$OUT/throughput.csv"
+# The host tools' round trip (bench/tools.py), one short run per transport.
+/usr/bin/python3 "$(dirname "$0")/../bench/tools.py" "$(dirname "$BENCH")/pysbx" --runs 1 \
+    --calls 20 --out "$OUT" >/dev/null
+grep -q "^tool call, socket" "$OUT/tools.txt"
+grep -q "^tool call, http" "$OUT/tools.txt"
 echo "bench smoke test passed"

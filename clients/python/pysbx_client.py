@@ -219,10 +219,12 @@ class _Live:
     text), tool calls to the functions of |tools| (name -> fn(**arguments),
     which returns what JSON encodes, or raises to fail the call)."""
 
-    def __init__(self, on_output=None, tools: Optional[Mapping[str, Any]] = None):
+    def __init__(self, on_output=None, tools: Optional[Mapping[str, Any]] = None,
+                 max_tool_calls: Optional[int] = None):
         if tools is not None and not all(callable(f) for f in tools.values()):
             raise TypeError("tools maps each name to a function")
         self.on_output, self.tools, self.run_id = on_output, tools, None
+        self.max_tool_calls = max_tool_calls
 
     def ask(self, req: Dict[str, Any]) -> None:
         """Puts what it takes into the request."""
@@ -231,6 +233,8 @@ class _Live:
         if self.tools is not None:
             req["tools"] = [{"name": n, "description": (f.__doc__ or "").strip()}
                             for n, f in self.tools.items()]
+            if self.max_tool_calls is not None:
+                req["max_tool_calls"] = self.max_tool_calls
 
     def take(self, m: Any) -> Optional[Tuple[str, Any]]:
         """None when |m| is the answer; else what to do with the event:
@@ -356,7 +360,8 @@ class Client:
             limits: Optional[Mapping[str, Any]] = None,
             stdin: Optional[Union[str, bytes]] = None,
             argv: Optional[List[str]] = None, filename: Optional[str] = None,
-            on_output=None, tools: Optional[Mapping[str, Any]] = None) -> Result:
+            on_output=None, tools: Optional[Mapping[str, Any]] = None,
+            max_tool_calls: Optional[int] = None) -> Result:
         """Runs |code| with |files| (name to str, or to bytes for binary
         content) in the workspace and |limits| (wall_seconds, cpu_seconds,
         memory_bytes, max_output_chars, max_artifact_bytes, max_artifacts);
@@ -366,10 +371,12 @@ class Client:
         on_output(stream, text) is called with the output as it comes;
         tools (name -> function) are host tools the code may call (import
         pysbx; pysbx.tools.NAME(**arguments)): each call is answered with
-        what the function returns (JSON), or fails with what it raises."""
+        what the function returns (JSON), or fails with what it raises;
+        max_tool_calls: how many calls may reach them (the server's default
+        64)."""
         with self._lock:
             id = next(self._ids)
-        live = _Live(on_output, tools)
+        live = _Live(on_output, tools, max_tool_calls)
         req = _request(code, files, limits, id)
         _add_input(req, stdin, argv, filename)
         live.ask(req)
@@ -670,13 +677,14 @@ class PysbxSandbox:
                   files: Optional[Mapping[str, Union[str, bytes]]] = None,
                   stdin: Optional[Union[str, bytes]] = None, argv: Optional[List[str]] = None,
                   filename: Optional[str] = None, on_output=None,
-                  tools: Optional[Mapping[str, Any]] = None) -> SandboxResult:
+                  tools: Optional[Mapping[str, Any]] = None,
+                  max_tool_calls: Optional[int] = None) -> SandboxResult:
         """Runs |code| in a fresh sandbox (files, stdin, argv and filename as
         Client.run has them); on_output(stream, text) and the functions of
         |tools| as Client.run has them, each a plain function or a
         coroutine function."""
         id = next(self._ids)
-        live = _Live(on_output, tools)
+        live = _Live(on_output, tools, max_tool_calls)
         req = _request(code, files, _limits_json(limits), id)
         _add_input(req, stdin, argv, filename)
         live.ask(req)
