@@ -42,8 +42,8 @@
  * structs are allocated by the caller and initialised with the library's
  * sizeof (sbx_config_init, sbx_request_init), and a release may add fields to
  * them, so a program runs only against the 0.y it was built with: the SONAME
- * carries the minor version (libpysbx.so.0.4, PYSBX_SONAME), the CMake
- * package accepts only the same 0.y (find_package(pysbx 0.4)), and a 0.y.z
+ * carries the minor version (libpysbx.so.0.5, PYSBX_SONAME), the CMake
+ * package accepts only the same 0.y (find_package(pysbx 0.5)), and a 0.y.z
  * release changes no struct and removes no function. From 1.0 the SONAME is
  * the major version and structs only grow under a new major.
  */
@@ -58,13 +58,13 @@
 extern "C" {
 #endif
 
-#define PYSBX_VERSION "0.4.0"
+#define PYSBX_VERSION "0.5.0"
 
 #define PYSBX_VERSION_MAJOR 0
-#define PYSBX_VERSION_MINOR 4
+#define PYSBX_VERSION_MINOR 5
 #define PYSBX_VERSION_PATCH 0
 /* The shared library this header describes (see the ABI rule above). */
-#define PYSBX_SONAME "libpysbx.so.0.4"
+#define PYSBX_SONAME "libpysbx.so.0.5"
 
 #if defined(__GNUC__)
 #define PYSBX_API __attribute__((visibility("default")))
