@@ -505,6 +505,17 @@ TICKS = ("import sys, time\nfor i in range(3):\n    print('tick', i, flush=True)
          "    time.sleep(0.4)\nprint('err', file=sys.stderr)")
 
 
+def not_as_documented(lines):
+    """Why each line of a streamed answer that the document does not describe is not."""
+    bad = []
+    for m in lines:
+        try:
+            jsonschema.Draft202012Validator(LINE, resolver=RESOLVER).validate(m)
+        except jsonschema.ValidationError as e:
+            bad.append(str(e)[:200])
+    return bad
+
+
 def curl_stream(body, timeout=60):
     """(seconds since the start, line) as curl -N gives them; headers apart."""
     p = subprocess.Popen(["curl", "-sS", "-N", "-D", "/dev/stderr", "-H",
@@ -520,12 +531,7 @@ def curl_stream(body, timeout=60):
 
 got, headers, rc = curl_stream({"id": "s", "code": TICKS, "stream": True})
 lines = [json.loads(l) for _, l in got]
-bad = []
-for m in lines:
-    try:
-        jsonschema.Draft202012Validator(LINE, resolver=RESOLVER).validate(m)
-    except jsonschema.ValidationError as e:
-        bad.append(str(e)[:200])
+bad = not_as_documented(lines)
 check("stream: 200, application/x-ndjson, chunked", rc == 0 and " 200 " in headers.splitlines()[0]
       and "content-type: application/x-ndjson" in headers.lower()
       and "transfer-encoding: chunked" in headers.lower(), headers)
@@ -597,12 +603,7 @@ lines, posts, st = tool_run({"id": "tl", "code": code, "tools": TOOLS},
                             lambda m: [{"call": m["call"], "content": {"n": 10}}]
                             if m["name"] == "lookup"
                             else [{"call": m["call"], "content": m["arguments"]["x"] * 2}])
-bad = []
-for m in lines:
-    try:
-        jsonschema.Draft202012Validator(LINE, resolver=RESOLVER).validate(m)
-    except jsonschema.ValidationError as e:
-        bad.append(str(e)[:200])
+bad = not_as_documented(lines)
 check("tools over HTTP: started, six calls answered by POST, the result last, as documented",
       st == 200 and lines[0].get("event") == "started" and not bad
       and [m["call"] for m in lines if m.get("event") == "tool_call"] == [1, 2, 3, 4, 5, 6]

@@ -1270,6 +1270,21 @@ def tools_over_json_lines():
     check("... and its call can no longer be answered", "error" in late
           and late.get("tool_result") == {"id": "silent", "call": 1}, late)
 
+    # A call waiting when a ceiling fires (a thread spins past the CPU
+    # limit): the run ends as any run does, and its call is void.
+    send(srv.stdin, {"id": "spin", "tools": TOOLS, "limits": {"cpu_seconds": 0.5},
+                     "code": "import pysbx, threading\n"
+                             "def spin():\n    while True:\n        pass\n"
+                             "threading.Thread(target=spin, daemon=True).start()\n"
+                             "pysbx.tools.lookup(q='?')"})
+    calls, refusals, a = serve_tools(lines, srv.stdin, "spin", lambda m: None)
+    check("a call waiting when the CPU limit fires: the run ends at it",
+          len(calls) == 1 and a.get("status") == "timeout" and a.get("limit") == "cpu", a)
+    send(srv.stdin, {"id": "spin", "tool_result": {"call": 1, "content": "after"}})
+    late = json.loads(lines.next())
+    check("... and a result sent after it is refused", "error" in late
+          and late.get("tool_result") == {"id": "spin", "call": 1}, late)
+
     # Without tools: no module, no channel.
     send(srv.stdin, {"id": "none", "code": "import os\ntry:\n    import pysbx\n"
                      "except ImportError as e:\n    print(type(e).__name__)\n"

@@ -134,12 +134,36 @@ static void on_tool_call(void *user, uint64_t call, const char *name, const char
         assert_int_equal(pthread_create(&h->later, NULL, answer_later, h), 0);
         return;
     }
+    /* What is not JSON (or UTF-8), or longer than max_tool_bytes, changes
+     * nothing. */
+    size_t big = (1 << 20) + 2;
+    char *huge = malloc(big);
+    assert_non_null(huge);
+    memset(huge, ' ', big);
+    huge[0] = '1';
+    assert_int_equal(sbx_tool_answer(h->answers, call, huge, big), -E2BIG);
+    free(huge);
+    assert_int_equal(sbx_tool_answer(h->answers, call, "{", 1), -EINVAL);
+    assert_int_equal(sbx_tool_fail(h->answers, call, "\xff"), -EINVAL);
     snprintf(buf, sizeof(buf), "{\"name\": \"%s\", \"args\": %s, \"call\": %llu}", name, args,
              (unsigned long long)call);
     assert_int_equal(sbx_tool_answer(h->answers, call, buf, strlen(buf)), 0);
     /* Once only; and nothing but JSON. */
     assert_int_equal(sbx_tool_answer(h->answers, call, "1", 1), -EALREADY);
     assert_int_equal(sbx_tool_answer(h->answers, call + 1, "1", 1), -ENOENT);
+}
+
+/* |req| for |code| with |n| host tools, their calls to on_tool_call. */
+static void tool_request(struct sbx_request *req, const char *code, const struct sbx_tool *tools,
+                         size_t n, struct tool_host *h)
+{
+    sbx_request_init(req);
+    req->code = code;
+    req->code_len = strlen(code);
+    req->tools = tools;
+    req->n_tools = n;
+    req->on_tool_call = on_tool_call;
+    req->user = h;
 }
 
 static void tools_are_called_on_the_callers_thread_and_answered(void **state)
@@ -153,13 +177,7 @@ static void tools_are_called_on_the_callers_thread_and_answered(void **state)
                        "print(pysbx.tools.lookup(q=1)['args'], pysbx.call_tool('other')['call'])\n"
                        "try:\n    pysbx.call_tool('missing')\n"
                        "except pysbx.ToolError as e:\n    print(e)\n";
-    sbx_request_init(&req);
-    req.code = code;
-    req.code_len = strlen(code);
-    req.tools = tools;
-    req.n_tools = 2;
-    req.on_tool_call = on_tool_call;
-    req.user = &h;
+    tool_request(&req, code, tools, 2, &h);
     /* Without somewhere to answer, refused before it runs. */
     assert_int_equal(sbx_run(SBX(state), &req, &r, &err), -EINVAL);
     assert_int_equal(err.code, SBX_ERR_INVALID_REQUEST);
@@ -183,17 +201,10 @@ static void a_tool_answered_from_another_thread_while_the_code_waits(void **stat
     struct sbx_result *r;
     struct sbx_error err;
     const char *code = "import pysbx\nprint(pysbx.tools.slow())";
-    sbx_request_init(&req);
-    req.code = code;
-    req.code_len = strlen(code);
-    req.tools = &tool;
-    req.n_tools = 1;
-    req.on_tool_call = on_tool_call;
+    tool_request(&req, code, &tool, 1, &h);
     req.tool_answers = h.answers;
-    req.user = &h;
     req.max_tool_bytes = 1024;
     h.caller = pthread_self();
-    /* What is not JSON, and what is longer than max_tool_bytes, is refused. */
     assert_int_equal(sbx_run(SBX(state), &req, &r, &err), 0);
     pthread_join(h.later, NULL);
     assert_int_equal(h.calls, 1);
@@ -202,11 +213,8 @@ static void a_tool_answered_from_another_thread_while_the_code_waits(void **stat
     assert_true(r->wall_ms >= 200);
     assert_true(r->cpu_ms < 150); /* the code waited, it did not spin */
     sbx_result_free(r);
-    assert_int_equal(sbx_tool_answer(h.answers, 1, "{", 1), -EINVAL);
-    char big[2048];
-    memset(big, ' ', sizeof(big));
-    big[0] = '1';
-    assert_int_equal(sbx_tool_answer(h.answers, 1, big, sizeof(big)), -E2BIG);
+    /* Its run over, no call of it takes an answer, whatever the answer. */
+    assert_int_equal(sbx_tool_answer(h.answers, 1, "{", 1), -ENOENT);
     sbx_tool_answers_free(h.answers);
 }
 

@@ -236,11 +236,19 @@ class _Live:
             if self.max_tool_calls is not None:
                 req["max_tool_calls"] = self.max_tool_calls
 
-    def take(self, m: Any) -> Optional[Tuple[str, Any]]:
-        """None when |m| is the answer; else what to do with the event:
-        ("output", (stream, text)), ("call", (fn, event)), or ("", None)."""
+    def take(self, line: bytes) -> Tuple[Any, Optional[Tuple[str, Any]]]:
+        """A line of the answer: (m, None) when it is the answer |m|; else
+        what to do with the event: ("output", (stream, text)), ("call",
+        (fn, event)), or ("", None)."""
+        if not line.endswith(b"\n"):
+            raise ProtocolError("the server closed the connection without an answer"
+                                if not line else "an answer past MAX_ANSWER_BYTES")
+        m = _loads(line)
         if not isinstance(m, dict) or "event" not in m:
-            return None
+            return m, None
+        return m, self._event(m)
+
+    def _event(self, m: Dict[str, Any]) -> Tuple[str, Any]:
         ev = m["event"]
         if ev in _OUTPUT_EVENTS and self.on_output is not None and isinstance(m.get("data"), str):
             return "output", (ev, m["data"])
@@ -262,31 +270,28 @@ def _tool_body(m: Dict[str, Any], result: Any, error: Optional[str]) -> Dict[str
     return {"call": m["call"], "error": error}
 
 
-def _run_tool(fn, m: Dict[str, Any]) -> Dict[str, Any]:
+def _call_tool(fn, m: Dict[str, Any]) -> Tuple[Any, Optional[str]]:
+    """Calls the host's function for call event |m|: (its value, None), or
+    (None, what it raised)."""
     try:
         if fn is None:
             raise LookupError(f"no tool {m.get('name')!r} on this client")
-        return _tool_body(m, fn(**(m.get("arguments") or {})), None)
+        return fn(**(m.get("arguments") or {})), None
     except Exception as e:  # noqa: BLE001 - the tool's failure is the call's
-        return _tool_body(m, None, f"{type(e).__name__}: {e}")
+        return None, f"{type(e).__name__}: {e}"
 
 
 def _follow(readline, live: _Live, reply=None) -> Any:
     """The answer among the lines readline() gives; events to |live|, tool
     results to reply(body)."""
     while True:
-        line = readline()
-        if not line.endswith(b"\n"):
-            raise ProtocolError("the server closed the connection without an answer"
-                                if not line else "an answer past MAX_ANSWER_BYTES")
-        m = _loads(line)
-        what = live.take(m)
+        m, what = live.take(readline())
         if what is None:
             return m
         if what[0] == "output":
             live.on_output(*what[1])
         elif what[0] == "call":
-            reply(_run_tool(*what[1]))
+            reply(_tool_body(what[1][1], *_call_tool(*what[1])))
 
 
 def _request(code: str, files, limits, id) -> Dict[str, Any]:
@@ -767,25 +772,19 @@ async def _afollow(readline, live: _Live, reply=None) -> Any:
     """_follow for asyncio: on_output, the tools and reply may be
     coroutine functions."""
     while True:
-        line = await readline()
-        if not line.endswith(b"\n"):
-            raise ProtocolError("the server closed the connection without an answer"
-                                if not line else "an answer past MAX_ANSWER_BYTES")
-        m = _loads(line)
-        what = live.take(m)
+        m, what = live.take(await readline())
         if what is None:
             return m
         if what[0] == "output":
             await _maybe_await(live.on_output(*what[1]))
         elif what[0] == "call":
-            fn, ev = what[1]
-            try:
-                if fn is None:
-                    raise LookupError(f"no tool {ev.get('name')!r} on this client")
-                body = _tool_body(ev, await _maybe_await(fn(**(ev.get("arguments") or {}))), None)
-            except Exception as e:  # noqa: BLE001 - the tool's failure is the call's
-                body = _tool_body(ev, None, f"{type(e).__name__}: {e}")
-            await reply(body)
+            value, error = _call_tool(*what[1])
+            if asyncio.iscoroutine(value):  # an async def tool
+                try:
+                    value = await value
+                except Exception as e:  # noqa: BLE001 - the tool's failure is the call's
+                    value, error = None, f"{type(e).__name__}: {e}"
+            await reply(_tool_body(what[1][1], value, error))
 
 
 class _ChunkedLines:

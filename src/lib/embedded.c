@@ -335,6 +335,9 @@ int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **
     if (rc == 0 && req->n_tools && (!req->on_tool_call || !req->tool_answers))
         rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                       "a request with tools needs on_tool_call and tool_answers");
+    if (rc == 0 && req->n_tools && tool_answers_busy(req->tool_answers))
+        rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EBUSY,
+                      "the request's tool_answers belong to a run in flight");
     if (rc == 0)
         rc = embedded_check_fits(sbx, req, err);
     if (rc < 0)

@@ -128,22 +128,33 @@ static int answer(struct sbx_tool_answers *a, uint64_t call, json_t *o)
     return rc;
 }
 
-static uint64_t max_bytes_of(struct sbx_tool_answers *a)
+/* Whether |len| bytes may be an answer now: -ENOENT with no run attached,
+ * -E2BIG past its max_tool_bytes (checked again as it is queued). */
+static int room_for(struct sbx_tool_answers *a, size_t len)
 {
     pthread_mutex_lock(&a->lock);
-    uint64_t max = a->max_bytes;
+    int rc = !a->running ? -ENOENT : len > a->max_bytes ? -E2BIG : 0;
     pthread_mutex_unlock(&a->lock);
-    return max;
+    return rc;
+}
+
+bool tool_answers_busy(struct sbx_tool_answers *a)
+{
+    pthread_mutex_lock(&a->lock);
+    bool busy = a->running;
+    pthread_mutex_unlock(&a->lock);
+    return busy;
 }
 
 int sbx_tool_answer(struct sbx_tool_answers *a, uint64_t call, const char *json, size_t len)
 {
     json_error_t e;
+    int rc;
 
     if (!a || !json)
         return -EINVAL;
-    if (len > max_bytes_of(a))
-        return -E2BIG;
+    if ((rc = room_for(a, len)) < 0)
+        return rc;
     json_t *v = json_loadb(json, len, JSON_DECODE_ANY, &e);
     if (!v)
         return -EINVAL;
@@ -156,8 +167,9 @@ int sbx_tool_fail(struct sbx_tool_answers *a, uint64_t call, const char *message
     if (!a || !message)
         return -EINVAL;
     size_t len = strlen(message);
-    if (len > max_bytes_of(a))
-        return -E2BIG;
+    int rc = room_for(a, len);
+    if (rc < 0)
+        return rc;
     if (utf8_valid_prefix((const unsigned char *)message, len) != len)
         return -EINVAL;
     json_t *o = json_pack("{s:I, s:s%}", "call", (json_int_t)call, "error", message, len);

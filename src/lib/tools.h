@@ -42,6 +42,8 @@ struct tool_chan {
     size_t out_len, out_off, out_cap;
 };
 
+/* Whether |a| is attached to a run in flight (a request may not share it). */
+bool tool_answers_busy(struct sbx_tool_answers *a);
 /* Nothing attached: no tools, or none yet. */
 void tool_chan_init(struct tool_chan *t, const struct sbx_request *req);
 /* Takes |fd| (the request socket, the request written) for the run's calls,
