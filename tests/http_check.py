@@ -571,6 +571,43 @@ for _ in range(40):
 check("stream: a client that hangs up has its run cancelled at once (not at its wall limit)",
       rc == 28 and got and runs_total("cancelled") == before + 1, (rc, len(got)))
 
+# A stream nobody reads: events past --max-pending-bytes are dropped and
+# said, never the run held up (its clock) or the server.
+sp, sport = start("--max-pending-bytes", "64K")
+flood = json.dumps({"id": "flood", "stream": True, "limits": {"max_output_chars": 4000000},
+                    "code": "for i in range(2000):\n    print('y' * 999, flush=True)"}).encode()
+s = socket.create_connection(("127.0.0.1", sport), timeout=60)
+s.sendall(b"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+          + b"\r\nContent-Length: " + str(len(flood)).encode() + b"\r\n\r\n" + flood)
+st, other = Client(sport).run({"id": "other", "code": "print(2)"}, check_doc=False)
+check("stream: another client is answered while a stream is not read",
+      st == 200 and other.get("stdout") == "2\n", other)
+time.sleep(3)  # the flood ends meanwhile, its events left unread
+got = b""
+while not got.endswith(b"0\r\n\r\n"):
+    d = s.recv(1 << 20)
+    if not d:
+        break
+    got += d
+s.close()
+rest, body = got.partition(b"\r\n\r\n")[2], b""
+while rest:  # the chunked body
+    size, _, rest = rest.partition(b"\r\n")
+    n = int(size.split(b";")[0], 16)
+    body, rest = body + rest[:n], rest[n + 2:]
+    if n == 0:
+        break
+events = [json.loads(l) for l in body.splitlines()]
+answer = events[-1] if events else {}
+dropped = [m for m in events if m.get("event") == "dropped"]
+check("stream: a reader that falls behind misses events, said once before the result, "
+      "which has them all", len(dropped) == 1 and events[-2] is dropped[0]
+      and answer.get("stdout", "").count("y" * 999) == 2000, (dropped, answer.get("status")))
+check("stream: the run was not held up by its reader", answer.get("stats", {}).get("wall_ms", 1e9)
+      < 2500, answer.get("stats"))
+sp.send_signal(signal.SIGTERM)
+check("stream: that server exits 0", sp.wait(30) == 0, sp.returncode)
+
 # --- host tools over HTTP: the run streamed, its calls answered by POST ------------------
 def tool_run(body, answer, timeout=60):
     """Runs |body| (with tools), answering each tool_call with answer(event)

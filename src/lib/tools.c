@@ -292,7 +292,7 @@ static void on_call(struct tool_chan *t, const char *body, size_t len)
             req->max_tool_calls);
         refuse(t, n, why);
     } else {
-        char *text = json_dumps(args ? args : json_object(), JSON_COMPACT);
+        char *text = args ? json_dumps(args, JSON_COMPACT) : strdup("{}");
         struct sbx_tool_answers *a = req->tool_answers;
         if (!text)
             refuse(t, n, "out of memory");

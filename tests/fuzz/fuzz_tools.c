@@ -10,6 +10,7 @@
 #include "fuzz.h"
 #include "tools.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
