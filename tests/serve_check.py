@@ -1104,7 +1104,7 @@ def a_stream_nobody_reads():
     send(f_sock, {"id": "fast", "code": "print(2)"})
     a = json.loads(f_in.next(timeout=60))
     check("another client is answered while a stream is not read", a.get("stdout") == "2\n", a)
-    time.sleep(3)  # the flood ends meanwhile, its events left unread
+    time.sleep(4)  # the flood ends meanwhile, its events left unread
     got = timed_lines(s_in, "flood")
     answer = got[-1][1]
     dropped = [m for _, m in got if m.get("event") == "dropped"]
@@ -1115,8 +1115,8 @@ def a_stream_nobody_reads():
           len(dropped) == 1 and got[-2][1] is dropped[0]
           and dropped[0]["stdout"] + shown == len(answer["stdout"].encode())
           and dropped[0]["stderr"] == 0, (dropped, shown))
-    check("the run was not held up by its reader", answer["stats"]["wall_ms"] < 2500,
-          answer["stats"])
+    check("the run was not held up by its reader (it ended before the reader came back)",
+          answer["stats"]["wall_ms"] < 3500, answer["stats"])
     check("a stream left unread does not cut the client off",
           not any("unread" in l for l in log.buf.decode().splitlines()), log.buf)
     s_sock.close()
