@@ -1,7 +1,7 @@
 """pysbx serve and pysbx batch as a client sees them. Run by test_serve.sh
 with Debian's python3; exits non-zero on the first failed check."""
 import atexit, json, os, random, select, shutil, signal, socket, stat, subprocess, sys, tempfile, time
-import base64
+import base64, re
 import jsonschema
 from procs import children, comm, none_of_uids
 
@@ -1237,6 +1237,22 @@ def tools_over_json_lines():
     check("a frame past max_tool_bytes closes the channel; the run goes on and ends",
           not calls and a.get("status") == "completed" and a["stdout"].endswith("done\n")
           and "ToolError" in a["stdout"], (calls, a.get("stdout")))
+
+    # Code that writes calls and never reads what comes back: the server
+    # stops reading it once 64 KiB of refusals wait, so its memory stays
+    # flat (2 million empty frames would be ~180 MB of refusals), and the
+    # code blocks on its own writes until its wall limit.
+    def peak_kb(pid):  # the most the server has held at once
+        with open(f"/proc/{pid}/status") as f:
+            return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1))
+    before = peak_kb(srv.pid)
+    send(srv.stdin, {"id": "deaf", "tools": TOOLS, "limits": {"wall_seconds": 3},
+                     "code": "import os\nfor i in range(4):\n    os.write(3, bytes(2 << 20))"})
+    calls, refusals, a = serve_tools(lines, srv.stdin, "deaf", lambda m: None)
+    grew = peak_kb(srv.pid) - before
+    check("code that floods calls and never reads: the server's peak memory stays flat, the "
+          "run ends at its wall limit", not calls and a.get("limit") == "wall" and grew < 32768,
+          (grew, a.get("status"), a.get("limit")))
 
     # Many threads: each gets its own answer.
     code = ("import pysbx, threading\nout = {}\n"

@@ -18,6 +18,12 @@
 
 enum { CALL_NONE, CALL_WAITING, CALL_ANSWERED };
 
+/* Past this many bytes waiting to go to the code, its calls are not read
+ * until it reads: the supervisor's own refusals would otherwise pile up
+ * without bound for code that writes calls and never reads the answers.
+ * What one read may still add on top is bounded by the read's size. */
+#define OUT_PAUSE_BYTES (64u << 10)
+
 struct queued {
     struct queued *next;
     char *frame;
@@ -218,11 +224,17 @@ int tool_chan_start(struct tool_chan *t, int fd)
     return 0;
 }
 
+static bool out_room(const struct tool_chan *t)
+{
+    return t->out_len - t->out_off <= OUT_PAUSE_BYTES;
+}
+
 short tool_chan_events(const struct tool_chan *t)
 {
     if (t->fd < 0)
         return 0;
-    return (short)((t->reading ? POLLIN : 0) | (t->out_off < t->out_len ? POLLOUT : 0));
+    return (short)((t->reading && out_room(t) ? POLLIN : 0) |
+                   (t->out_off < t->out_len ? POLLOUT : 0));
 }
 
 int tool_chan_answers_fd(const struct tool_chan *t)
@@ -312,7 +324,7 @@ static void take_calls(struct tool_chan *t)
 {
     char buf[65536];
 
-    while (t->reading) {
+    while (t->reading && out_room(t)) {
         ssize_t got = recv(t->fd, buf, sizeof(buf), MSG_DONTWAIT);
         if (got < 0 && errno == EINTR)
             continue;
@@ -397,6 +409,7 @@ void tool_chan_ready(struct tool_chan *t, short revents, bool answers)
         return;
     if (answers)
         take_answers(t);
+    send_out(t); /* first: what the code took makes room to read more */
     if (revents & (POLLIN | POLLHUP | POLLERR)) {
         if (!t->in && !(t->in = malloc(4 + (size_t)t->req->max_tool_bytes)))
             t->reading = false; /* no room to take calls: the code's wait on */

@@ -18,9 +18,11 @@
  * answered to the code as an error and reaches no one, and a frame longer
  * than max_tool_bytes closes the channel. It cannot answer a call (answers
  * come from the caller only), make the supervisor wait (the socket is
- * non-blocking both ways; what the code does not read is bounded by the
- * calls it may make) or pass descriptors (read without room for them, the
- * kernel drops them).
+ * non-blocking both ways) or grow its memory without bound (while more
+ * than 64 KiB of answers wait for the code to read them, its calls are not
+ * read: it blocks on its own writes; the caller's answers are bounded by
+ * max_tool_calls and max_tool_bytes), nor pass descriptors (read without
+ * room for them, the kernel drops them).
  */
 #ifndef PYSBX_TOOLS_H
 #define PYSBX_TOOLS_H
