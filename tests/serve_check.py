@@ -1119,6 +1119,19 @@ def a_stream_nobody_reads():
           answer["stats"]["wall_ms"] < 3500, answer["stats"])
     check("a stream left unread does not cut the client off",
           not any("unread" in l for l in log.buf.decode().splitlines()), log.buf)
+    # A tool call that would take a client past its allowance of unread
+    # events (its arguments are 70 KB): the client is not asked, the call
+    # fails at once in the code.
+    send(s_sock, {"id": "ask", "stream": True, "tools": [{"name": "double"}],
+                  "limits": {"max_output_chars": 4000000},
+                  "code": flood + "\nimport pysbx\ntry:\n    pysbx.tools.double(x='z' * 70000)\n"
+                                  "except pysbx.ToolError as e:\n    print('ToolError', e)"})
+    time.sleep(4)
+    got = timed_lines(s_in, "ask")
+    check("a client that has left too much unread is not asked: the call fails in the code",
+          not any(m.get("event") == "tool_call" for _, m in got)
+          and "ToolError the client was not asked" in got[-1][1].get("stdout", ""),
+          [m.get("event") for _, m in got][-3:])
     s_sock.close()
     f_sock.close()
 

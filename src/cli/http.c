@@ -699,17 +699,21 @@ static void live_output(void *user, int stream, const char *text, size_t len)
     pthread_mutex_unlock(&l->lock);
 }
 
-/* on_tool_call: the call as an event line, never dropped (a run makes at
- * most max_tool_calls, each of at most max_tool_bytes). */
+/* on_tool_call: the call as an event line. A client that has left more
+ * than its allowance unread is not asked: the call fails at once in the
+ * code, rather than the server holding calls for it. */
 static void live_tool_call(void *user, uint64_t call, const char *name, const char *args,
                            size_t len)
 {
     struct live *l = user;
 
     pthread_mutex_lock(&l->lock);
-    if (!l->gone)
-        live_put(l, json_event_tool_call(l->r.id_text, call, name, args, len), false);
+    bool asked =
+        !l->gone && live_put(l, json_event_tool_call(l->r.id_text, call, name, args, len), true);
     pthread_mutex_unlock(&l->lock);
+    if (!asked)
+        (void)sbx_tool_fail(l->answers, call,
+                            "the client was not asked: it is gone or has left too much unread");
 }
 
 /* Takes |l| off the runs that tool results can reach. */

@@ -321,26 +321,33 @@ static void stream_output(void *user, int stream, const char *text, size_t len)
 }
 
 /* A call of |j|'s run to a host tool (on_tool_call, in the run's thread):
- * an event line, never dropped (a run makes at most max_tool_calls of them,
- * each of at most max_tool_bytes), nor waited for. The client answers with
- * a tool_result line (tool_result()). */
+ * an event line, queued with the events, never waited for. The client
+ * answers with a tool_result line (tool_result()). A client that has let
+ * more than its allowance of events pile up unread is not asked: the call
+ * fails at once in the code, rather than the server holding calls for
+ * it. */
 static void tool_call(void *user, uint64_t call, const char *name, const char *args, size_t len)
 {
     struct job *j = user;
     struct conn *c = j->c;
     char *line = json_event_tool_call(j->r.id_text, call, name, args, len);
     struct answer *a = line ? calloc(1, sizeof(*a)) : NULL;
+    const char *why = "the client was not asked: out of memory";
 
     pthread_mutex_lock(&c->lock);
-    if (a && !c->dropped) {
+    if (a && !c->dropped && c->events && c->events + strlen(line) > c->s->o->max_pending_bytes)
+        why = "the client was not asked: it has left too much unread";
+    else if (a && !c->dropped) {
         *a = (struct answer){.text = line, .len = strlen(line), .seq = j->seq};
         enqueue(c, a);
         line = NULL;
         a = NULL;
-    }
+        why = NULL;
+    } else if (c->dropped)
+        why = "the client is gone";
     pthread_mutex_unlock(&c->lock);
-    /* Not queued (out of memory, a client gone): the call waits until the
-     * run's limits end it. */
+    if (why)
+        (void)sbx_tool_fail(j->answers, call, why);
     free(line);
     free(a);
 }
