@@ -301,8 +301,11 @@ struct sbx_request {
      * A call the code makes past |max_tool_calls| (default 64), or with
      * arguments longer than |max_tool_bytes| (default 1 MiB; also the most a
      * result may be), or naming no declared tool, is refused to the code
-     * (pysbx.ToolError) without reaching on_tool_call. Not in a session's
-     * cell, nor on the python3 backend. */
+     * (pysbx.ToolError) without reaching on_tool_call (a frame written past
+     * max_tool_bytes by the code itself closes the channel). A call never
+     * answered waits until the run's limits end it. |tool_answers| serves
+     * one run at a time. Not in a session's cell, nor on the python3
+     * backend. */
     const struct sbx_tool *tools;
     size_t n_tools;
     void (*on_tool_call)(void *user, uint64_t call, const char *name, const char *arguments_json,
