@@ -460,7 +460,9 @@ PYSBX_API int sbx_open(const struct sbx_config *cfg, struct sbx **out, struct sb
 PYSBX_API int sbx_run(struct sbx *sbx, const struct sbx_request *req, struct sbx_result **out,
                       struct sbx_error *err);
 
-/* Checks |req| the way sbx_run does, without running it. */
+/* Checks |req| the way sbx_run does, without running it; all but whether a
+ * request with tools has on_tool_call and a tool_answers free to use, so
+ * that a request may be checked before it is wired to its caller. */
 PYSBX_API int sbx_request_check(const struct sbx_request *req, struct sbx_error *err);
 
 PYSBX_API void sbx_result_free(struct sbx_result *res);
