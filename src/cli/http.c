@@ -986,13 +986,24 @@ static enum MHD_Result tool_results(struct http *h, struct MHD_Connection *conn,
     uint64_t n = (uint64_t)json_integer_value(call);
     char *text = content ? json_dumps(content, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
     int rc = -ESRCH;
+    struct live *found = NULL;
+    /* Found under the server's lock and held by a reference of its own: the
+     * result (up to 16 MiB) is parsed without holding up every other run. */
     pthread_mutex_lock(&h->lock);
-    for (struct live *l = h->tooled; l; l = l->tnext)
-        if (strcmp(l->run_id, id) == 0)
-            rc = error  ? sbx_tool_fail(l->answers, n, json_string_value(error))
-                 : text ? sbx_tool_answer(l->answers, n, text, strlen(text))
-                        : -ENOMEM;
+    for (struct live *l = h->tooled; l && !found; l = l->tnext)
+        if (strcmp(l->run_id, id) == 0) {
+            pthread_mutex_lock(&l->lock);
+            l->refs++;
+            pthread_mutex_unlock(&l->lock);
+            found = l;
+        }
     pthread_mutex_unlock(&h->lock);
+    if (found) {
+        rc = error  ? sbx_tool_fail(found->answers, n, json_string_value(error))
+             : text ? sbx_tool_answer(found->answers, n, text, strlen(text))
+                    : -ENOMEM;
+        live_unref(found);
+    }
     free(text);
     json_decref(o);
     if (rc == 0) {
