@@ -8,6 +8,16 @@ aggregate throughput.
 
   bench/lb.py build/pysbx                          # the long form
   bench/lb.py build/pysbx --requests 600 --clients 6  # the short form (ctest)
+  bench/lb.py build/pysbx --sessions 30 --cells 20   # sessions, pinned
+
+With --sessions, nginx runs deploy/nginx/pysbx.conf as shipped (its replicas
+and port replaced by loopback ones): each session's cells are pinned to a
+replica by consistent hashing on the name in the path. Every cell checks the
+state the earlier ones left; one replica is SIGKILLed midway. Exits 1 unless
+the sessions of the other replicas lost nothing, each session of the killed
+one was told session_lost once (after at most one 502 for a cell in flight)
+and started again, and no cell was answered twice or by another replica
+than its session's (nginx's log and each replica's /metrics).
 
 Needs Debian's nginx (started here in the foreground with a temporary prefix
 and configuration, stopped at the end; never the system's service). Exits 1
@@ -26,6 +36,8 @@ ap.add_argument("--kill-at", type=float, default=0.4,
                 help="SIGKILL one instance once this share of the requests was answered")
 ap.add_argument("--max-seconds", type=float, default=300, help="give up after this long")
 ap.add_argument("--nginx", default="/usr/sbin/nginx")
+ap.add_argument("--sessions", type=int, default=0, help="run this many sessions instead of runs")
+ap.add_argument("--cells", type=int, default=20, help="with --sessions: cells of each session")
 args = ap.parse_args()
 
 procs = []  # (Popen, the pids of its descendants, seen at the start)
@@ -71,8 +83,9 @@ def free_port():
 
 
 def start_instance():
+    extra = ["--max-sessions", str(max(64, args.sessions))] if args.sessions else []
     p = subprocess.Popen([args.pysbx, "serve", "--http", "127.0.0.1:0", "--jobs", str(args.jobs),
-                          "--grace", "5"], stderr=subprocess.PIPE, text=True)
+                          "--grace", "5", *extra], stderr=subprocess.PIPE, text=True)
     line = p.stderr.readline()
     m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
     if not m:
@@ -83,7 +96,7 @@ def start_instance():
     return p, int(m.group(1))
 
 
-NGINX_CONF = """
+NGINX_HEAD = """
 daemon off;
 master_process on;
 worker_processes 1;
@@ -96,10 +109,12 @@ http {{
     fastcgi_temp_path {tmp}/fastcgi;
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
-    client_max_body_size 64m;
     log_format lb '$http_x_request_id $status "$upstream_addr" "$upstream_status" '
                   '"$upstream_bytes_sent"';
     access_log {tmp}/access.log lb;
+"""
+NGINX_CONF = NGINX_HEAD + """
+    client_max_body_size 64m;
     upstream pysbx {{
 {servers}
         keepalive 64;
@@ -124,12 +139,36 @@ http {{
 """
 
 
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "deploy", "nginx",
+                       "pysbx.conf")
+
+
+def shipped_conf(ports, port):
+    """deploy/nginx/pysbx.conf with loopback replicas and port: its upstream's
+    server lines become one per replica (their options kept), its listen
+    line the port."""
+    with open(SHIPPED) as f:
+        text = f.read()
+    lines = re.findall(r"^(\s*)server \S+:\d+( [^;]*)?;.*$", text, re.M)
+    if not lines or len(re.findall(r"^\s*listen \S+;", text, re.M)) != 1:
+        raise SystemExit(f"{SHIPPED}: no server or one listen line to replace")
+    indent, opts = lines[0]
+    servers = "\n".join(f"{indent}server 127.0.0.1:{p}{opts};" for p in ports)
+    text = re.sub(r"^\s*server \S+:\d+( [^;]*)?;.*\n", "", text, flags=re.M)
+    text = text.replace("    hash $pysbx_session consistent;\n",
+                        "    hash $pysbx_session consistent;\n" + servers + "\n")
+    return re.sub(r"^(\s*)listen \S+;", rf"\1listen 127.0.0.1:{port};", text, flags=re.M)
+
+
 def start_nginx(ports):
     port = free_port()
     servers = "\n".join(f"        server 127.0.0.1:{p} max_fails=1 fail_timeout=1s;" for p in ports)
     conf = os.path.join(tmp, "nginx.conf")
     with open(conf, "w") as f:
-        f.write(NGINX_CONF.format(tmp=tmp, servers=servers, port=port))
+        if args.sessions:
+            f.write(NGINX_HEAD.format(tmp=tmp) + shipped_conf(ports, port) + "}\n")
+        else:
+            f.write(NGINX_CONF.format(tmp=tmp, servers=servers, port=port))
     p = subprocess.Popen([args.nginx, "-p", tmp, "-c", conf, "-e", os.path.join(tmp, "error.log")])
     procs.append((p, []))
     for _ in range(200):
@@ -174,6 +213,19 @@ def client(port, ids):
         with lock:
             answers.setdefault(rid, []).append(got)
             done += 1
+
+
+def scrape_total(port, name):
+    """The sum of the samples of |name| (with or without labels), or None."""
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+    except OSError:
+        return None
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith(name + "{") or l.startswith(name + " "))
 
 
 def scrape(port, name):
@@ -281,8 +333,161 @@ def main():
     return 0
 
 
+cell_log = []  # (session, epoch, cell, HTTP status, answer, seconds, time answered, request id)
+
+
+def session_client(port, names):
+    """Runs its sessions' cells round-robin, each cell checking the state the
+    earlier ones left: tag is the session's name, acc counts its cells. A
+    lost session (410) starts again at cell 1; a cell that got no answer
+    from its replica (502: it died) is sent again, as a caller would."""
+    global done
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    st = {n: {"cell": 0, "epoch": 0, "ok": 0, "sent": 0} for n in names}
+    while time.monotonic() < deadline:
+        todo = [n for n in names if st[n]["ok"] < args.cells]
+        if not todo:
+            return
+        for n in todo:
+            s = st[n]
+            k = s["cell"] + 1
+            code = (f"tag = {n!r}\nacc = 0\nprint(acc)" if k == 1 else
+                    f"assert tag == {n!r} and acc == {k - 2}, (tag, acc)\nacc += 1\nprint(acc)")
+            s["sent"] += 1
+            rid = f"{n}.{s['epoch']}.{k}.{s['sent']}"
+            t0 = time.monotonic()
+            try:
+                conn.request("POST", f"/v1/sessions/{n}/run",
+                             body=json.dumps({"id": rid, "code": code, "cell": k}),
+                             headers={"X-Request-Id": rid, "Content-Type": "application/json"})
+                r = conn.getresponse()
+                data = r.read()
+                status = r.status
+                a = json.loads(data) if r.getheader("Content-Type", "").startswith(
+                    "application/json") else data[:200].decode(errors="replace")
+                if r.will_close:
+                    conn.close()
+            except (OSError, http.client.HTTPException) as e:
+                status, a = 0, repr(e)
+                conn.close()
+            with lock:
+                cell_log.append((n, s["epoch"], k, status, a, time.monotonic() - t0,
+                                 time.monotonic(), rid))
+                done += 1
+            if status == 200:
+                s["cell"] = k
+                s["ok"] += 1
+            elif status == 410:
+                s["epoch"] += 1
+                s["cell"] = 0
+
+
+def main_sessions():
+    global deadline
+    instances = [start_instance() for _ in range(args.instances)]
+    ports = [p for _, p in instances]
+    lb = start_nginx(ports)
+    names = [f"s{i:03d}-{os.urandom(2).hex()}" for i in range(args.sessions)]
+    share = [names[i::args.clients] for i in range(args.clients)]
+    victim, vport = instances[1]
+    total = args.sessions * args.cells
+    t0 = time.monotonic()
+    deadline = t0 + args.max_seconds
+    threads = [threading.Thread(target=session_client, args=(lb, s)) for s in share]
+    for t in threads:
+        t.start()
+    killed_at = None
+    while any(t.is_alive() for t in threads):
+        if killed_at is None and done >= total * args.kill_at:
+            victim.kill()
+            killed_at = time.monotonic()
+        time.sleep(0.005)
+    elapsed = time.monotonic() - t0
+    cells_by = {p: scrape_total(p, "pysbx_session_cells_total") for p in ports if p != vport}
+
+    fails = []
+    # nginx's log: the replica of each answer, by request id.
+    upstream = {}
+    with open(os.path.join(tmp, "access.log")) as f:
+        for line in f:
+            m = re.match(r'(\S+) (\d+) "([^"]*)" "([^"]*)" "([^"]*)"', line)
+            if not m:
+                continue
+            rid, st, addrs, sts, sent = m.groups()
+            if rid in upstream:
+                fails.append(f"{rid}: two lines in nginx's log")
+            upstream[rid] = addrs.split(",")[-1].strip()
+            sent = [x.strip() for x in re.split(r"[,:]", sent) if x.strip()]
+            if len(sent) > 1 and any(x not in ("0", "-") for x in sent[:-1]):
+                fails.append(f"{rid}: passed on after reaching a replica: {line.strip()}")
+    by = {}
+    for n, epoch, k, status, a, secs, when, rid in cell_log:
+        by.setdefault(n, []).append((epoch, k, status, rid, when))
+        if status == 200 and not (isinstance(a, dict) and a.get("exit_code") == 0
+                                  and a.get("stdout") == f"{k - 1}\n"
+                                  and a.get("session", {}).get("cell") == k):
+            fails.append(f"{n}.{epoch}.{k}: not the state its earlier cells left: {str(a)[:300]}")
+        elif status not in (200, 410, 502):
+            fails.append(f"{n}.{epoch}.{k}: {status} {str(a)[:200]}")
+    moved = kept = 0
+    answered_by = {}
+    for n in names:
+        cells = by.get(n, [])
+        ok = [c for c in cells if c[2] == 200]
+        lost = [c for c in cells if c[2] == 410]
+        cut = [c for c in cells if c[2] == 502]
+        if len(ok) != args.cells:
+            fails.append(f"{n}: {len(ok)} cells answered, not {args.cells}")
+        # Every cell of one life of a session, by one replica.
+        homes = {}
+        for epoch, k, status, rid, when in ok:
+            homes.setdefault(epoch, set()).add(upstream.get(rid, "?"))
+            port = int(upstream.get(rid, "0:0").rsplit(":", 1)[1])
+            answered_by[port] = answered_by.get(port, 0) + 1
+        if any(len(h) != 1 for h in homes.values()):
+            fails.append(f"{n}: the cells of one life answered by several replicas: {homes}")
+        first = next(iter(homes.get(0, {"?"})))
+        on_victim = first.endswith(f":{vport}")
+        after_kill = killed_at is not None and any(c[4] > killed_at for c in ok)
+        if not on_victim and (lost or cut):
+            fails.append(f"{n}: on a surviving replica, yet {len(lost)} session_lost and "
+                         f"{len(cut)} 502: {[(c[0], c[1], c[2]) for c in lost + cut]}")
+        elif on_victim and after_kill and (len(lost) != 1 or len(cut) > 1 or len(homes) != 2):
+            fails.append(f"{n}: on the killed replica: {len(lost)} session_lost (want 1), "
+                         f"{len(cut)} 502 (at most 1), {len(homes)} lives")
+        moved += on_victim and after_kill
+        kept += not on_victim
+    for p, n in cells_by.items():
+        # Each surviving replica ran exactly the cells it answered: none twice.
+        if n is None or int(n) != answered_by.get(p, 0):
+            fails.append(f"replica :{p}: {n} cells in /metrics, {answered_by.get(p, 0)} "
+                         f"answered through nginx")
+    ok_secs = sorted(c[5] for c in cell_log if c[3] == 200)
+    print(f"{args.sessions} sessions of {args.cells} cells from {args.clients} clients through "
+          f"nginx (deploy/nginx/pysbx.conf) to {args.instances} replicas; replica :{vport} "
+          f"SIGKILLed after {total * args.kill_at:.0f} cells")
+    print(f"  sessions on the surviving replicas: {kept}, none lost a cell")
+    print(f"  sessions of the killed replica: {moved} told session_lost once and started again "
+          f"on another ({sum(1 for c in cell_log if c[3] == 502)} cells in flight answered 502)")
+    print("  cells answered by replica: " + ", ".join(f":{p} {n}" for p, n in
+                                                       sorted(answered_by.items())))
+    if ok_secs:
+        print(f"  {len(ok_secs)} cells in {elapsed:.2f} s ({len(ok_secs) / elapsed:.0f} cells/s); "
+              f"a cell through nginx p50 {ok_secs[len(ok_secs) // 2] * 1000:.1f} ms, p99 "
+              f"{ok_secs[min(len(ok_secs) - 1, len(ok_secs) * 99 // 100)] * 1000:.1f} ms")
+    if killed_at is None:
+        fails.append("the replica was never killed")
+    for f in fails[:20]:
+        print("FAIL " + f)
+    if fails:
+        print(f"FAIL {len(fails)} problems")
+        return 1
+    print("every session kept its state on its replica, or was told it was lost once")
+    return 0
+
+
 try:
-    rc = main()
+    rc = main_sessions() if args.sessions else main()
 finally:
     cleanup()
 sys.exit(rc)

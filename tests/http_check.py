@@ -56,8 +56,9 @@ def conforms(path, method, status, resp_type, body):
     for templ, o in API["paths"].items():
         names = re.findall(r"\{(\w+)\}", templ)
         if ops is None and names:
+            plist = o.get("parameters") or o.get("post", o.get("get", {})).get("parameters", [])
             params = {p["name"]: p["schema"].get("pattern", "^[^/]+$").strip("^$")
-                      for p in o.get("post", o.get("get", {})).get("parameters", [])}
+                      for p in map(resolve, plist)}
             rx = re.escape(templ)
             for n in names:
                 rx = rx.replace(re.escape("{" + n + "}"), "(?:" + params.get(n, "[^/]+") + ")")
@@ -89,11 +90,11 @@ def conforms(path, method, status, resp_type, body):
 
 
 # --- a server ----------------------------------------------------------------
-def start(*args, token=True, wait=True):
+def start(*args, token=True, wait=True, tokens=(TOKEN,)):
     tf = None
     if token:
         tf = tempfile.NamedTemporaryFile("w", delete=False)
-        tf.write(TOKEN + "\n")
+        tf.write("".join(t + "\n" for t in tokens))
         tf.close()
         args = ("--http-token-file", tf.name) + args
     args = ("--http", "127.0.0.1:0") + args
@@ -199,8 +200,7 @@ for name, req, code in [
     check(f"{name}: 400 {code}", st == 400 and a["error"]["code"] == code, (st, a))
     if "session" in name:
         check(f"{name}: says where sessions are served",
-              a["id"] == req["id"]
-              and a["error"]["message"] == "sessions are served over JSON lines and MCP", a)
+              a["id"] == req["id"] and "POST /v1/sessions/NAME/run" in a["error"]["message"], a)
 st, a = c.run({"id": 12, "code": "x" * 5000})
 check("a body over --max-line-bytes: 413 request_too_large",
       st == 413 and a["error"]["code"] == "request_too_large", (st, a))
@@ -714,6 +714,153 @@ check("past the grace: cancelled and answered", st == 200 and a["status"] == "ca
       and a["partial"] is True, (st, a))
 check("past the grace: exits 0", p2.wait(30) == 0, p2.returncode)
 
+# --- sessions: two tenants, expiry, loss, order, the limit -------------------------------
+TOKEN_B = "other-" + os.urandom(8).hex()
+sp, sport = start("--session-idle", "2", "--max-sessions", "3", "--jobs", "4",
+                  tokens=(TOKEN, TOKEN_B))
+A, B = Client(sport), Client(sport, token=TOKEN_B)
+
+
+cells_answered = []
+
+
+def cell(client, name, req, **kw):
+    r, data = client.request("POST", f"/v1/sessions/{name}/run", req, **kw)
+    if r.status == 200:
+        cells_answered.append(name)
+    return r.status, json.loads(data)
+
+
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = children(p)
+        except OSError:
+            kids = []  # gone meanwhile
+        out += kids
+        todo += kids
+    return out
+
+
+for _ in range(100):
+    if A.request("GET", "/healthz", check_doc=False)[0].status == 200:
+        break
+    time.sleep(0.05)
+st, a = cell(A, "nb", {"id": 1, "code": "x = 41\nopen('f.txt', 'w').write('kept')", "cell": 1})
+check("sessions over HTTP: cell 1", st == 200 and a["session"] == {"name": "nb", "cell": 1,
+                                                                     "rolled_back": False}, a)
+st, a = cell(A, "nb", {"id": 2, "code": "print(x + 1, open('f.txt').read())", "cell": 2})
+check("sessions over HTTP: cell 2 sees cell 1's variables and files",
+      st == 200 and a["stdout"] == "42 kept\n" and a["session"]["cell"] == 2, a)
+st, a = cell(A, "nb", {"code": "x = 0\nopen('f.txt', 'w').write('lost')\nraise KeyError(1)"})
+check("sessions over HTTP: a cell that raises is rolled back", st == 200
+      and a["session"]["rolled_back"] is True and a["error"]["type"] == "KeyError", a)
+st, a = cell(A, "nb", {"code": "print(x, open('f.txt').read())", "rollback": "never"})
+check("sessions over HTTP: as it was before, variables and files", st == 200
+      and a["stdout"] == "41 kept\n" and a["session"]["cell"] == 4, a)
+# Another tenant: its own sessions, never A's, even by A's name.
+r, data = B.request("GET", "/v1/sessions")
+check("another token lists none of A's sessions", r.status == 200
+      and json.loads(data) == {"sessions": []}, data)
+st, a = cell(B, "nb", {"code": "print(x)", "cell": 5})
+check("another token's cell 5 of A's session name: 410 session_lost, nothing run", st == 410
+      and a["error"]["code"] == "session_lost" and "stdout" not in a, (st, a))
+st, a = cell(B, "nb", {"code": "import os\nprint('x' in dir(), sorted(os.listdir('.')))"})
+check("another token's session of the same name is its own, with none of A's state", st == 200
+      and a["stdout"] == "False []\n" and a["session"]["cell"] == 1, a)
+r, data = B.request("DELETE", "/v1/sessions/nb")
+check("another token closes its own session only", r.status == 200
+      and json.loads(data) == {"session_closed": "nb"}, (r.status, data))
+r, data = B.request("DELETE", "/v1/sessions/nb")
+check("closing it again: 404", r.status == 404 and json.loads(data)["error"]["code"] == "not_found",
+      (r.status, data))
+r, data = A.request("GET", "/v1/sessions")
+info = json.loads(data)["sessions"] if r.status == 200 else []
+check("A's session is still listed, with its cells and memory", len(info) == 1
+      and info[0]["name"] == "nb" and info[0]["cells"] == 4 and info[0]["max_rss_kb"] > 0
+      and info[0]["memory_limit_bytes"] > 0 and not info[0]["running"], data)
+st, a = cell(A, "nb", {"code": "print(x)", "cell": 5})
+check("and runs on", st == 200 and a["stdout"] == "41\n", a)
+st, a = cell(A, "nb", {"code": "print(x)", "cell": 9})
+check("a cell number that is not the next: 410 session_lost, the session ended", st == 410
+      and a["error"]["code"] == "session_lost", (st, a))
+st, a = cell(A, "nb", {"code": "print('x' in dir())", "cell": 1})
+check("then cell 1 starts a new session", st == 200 and a["stdout"] == "False\n", a)
+for name, path, method, want in [
+    ("a name with a slash", "/v1/sessions/a%2Fb/run", "POST", 404),
+    ("a name too long", "/v1/sessions/" + "n" * 129 + "/run", "POST", 404),
+    ("a session's run by GET", "/v1/sessions/nb/run", "GET", 405),
+    ("a session by POST", "/v1/sessions/nb", "POST", 405),
+    ("the list by DELETE", "/v1/sessions", "DELETE", 405),
+]:
+    r, data = A.request(method, path, {"code": "print(1)"} if method == "POST" else None)
+    check(f"sessions: {name} is {want}", r.status == want and "stdout" not in data,
+          (r.status, data))
+for name, req in [("session in the body", {"code": "1", "session": "other"}),
+                  ("tools", {"code": "1", "tools": [{"name": "t"}]}),
+                  ("a session_close message", {"session_close": "nb"})]:
+    st, a = cell(A, "nb", req)
+    check(f"a cell with {name}: 400", st == 400 and a["error"]["code"] == "invalid_request", a)
+r, data = Client(sport, token=None).request("POST", "/v1/sessions/nb/run", {"code": "print(1)"})
+check("a cell without a token: 401", r.status == 401, r.status)
+
+# The order of concurrent cells: each runs alone, in the order they arrived.
+st, a = cell(A, "order", {"code": "log = []"})
+order = {}
+
+
+def ordered(i):
+    conn = Client(sport)
+    order[i] = cell(conn, "order", {"code": f"import time\nn = len(log)\ntime.sleep(0.02)\n"
+                                           f"log.append({i})\nprint(n)"}, check_doc=False)
+
+
+threads = [threading.Thread(target=ordered, args=(i,)) for i in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(60)
+st, a = cell(A, "order", {"code": "print(log)"})
+log = json.loads(a["stdout"]) if st == 200 else []
+got = sorted((v[1]["session"]["cell"], int(v[1]["stdout"]), i) for i, v in order.items()
+             if v[0] == 200)
+check("8 concurrent cells of one session: each ran alone, one after another",
+      len(got) == 8 and [n for _, n, _ in got] == list(range(8))
+      and [c for c, _, _ in got] == list(range(2, 10)) and [i for *_, i in got] == log, (got, log))
+
+# --max-sessions 3 holds across tenants; a closed one makes room.
+st, a = cell(B, "b1", {"code": "pass"})
+st, a = cell(B, "b2", {"code": "pass"})
+check("--max-sessions: the fourth session is 503 sandbox_busy", st == 503
+      and a["error"]["code"] == "sandbox_busy", (st, a))
+B.request("DELETE", "/v1/sessions/b1")
+st, a = cell(B, "b2", {"code": "print(2)"})
+check("--max-sessions: a closed one makes room", st == 200 and a["stdout"] == "2\n", (st, a))
+
+# Idle expiry: unlisted, session_lost once, then a new session.
+time.sleep(2.5)
+r, data = A.request("GET", "/v1/sessions")
+check("idle sessions are not listed", json.loads(data) == {"sessions": []}, data)
+st, a = cell(A, "order", {"code": "print(log)"})
+check("an idle session's next cell: 410 session_lost", st == 410
+      and a["error"]["code"] == "session_lost" and "no cell for 2 s" in a["error"]["message"],
+      (st, a))
+st, a = cell(A, "order", {"code": "print('log' in dir())"})
+check("and the one after starts a new session", st == 200 and a["stdout"] == "False\n"
+      and a["session"]["cell"] == 1, a)
+r, text = A.request("GET", "/metrics", check_doc=False)
+check("metrics: session cells and open sessions counted",
+      f"pysbx_session_cells_total {len(cells_answered)}\n" in text
+      and "pysbx_sessions_open 1\n" in text, [l for l in text.splitlines() if "session" in l])
+before = descendants(sp.pid)
+sp.send_signal(signal.SIGTERM)
+check("sessions: the server exits 0", sp.wait(30) == 0, sp.returncode)
+left = [p for p in before if os.path.exists(f"/proc/{p}")]
+check("sessions: and leaves none of its processes (the template, the sessions')",
+      len(before) >= 2 and not left, (before, left))
+
 # --- start-up refusals --------------------------------------------------------------------
 for name, args, want in [
     ("a non-loopback address without a token", ("--http", "0.0.0.0:0"), "not a loopback"),
@@ -792,5 +939,12 @@ with tempfile.NamedTemporaryFile("w") as empty:
                        capture_output=True, text=True, timeout=60)
     check("refused at start: an empty token file", p.returncode == 2 and "empty" in p.stderr,
           (p.returncode, p.stderr))
+with tempfile.NamedTemporaryFile("w") as twice:
+    twice.write("same\nother\nsame\n")
+    twice.flush()
+    p = subprocess.run([PYSBX, "serve", "--http", "127.0.0.1:0", "--http-token-file", twice.name],
+                       capture_output=True, text=True, timeout=60)
+    check("refused at start: a token twice", p.returncode == 2 and "line 3" in p.stderr
+          and "twice" in p.stderr, (p.returncode, p.stderr))
 
 sys.exit(1 if failures else 0)

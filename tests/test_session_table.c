@@ -111,7 +111,9 @@ static void *run_cell(void *p)
     return NULL;
 }
 
-static void enter(struct session_table *t, const char *name, struct cell *c, const char *code)
+/* Enters a cell that says it is number |expect| (0: says nothing). */
+static void enter_n(struct session_table *t, const char *name, struct cell *c, const char *code,
+                    uint64_t expect)
 {
     struct sbx_error err;
 
@@ -119,7 +121,12 @@ static void enter(struct session_table *t, const char *name, struct cell *c, con
     sbx_request_init(&c->req);
     c->req.code = code;
     c->req.code_len = strlen(code);
-    assert_int_equal(session_enter(t, name, &c->place, &err), 0);
+    assert_int_equal(session_enter(t, name, expect, &c->place, &err), 0);
+}
+
+static void enter(struct session_table *t, const char *name, struct cell *c, const char *code)
+{
+    enter_n(t, name, c, code, 0);
 }
 
 static void start(struct cell *c)
@@ -184,6 +191,72 @@ static void a_lost_session_gives_up_its_name(void **state)
     assert_int_equal(stub.closes, 1); /* the lost one, once its cell was done */
 }
 
+/* A cell that says its number: the next one runs; cell 1 starts afresh
+ * over a session the client has left; any other number that is not the
+ * next is session_lost, and the session it found ends. */
+static void a_numbered_cell_runs_only_as_the_next_one(void **state)
+{
+    struct cell c;
+    struct session_info info[2];
+
+    enter_n(*state, "s", &c, "x", 2); /* never held here */
+    run_cell(&c);
+    assert_int_equal(c.err.code, SBX_ERR_SESSION_LOST);
+    assert_non_null(strstr(c.err.message, "holds no session of that name"));
+    assert_int_equal(stub.opens, 0);
+    for (uint64_t n = 1; n <= 3; n++) {
+        enter_n(*state, "s", &c, "x", n);
+        run_cell(&c);
+        assert_int_equal(c.rc, 0);
+        assert_int_equal(c.number, n);
+    }
+    assert_int_equal(session_list(*state, info, 2), 1);
+    assert_string_equal(info[0].name, "s");
+    assert_int_equal(info[0].cells, 3);
+    assert_false(info[0].running);
+    enter_n(*state, "s", &c, "x", 3); /* a number already answered */
+    run_cell(&c);
+    assert_int_equal(c.err.code, SBX_ERR_SESSION_LOST);
+    assert_non_null(strstr(c.err.message, "holds it at another cell"));
+    assert_int_equal(stub.closes, 1);
+    assert_int_equal(session_list(*state, info, 2), 0);
+    enter_n(*state, "s", &c, "x", 1);
+    run_cell(&c);
+    assert_int_equal(c.number, 1);
+    enter_n(*state, "s", &c, "x", 2);
+    run_cell(&c);
+    enter_n(*state, "s", &c, "x", 1); /* starts again over the held one */
+    run_cell(&c);
+    assert_int_equal(c.rc, 0);
+    assert_int_equal(c.number, 1);
+    assert_int_equal(stub.opens, 3);
+    assert_int_equal(stub.closes, 2);
+}
+
+/* The cells in line behind one that lost the session learn it too, rather
+ * than open a new session under a name that is no longer theirs. */
+static void the_cells_behind_a_lost_one_are_lost_too(void **state)
+{
+    struct cell c[3];
+
+    enter_n(*state, "s", &c[0], "hold", 0);
+    enter_n(*state, "s", &c[1], "x", 7);
+    enter_n(*state, "s", &c[2], "y", 0);
+    start(&c[0]);
+    start(&c[1]);
+    start(&c[2]);
+    wait_until(&stub.holding);
+    release();
+    for (int i = 0; i < 3; i++)
+        pthread_join(c[i].thread, NULL);
+    assert_int_equal(c[0].rc, 0);
+    assert_int_equal(c[1].err.code, SBX_ERR_SESSION_LOST);
+    assert_int_equal(c[2].err.code, SBX_ERR_SESSION_LOST);
+    assert_int_equal(stub.opens, 1);
+    assert_int_equal(stub.closes, 1);
+    assert_int_equal(stub.n_log, 1); /* neither reached the backend */
+}
+
 static void closing_frees_the_name_and_waits_for_the_cells_before(void **state)
 {
     struct cell held, fresh;
@@ -223,7 +296,7 @@ static void a_backend_without_sessions_is_invalid_request(void **state)
 
     (void)state;
     assert_non_null(t);
-    assert_true(session_enter(t, "s", &c, &err) < 0);
+    assert_true(session_enter(t, "s", 0, &c, &err) < 0);
     assert_null(c);
     assert_int_equal(err.code, SBX_ERR_INVALID_REQUEST);
     assert_string_equal(err.message, "the python3 backend has no sessions");
@@ -250,6 +323,8 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
         T(cells_run_in_the_order_they_were_entered),
         T(a_lost_session_gives_up_its_name),
+        T(a_numbered_cell_runs_only_as_the_next_one),
+        T(the_cells_behind_a_lost_one_are_lost_too),
         T(closing_frees_the_name_and_waits_for_the_cells_before),
         T(an_unknown_name_is_invalid_request),
         T(a_backend_without_sessions_is_invalid_request),

@@ -25,6 +25,7 @@ struct serve_opts {
     const char *token_file;          /* HTTP: the bearer token clients must send */
     const char *metrics_addr;        /* HTTP: ADDR:PORT serving /metrics alone, no token */
     unsigned max_client_connections; /* HTTP: connections from one address */
+    struct sbx_session_limits session_limits; /* each session's idle time and lifetime */
 };
 
 int serve_main(const struct serve_opts *o);
@@ -35,6 +36,7 @@ struct mcp_opts {
     struct sbx_limits limits; /* the tool's limits */
     size_t max_line_bytes;
     const char *const *packages; /* the sandbox's, named in the description */
+    struct sbx_session_limits session_limits;
 };
 
 int mcp_main(const struct mcp_opts *o);

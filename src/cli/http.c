@@ -25,6 +25,7 @@
 #include "options.h"
 #include "reqjson.h"
 #include "sbxerr.h"
+#include "sessions.h"
 #include "sysutil.h"
 #include "util.h"
 
@@ -109,6 +110,8 @@ static int mhd_load(void)
 #define AUTHED_RESERVE    64u
 #define LISTEN_BACKLOG    128
 #define TOKEN_MAX         4096u
+#define TOKEN_FILE_MAX    (1u << 20)
+#define TENANTS_MAX       1024u
 #define JSON_TYPE         "application/json"
 #define NDJSON_TYPE       "application/x-ndjson"
 #define METRICS_TYPE      "text/plain; version=0.0.4; charset=utf-8"
@@ -134,6 +137,7 @@ struct metrics {
     uint64_t cut_off[2];               /* connections cut off: too slow, or evicted */
     uint64_t le[N_BUCKETS + 1];        /* runs per bucket (not cumulative); last: +Inf */
     double seconds;                    /* the sum */
+    uint64_t cells;                    /* of the runs, cells of sessions */
 };
 
 /* An open connection, from libmicrohttpd's notice of it to its close (the
@@ -155,8 +159,13 @@ struct job {
 
 struct http {
     const struct serve_opts *o;
-    char *token;
-    size_t token_len;
+    /* --http-token-file: a token per tenant (none: one tenant, no token);
+     * each tenant has its own sessions, by the names it gives them. */
+    char **tokens;
+    size_t *token_lens;
+    unsigned n_tokens;
+    struct session_table **tables; /* one per tenant (one when no token) */
+    unsigned n_tables;
     int wake_fd; /* eventfd: an exchange or a run ended */
     pthread_mutex_t lock;
     struct metrics m;
@@ -172,7 +181,16 @@ struct http {
     unsigned unauthed;               /* of them, not authed and not cut */
 };
 
-enum route { ROUTE_NONE, ROUTE_RUN, ROUTE_TOOL_RESULTS, ROUTE_HEALTH, ROUTE_METRICS };
+enum route {
+    ROUTE_NONE,
+    ROUTE_RUN,
+    ROUTE_TOOL_RESULTS,
+    ROUTE_SESSIONS,    /* GET /v1/sessions */
+    ROUTE_SESSION,     /* DELETE /v1/sessions/NAME */
+    ROUTE_SESSION_RUN, /* POST /v1/sessions/NAME/run */
+    ROUTE_HEALTH,
+    ROUTE_METRICS
+};
 
 /* A run's id in /v1/runs/ID/tool_results: 32 hex digits. */
 #define RUN_ID_LEN 32
@@ -180,6 +198,8 @@ enum route { ROUTE_NONE, ROUTE_RUN, ROUTE_TOOL_RESULTS, ROUTE_HEALTH, ROUTE_METR
 /* One request: where it goes, its body as it arrives. */
 struct exchange {
     enum route rt;
+    int tenant;                      /* whose token it showed */
+    char name[SESSION_NAME_MAX + 1]; /* the session the path names */
     char *body;
     size_t len, cap;
     bool too_large;
@@ -237,6 +257,8 @@ static unsigned status_for(enum sbx_error_code code)
     case SBX_ERR_UNAVAILABLE:
     case SBX_ERR_BUSY:
         return MHD_HTTP_SERVICE_UNAVAILABLE;
+    case SBX_ERR_SESSION_LOST:
+        return MHD_HTTP_GONE;
     default:
         return MHD_HTTP_BAD_REQUEST;
     }
@@ -297,31 +319,37 @@ static enum MHD_Result refuse(struct http *h, struct MHD_Connection *conn, unsig
 
 /* --- authentication ------------------------------------------------------------ */
 
-/* Compares in time that depends on the token's length only, never on where
- * the first wrong byte is. */
-static bool token_matches(const struct http *h, const char *got)
+/* Whether |got| is |want|, in time that depends on |want|'s length only,
+ * never on where the first wrong byte is. */
+static bool token_matches(const char *want, size_t wlen, const char *got)
 {
     size_t glen = strlen(got);
-    unsigned char diff = glen != h->token_len;
+    unsigned char diff = glen != wlen;
 
-    for (size_t i = 0; i < h->token_len; i++)
-        diff |= (unsigned char)(h->token[i] ^ got[i < glen ? i : 0]);
+    for (size_t i = 0; i < wlen; i++)
+        diff |= (unsigned char)(want[i] ^ got[i < glen ? i : 0]);
     return diff == 0;
 }
 
-static bool authorised(const struct http *h, struct MHD_Connection *conn)
+/* The tenant whose token the request shows (0 when the server has none),
+ * or -1. Every token is compared, whichever matches. */
+static int tenant_of(const struct http *h, struct MHD_Connection *conn)
 {
     const char *a;
+    int tenant = -1;
 
-    if (!h->token)
-        return true;
+    if (!h->n_tokens)
+        return 0;
     a = mhd.lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!a || strncasecmp(a, "Bearer ", 7) != 0)
-        return false;
+        return -1;
     a += 7;
     while (*a == ' ')
         a++;
-    return token_matches(h, a);
+    for (unsigned i = 0; i < h->n_tokens; i++)
+        if (token_matches(h->tokens[i], h->token_lens[i], a))
+            tenant = (int)i;
+    return tenant;
 }
 
 /* --- connections: deadlines and the reserve ---------------------------------------- */
@@ -558,6 +586,14 @@ static enum MHD_Result metrics(struct http *h, struct MHD_Connection *conn)
         total += m.runs[i];
     add(&b, "pysbx_run_duration_seconds_sum %.6f\npysbx_run_duration_seconds_count %llu\n",
         m.seconds, (unsigned long long)total);
+    add_metric(&b, "pysbx_session_cells_total", "counter",
+               "Of the runs answered with a result, cells of sessions.");
+    add(&b, "pysbx_session_cells_total %llu\n", (unsigned long long)m.cells);
+    size_t open_sessions = 0;
+    for (unsigned i = 0; i < h->n_tables; i++)
+        open_sessions += session_list(h->tables[i], NULL, 0);
+    add_metric(&b, "pysbx_sessions_open", "gauge", "Sessions open, of every tenant.");
+    add(&b, "pysbx_sessions_open %zu\n", open_sessions);
     add_metric(&b, "pysbx_queue_depth", "gauge", "Runs waiting for a place in the sandbox.");
     add(&b, "pysbx_queue_depth %u\n", st.waiting);
     add_metric(&b, "pysbx_runs_in_flight", "gauge", "Runs in the sandbox now.");
@@ -593,7 +629,8 @@ static void job_add(struct http *h, struct job *j)
     efd_notify(h->watch_fd);
 }
 
-static void job_done(struct http *h, struct job *j, const struct sbx_result *res, double seconds)
+static void job_done(struct http *h, struct job *j, const struct sbx_result *res, double seconds,
+                     bool cell)
 {
     pthread_mutex_lock(&h->lock);
     for (struct job **pp = &h->jobs; *pp; pp = &(*pp)->next)
@@ -610,6 +647,7 @@ static void job_done(struct http *h, struct job *j, const struct sbx_result *res
         h->m.le[i]++;
         h->m.seconds += seconds;
         h->m.runs[(unsigned)res->status < N_STATUS ? res->status : SBX_SANDBOX_ERROR]++;
+        h->m.cells += cell;
     }
     pthread_mutex_unlock(&h->lock);
     efd_notify(h->wake_fd);
@@ -638,6 +676,8 @@ struct live {
     struct sbx_tool_answers *answers;
     struct job j;
     struct json_request r;
+    struct session_cell *cell; /* a session's cell: its place in the line */
+    int tenant;                /* whose token started it: only that one answers its tools */
 };
 
 static void live_unref(struct live *l)
@@ -648,6 +688,7 @@ static void live_unref(struct live *l)
     if (!last)
         return;
     free(l->buf);
+    session_leave(l->cell);
     sbx_tool_answers_free(l->answers);
     sbx_cancel_free(l->j.cancel);
     json_request_free(&l->r);
@@ -737,14 +778,18 @@ static void *live_main(void *p)
     char *answer;
 
     uint64_t t0 = now_ns();
-    int rc = h->o->backend->run(h->o->backend->self, &l->r.req, &res, &err);
+    bool cell = l->cell != NULL;
+    int rc = cell ? session_run(l->cell, &l->r.req, l->r.rollback, &res, &err)
+                  : h->o->backend->run(h->o->backend->self, &l->r.req, &res, &err);
+    l->cell = NULL; /* session_run gave its place up */
     if (l->answers)
         untool(h, l);
     if (rc < 0)
         count_refused(h, err.code);
-    job_done(h, &l->j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9);
-    answer =
-        rc == 0 ? json_answer_result(l->r.id_text, res) : json_answer_error(l->r.id_text, &err);
+    job_done(h, &l->j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9, cell);
+    answer = rc < 0 ? json_answer_error(l->r.id_text, &err)
+             : cell ? json_answer_session(l->r.id_text, res, l->r.session)
+                    : json_answer_result(l->r.id_text, res);
     sbx_result_free(res);
     /* From here on |h| may be gone: the drain waits for this exchange only
      * until its answer has been taken. */
@@ -796,9 +841,10 @@ static void live_release(void *cls)
     live_unref(l);
 }
 
-/* Starts |r| (taken) in a thread of its own and answers with its stream. */
+/* Starts |r| (taken; and |cell|, a session's cell's place) in a thread of
+ * its own and answers with its stream. */
 static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
-                                    struct json_request *r)
+                                    struct json_request *r, struct session_cell *cell, int tenant)
 {
     struct live *l = calloc(1, sizeof(*l));
     struct MHD_Response *resp = NULL;
@@ -806,12 +852,15 @@ static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
 
     if (!l || !(l->j.cancel = sbx_cancel_new())) {
         free(l);
+        session_leave(cell);
         json_request_free(r);
         return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
                           "out of memory");
     }
     l->h = h;
     l->r = *r;
+    l->cell = cell;
+    l->tenant = tenant;
     l->max = h->o->max_pending_bytes;
     l->refs = 2;
     pthread_mutex_init(&l->lock, NULL);
@@ -854,7 +903,7 @@ static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
         struct sbx_error err;
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -EAGAIN, "cannot start a thread");
         count_refused(h, err.code);
-        job_done(h, &l->j, NULL, 0);
+        job_done(h, &l->j, NULL, 0, false);
         if (l->answers)
             untool(h, l);
         pthread_mutex_lock(&l->lock);
@@ -871,18 +920,34 @@ static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
     return ok;
 }
 
+/* POST /v1/run, and POST /v1/sessions/NAME/run: a cell of the session
+ * NAME of the caller's tenant (its line, sessions.h, is entered here, as
+ * requests arrive). */
 static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct exchange *x)
 {
+    bool is_cell = x->rt == ROUTE_SESSION_RUN;
     struct json_request r = {0};
     struct sbx_error err = {0};
     struct sbx_result *res = NULL;
+    struct session_cell *cell = NULL;
     struct job j = {0};
     enum MHD_Result ok;
+    const char *body = x->body ? x->body : "";
     char *text;
     int rc;
 
-    if (json_request_parse(x->body ? x->body : "", x->len, &h->o->ceilings, &r, &err) < 0 ||
-        json_request_no_session(&r, &err) < 0) {
+    rc = is_cell ? json_request_parse_cell(body, x->len, x->name, &h->o->ceilings, &r, &err)
+                 : json_request_parse(body, x->len, &h->o->ceilings, &r, &err);
+    if (rc == 0 && !is_cell && (r.session || r.session_close))
+        rc = sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                      "over HTTP a session's cell is POST /v1/sessions/NAME/run, and "
+                      "DELETE /v1/sessions/NAME closes it");
+    if (rc == 0 && is_cell && r.req.n_tools)
+        rc = sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                      "a session's cell takes no host tools");
+    if (rc == 0 && is_cell)
+        rc = session_enter(h->tables[x->tenant], x->name, r.cell, &cell, &err);
+    if (rc < 0) {
         text = json_answer_error(r.id_text, &err);
         count_refused(h, err.code);
         json_request_free(&r);
@@ -903,8 +968,9 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     }
     /* A run with host tools is streamed: its calls are lines of it. */
     if (r.stream || r.req.n_tools)
-        return run_streamed(h, conn, &r);
+        return run_streamed(h, conn, &r, cell, x->tenant);
     if (!(j.cancel = sbx_cancel_new())) {
+        session_leave(cell);
         json_request_free(&r);
         return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
                           "out of memory");
@@ -915,10 +981,12 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     j.fd = ci ? ci->connect_fd : -1;
     job_add(h, &j);
     uint64_t t0 = now_ns();
-    rc = h->o->backend->run(h->o->backend->self, &r.req, &res, &err);
-    job_done(h, &j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9);
+    rc = cell ? session_run(cell, &r.req, r.rollback, &res, &err)
+              : h->o->backend->run(h->o->backend->self, &r.req, &res, &err);
+    job_done(h, &j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9, is_cell);
     if (rc == 0) {
-        text = json_answer_result(r.id_text, res);
+        text = is_cell ? json_answer_session(r.id_text, res, x->name)
+                       : json_answer_result(r.id_text, res);
         ok = send_text(conn, MHD_HTTP_OK, text, JSON_TYPE, false);
     } else {
         text = json_answer_error(r.id_text, &err);
@@ -929,6 +997,59 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     sbx_cancel_free(j.cancel);
     json_request_free(&r);
     return ok;
+}
+
+/* GET /v1/sessions: the caller's tenant's open sessions. */
+static enum MHD_Result list_sessions(struct http *h, struct MHD_Connection *conn,
+                                     struct exchange *x)
+{
+    struct session_table *t = h->tables[x->tenant];
+    size_t cap = 16, n;
+    struct session_info *info = NULL;
+
+    for (;;) {
+        struct session_info *p = realloc(info, cap * sizeof(*info));
+        if (!p) {
+            free(info);
+            return MHD_NO;
+        }
+        info = p;
+        if ((n = session_list(t, info, cap)) <= cap)
+            break;
+        cap = n + 16; /* more opened meanwhile: again, with room */
+    }
+    json_t *list = json_array();
+    for (size_t i = 0; list && i < n; i++)
+        if (json_array_append_new(list,
+                                  json_pack("{s:s, s:I, s:f, s:b, s:I, s:I}", "name", info[i].name,
+                                            "cells", (json_int_t)info[i].cells, "idle_seconds",
+                                            info[i].idle_seconds, "running", info[i].running,
+                                            "memory_limit_bytes", (json_int_t)info[i].memory_bytes,
+                                            "max_rss_kb", (json_int_t)info[i].max_rss_kb)) < 0) {
+            json_decref(list);
+            list = NULL;
+        }
+    free(info);
+    json_t *o = list ? json_pack("{s:o}", "sessions", list) : NULL;
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return send_text(conn, MHD_HTTP_OK, text, JSON_TYPE, false);
+}
+
+/* DELETE /v1/sessions/NAME: 200 {"session_closed": NAME}, or 404 when the
+ * caller's tenant has no such session (another's is never seen). */
+static enum MHD_Result close_session(struct http *h, struct MHD_Connection *conn,
+                                     struct exchange *x)
+{
+    struct sbx_error err;
+
+    if (session_close(h->tables[x->tenant], x->name, &err) < 0)
+        return refuse(h, conn, MHD_HTTP_NOT_FOUND, REF_NOT_FOUND, NULL, false,
+                      "no open session is called \"%s\"", x->name);
+    json_t *o = json_pack("{s:s}", "session_closed", x->name);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return send_text(conn, MHD_HTTP_OK, text, JSON_TYPE, false);
 }
 
 /* /v1/runs/RUN_ID/tool_results, its id into |id| (RUN_ID_LEN + 1). */
@@ -952,7 +1073,8 @@ static bool tool_results_path(const char *url, char *id)
 
 /* POST /v1/runs/RUN_ID/tool_results: {"call": N, "content": any JSON} or
  * {"call": N, "error": "message"}, the answer to call N of that run (one
- * of this server's, whose stream said its run_id). 200 {"run_id", "call"}
+ * of this server's, whose stream said its run_id, started with the same
+ * tenant's token: another tenant's run is not found). 200 {"run_id", "call"}
  * when the call takes it; else refused, nothing changed: 404 for a run
  * that is not in flight here, 409 for a call not waiting (never made,
  * refused, answered, or its run ended), 413 past the run's max_tool_bytes. */
@@ -991,7 +1113,7 @@ static enum MHD_Result tool_results(struct http *h, struct MHD_Connection *conn,
      * result (up to 16 MiB) is parsed without holding up every other run. */
     pthread_mutex_lock(&h->lock);
     for (struct live *l = h->tooled; l && !found; l = l->tnext)
-        if (strcmp(l->run_id, id) == 0) {
+        if (strcmp(l->run_id, id) == 0 && l->tenant == x->tenant) {
             pthread_mutex_lock(&l->lock);
             l->refs++;
             pthread_mutex_unlock(&l->lock);
@@ -1056,7 +1178,27 @@ static void take_body(struct exchange *x, size_t max, const char *data, size_t n
     x->body[x->len] = '\0';
 }
 
-static enum route route_of(const char *url)
+/* /v1/sessions/NAME/TAIL (|tail| "": /v1/sessions/NAME), NAME into |name|:
+ * 1 to SESSION_NAME_MAX of A-Z a-z 0-9 . _ ~ - (no escape is needed in a
+ * path, so a load balancer hashing the path and this server see one name). */
+static bool session_path(const char *url, const char *tail, char *name)
+{
+    static const char head[] = "/v1/sessions/";
+    size_t n = 0;
+
+    if (strncmp(url, head, strlen(head)) != 0)
+        return false;
+    url += strlen(head);
+    while (url[n] && (isalnum((unsigned char)url[n]) || strchr("._~-", url[n])))
+        n++;
+    if (n == 0 || n > SESSION_NAME_MAX || strcmp(url + n, tail) != 0)
+        return false;
+    memcpy(name, url, n);
+    name[n] = '\0';
+    return true;
+}
+
+static enum route route_of(const char *url, char *name)
 {
     char id[RUN_ID_LEN + 1];
 
@@ -1064,6 +1206,12 @@ static enum route route_of(const char *url)
         return ROUTE_RUN;
     if (tool_results_path(url, id))
         return ROUTE_TOOL_RESULTS;
+    if (strcmp(url, "/v1/sessions") == 0)
+        return ROUTE_SESSIONS;
+    if (session_path(url, "/run", name))
+        return ROUTE_SESSION_RUN;
+    if (session_path(url, "", name))
+        return ROUTE_SESSION;
     if (strcmp(url, "/healthz") == 0)
         return ROUTE_HEALTH;
     if (strcmp(url, "/metrics") == 0)
@@ -1080,11 +1228,13 @@ static bool is(const char *method, const char *want)
  * refused without reading it (an answer queued now closes the connection
  * after it). Returns MHD_YES with nothing queued to go on. */
 static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const char *url,
-                              const char *method, enum route rt)
+                              const char *method, struct exchange *x)
 {
+    enum route rt = x->rt;
     bool get = is(method, MHD_HTTP_METHOD_GET) || is(method, MHD_HTTP_METHOD_HEAD);
-    bool post = rt == ROUTE_RUN || rt == ROUTE_TOOL_RESULTS;
-    const char *allow = post ? "POST" : "GET, HEAD";
+    bool post = rt == ROUTE_RUN || rt == ROUTE_TOOL_RESULTS || rt == ROUTE_SESSION_RUN;
+    bool del = rt == ROUTE_SESSION;
+    const char *allow = post ? "POST" : del ? "DELETE" : "GET, HEAD";
     const char *cl, *te;
 
     /* A body framed two ways (RFC 9112, 6.1), or by a coding we do not
@@ -1099,22 +1249,24 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
                       te);
     if (rt == ROUTE_NONE)
         return refuse(h, conn, MHD_HTTP_NOT_FOUND, REF_NOT_FOUND, NULL, false,
-                      "no such path: %.100s (POST /v1/run, POST "
-                      "/v1/runs/RUN_ID/tool_results, GET /healthz, GET /metrics)",
-                      url);
-    if (post ? !is(method, MHD_HTTP_METHOD_POST) : !get)
+                      "no such path: %.100s (POST /v1/run, POST /v1/runs/RUN_ID/tool_results, "
+                      "POST /v1/sessions/NAME/run, DELETE /v1/sessions/NAME, GET /v1/sessions, "
+                      "GET /healthz, GET /metrics; NAME: 1 to %d of A-Z a-z 0-9 . _ ~ -)",
+                      url, SESSION_NAME_MAX);
+    if (post ? !is(method, MHD_HTTP_METHOD_POST) : del ? !is(method, MHD_HTTP_METHOD_DELETE) : !get)
         return refuse(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, REF_METHOD, allow, false,
                       "%.100s takes %s, not %.20s", url, allow, method);
-    bool authed = authorised(h, conn);
+    x->tenant = tenant_of(h, conn);
+    bool authed = x->tenant >= 0;
     /* /healthz needs no token, and earns none of the reserve either. */
-    conn_headers_in(h, conn, authed && (h->token || rt != ROUTE_HEALTH));
+    conn_headers_in(h, conn, authed && (h->n_tokens || rt != ROUTE_HEALTH));
     if (rt != ROUTE_HEALTH && !authed)
         return refuse(h, conn, MHD_HTTP_UNAUTHORIZED, REF_UNAUTHORIZED, NULL, false,
                       "a valid bearer token is required (Authorization: Bearer ...)");
     if (!post)
         return MHD_YES;
     /* A run in flight during the drain still has its tools answered. */
-    if (rt == ROUTE_RUN && is_draining(h))
+    if (rt != ROUTE_TOOL_RESULTS && is_draining(h))
         return send_error(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, SBX_ERR_UNAVAILABLE,
                           "the server is shutting down");
     uint64_t n;
@@ -1136,11 +1288,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         if (!(x = calloc(1, sizeof(*x))))
             return MHD_NO;
         *state = x;
-        x->rt = route_of(url);
+        x->rt = route_of(url, x->name);
         pthread_mutex_lock(&h->lock);
         h->open++;
         pthread_mutex_unlock(&h->lock);
-        return screen(h, conn, url, method, x->rt);
+        return screen(h, conn, url, method, x);
     }
     if (*data_size) {
         take_body(x, h->o->max_line_bytes, data, *data_size);
@@ -1156,6 +1308,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return healthz(h, conn);
     if (x->rt == ROUTE_METRICS)
         return metrics(h, conn);
+    if (x->rt == ROUTE_SESSIONS)
+        return list_sessions(h, conn, x);
+    if (x->rt == ROUTE_SESSION)
+        return close_session(h, conn, x);
     if (x->too_large)
         return send_error(h, conn, MHD_HTTP_CONTENT_TOO_LARGE, NULL, SBX_ERR_TOO_LARGE,
                           "request body longer than %zu bytes", h->o->max_line_bytes);
@@ -1391,36 +1547,65 @@ static int open_http_listener(const char *opt, const char *spec, bool token, cha
 
 /* The token: the file's text without surrounding white space; printable
  * ASCII only, so that it fits in a header as it is. */
-static int load_token(const char *path, char **out, size_t *len)
+/* --http-token-file: a token a line, each a tenant of its own (blank lines
+ * skipped); a token is printable ASCII without spaces, at most TOKEN_MAX
+ * bytes, and none is there twice. Returns 0 with h->tokens, or -errno
+ * having said why. */
+static int load_tokens(struct http *h, const char *path)
 {
     char *t = NULL;
     size_t n = 0;
-    int rc = slurp(path, TOKEN_MAX, &t, &n);
+    unsigned line = 0;
+    int rc = slurp(path, TOKEN_FILE_MAX, &t, &n);
 
     if (rc < 0) {
         fprintf(stderr, "pysbx serve: --http-token-file %s: %s\n", path,
-                rc == -EFBIG ? "longer than 4096 bytes" : strerror(-rc));
+                rc == -EFBIG ? "longer than 1 MiB" : strerror(-rc));
         return rc;
     }
-    while (n && isspace((unsigned char)t[n - 1]))
-        n--;
-    size_t start = 0;
-    while (start < n && isspace((unsigned char)t[start]))
-        start++;
-    bool ok = n > start;
-    for (size_t i = start; i < n; i++)
-        ok = ok && t[i] > ' ' && t[i] < 0x7f;
-    if (!ok) {
-        fprintf(stderr, "pysbx serve: --http-token-file %s: %s\n", path,
-                n > start ? "the token must be printable ASCII without spaces" : "empty");
-        free(t);
-        return -EINVAL;
+    h->tokens = calloc(TENANTS_MAX, sizeof(*h->tokens));
+    h->token_lens = calloc(TENANTS_MAX, sizeof(*h->token_lens));
+    rc = h->tokens && h->token_lens ? 0 : -ENOMEM;
+    for (size_t at = 0; rc == 0 && at < n;) {
+        size_t end = at;
+        while (end < n && t[end] != '\n')
+            end++;
+        size_t a = at, b = end;
+        at = end + 1;
+        line++;
+        while (a < b && isspace((unsigned char)t[a]))
+            a++;
+        while (b > a && isspace((unsigned char)t[b - 1]))
+            b--;
+        if (a == b)
+            continue;
+        const char *why = NULL;
+        for (size_t i = a; i < b && !why; i++)
+            if (t[i] <= ' ' || t[i] >= 0x7f)
+                why = "a token is printable ASCII without spaces";
+        if (!why && b - a > TOKEN_MAX)
+            why = "a token is at most 4096 bytes";
+        for (unsigned i = 0; !why && i < h->n_tokens; i++)
+            if (h->token_lens[i] == b - a && memcmp(h->tokens[i], t + a, b - a) == 0)
+                why = "the same token twice: each line is a tenant of its own";
+        if (!why && h->n_tokens == TENANTS_MAX)
+            why = "more than 1024 tokens";
+        if (why) {
+            fprintf(stderr, "pysbx serve: --http-token-file %s, line %u: %s\n", path, line, why);
+            rc = -EINVAL;
+        } else if (!(h->tokens[h->n_tokens] = strndup(t + a, b - a)))
+            rc = -ENOMEM;
+        else
+            h->token_lens[h->n_tokens++] = b - a;
     }
-    memmove(t, t + start, n - start);
-    t[n - start] = '\0';
-    *out = t;
-    *len = n - start;
-    return 0;
+    if (rc == 0 && !h->n_tokens) {
+        fprintf(stderr, "pysbx serve: --http-token-file %s: empty (no token in it)\n", path);
+        rc = -EINVAL;
+    }
+    if (rc == -ENOMEM)
+        fprintf(stderr, "pysbx serve: out of memory\n");
+    free(t);
+    return rc;
 }
 
 int http_main(const struct serve_opts *o)
@@ -1441,9 +1626,21 @@ int http_main(const struct serve_opts *o)
         rc = 1;
         goto out;
     }
-    if (o->token_file && load_token(o->token_file, &h.token, &h.token_len) < 0)
+    if (o->token_file && load_tokens(&h, o->token_file) < 0)
         goto out;
-    if ((lfd = open_http_listener("--http", o->http_addr, h.token != NULL, shown, sizeof(shown))) <
+    h.n_tables = h.n_tokens ? h.n_tokens : 1;
+    if (!(h.tables = calloc(h.n_tables, sizeof(*h.tables)))) {
+        fputs("pysbx serve: out of memory\n", stderr);
+        rc = 1;
+        goto out;
+    }
+    for (unsigned i = 0; i < h.n_tables; i++)
+        if (!(h.tables[i] = session_table_new(o->backend, &o->session_limits))) {
+            fputs("pysbx serve: out of memory\n", stderr);
+            rc = 1;
+            goto out;
+        }
+    if ((lfd = open_http_listener("--http", o->http_addr, h.n_tokens > 0, shown, sizeof(shown))) <
         0) {
         rc = lfd == -EINVAL || lfd == -EACCES ? EXIT_USAGE : 1;
         goto out;
@@ -1485,7 +1682,9 @@ int http_main(const struct serve_opts *o)
         goto out;
     }
     fprintf(stderr, "pysbx serve: listening on http://%s (backend %s%s)\n", shown, o->backend->name,
-            h.token ? ", bearer token required" : "");
+            h.n_tokens == 1 ? ", bearer token required"
+            : h.n_tokens    ? ", a bearer token per tenant required"
+                            : "");
     if (md)
         fprintf(stderr, "pysbx serve: metrics on http://%s/metrics\n", mshown);
 
@@ -1536,7 +1735,15 @@ out:
     close_fd(&sfd);
     close_fd(&h.wake_fd);
     close_fd(&h.watch_fd);
-    free(h.token);
+    /* No run is in flight (the drain waited, or none began): the sessions
+     * end here. */
+    for (unsigned i = 0; h.tables && i < h.n_tables; i++)
+        session_table_free(h.tables[i]);
+    free(h.tables);
+    for (unsigned i = 0; i < h.n_tokens; i++)
+        free(h.tokens[i]);
+    free(h.tokens);
+    free(h.token_lens);
     pthread_mutex_destroy(&h.lock);
     return rc;
 }

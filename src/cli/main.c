@@ -36,6 +36,12 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
         opts_free(&o);
         return open_error(cmd, &err);
     }
+    struct sbx_session_limits sl;
+    sbx_session_limits_init(&sl);
+    if (o.session_idle)
+        sl.idle_seconds = o.session_idle;
+    if (o.session_lifetime)
+        sl.lifetime_seconds = o.session_lifetime;
     if (cmd == CMD_SERVE) {
         struct serve_opts so = {.backend = &b,
                                 .max_line_bytes = o.max_line,
@@ -49,10 +55,11 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .token_file = o.token_file,
                                 .metrics_addr = o.metrics_http,
                                 .max_client_connections =
-                                    o.max_client_connections ? o.max_client_connections : 128};
+                                    o.max_client_connections ? o.max_client_connections : 128,
+                                .session_limits = sl};
         status = o.http ? http_main(&so) : serve_main(&so);
     } else if (cmd == CMD_MCP) {
-        struct mcp_opts mo = {&b, o.limits, o.max_line, (const char *const *)o.packages};
+        struct mcp_opts mo = {&b, o.limits, o.max_line, (const char *const *)o.packages, sl};
         status = mcp_main(&mo);
     } else {
         struct batch_opts bo = {&b, o.limits, o.limits_given, o.target, o.out, o.jobs, o.max_line};

@@ -688,7 +688,7 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
     j->session = session;
     j->rollback = rollback;
     /* In the session's line now: its cells run in the order called. */
-    if (session && session_enter(s->sessions, session, &j->cell, &err) < 0) {
+    if (session && session_enter(s->sessions, session, 0, &j->cell, &err) < 0) {
         reply(s, id, tool_text(err.message, true));
         call_job_free(j);
         return;
@@ -776,7 +776,7 @@ int mcp_main(const struct mcp_opts *o)
     enum line_result lres;
 
     /* A session's processes get the tool's memory, as every call does. */
-    sbx_session_limits_init(&sl);
+    sl = o->session_limits;
     sl.memory_bytes = o->limits.memory_bytes;
     if (!(s.sessions = session_table_new(o->backend, &sl))) {
         fputs("pysbx mcp: out of memory\n", stderr);

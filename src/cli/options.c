@@ -97,7 +97,10 @@ static const char run_usage_tail[] =
 /* serve and mcp. */
 static const char sessions_help[] =
     "  --max-sessions N        sessions open at once, in all (default 64, at most 4096);\n"
-    "                          one more is refused with sandbox_busy\n";
+    "                          one more is refused with sandbox_busy\n"
+    "  --session-idle SECONDS  a session with no cell for this long ends (default 600)\n"
+    "  --session-lifetime SECONDS\n"
+    "                          a session ends this long after it opened (default 86400)\n";
 
 static const char serve_usage[] =
     "usage: pysbx serve [--listen PATH | --http ADDR:PORT] [options]\n"
@@ -468,6 +471,8 @@ enum {
     O_MODDIR,
     O_WSSIZE,
     O_SESSIONS,
+    O_SIDLE,
+    O_SLIFE,
     O_CLIENTCONNS,
 };
 
@@ -512,6 +517,8 @@ static const struct {
     {{"jobs", required_argument, NULL, O_JOBS}, CMD_SERVE | CMD_MCP | CMD_BATCH},
     {{"max-line-bytes", required_argument, NULL, O_LINE}, FRONTS},
     {{"max-sessions", required_argument, NULL, O_SESSIONS}, CMD_SERVE | CMD_MCP},
+    {{"session-idle", required_argument, NULL, O_SIDLE}, CMD_SERVE | CMD_MCP},
+    {{"session-lifetime", required_argument, NULL, O_SLIFE}, CMD_SERVE | CMD_MCP},
     {{"max-client-connections", required_argument, NULL, O_CLIENTCONNS}, CMD_SERVE},
     {{"out", required_argument, NULL, O_OUTFILE}, CMD_BATCH},
     {{"help", no_argument, NULL, 'h'}, SANDBOX},
@@ -711,6 +718,15 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                    SBX_MAX_SESSIONS_LIMIT, optarg);
             o->max_sessions = (unsigned)n;
             break;
+        case O_SIDLE:
+        case O_SLIFE: {
+            double *to = c == O_SIDLE ? &o->session_idle : &o->session_lifetime;
+            if (parse_seconds(optarg, to) < 0 || *to <= 0 ||
+                *to > SBX_DEFAULT_SESSION_LIFETIME_SECONDS)
+                return usage_error(cmd, "--%s wants a number of seconds above 0, at most 86400",
+                                   option_name(c));
+            break;
+        }
         case O_CLIENTCONNS:
             if (parse_u64(optarg, &n) < 0 || n < 1 || n > 512)
                 return usage_error(cmd,

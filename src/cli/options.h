@@ -64,6 +64,8 @@ struct opts {
     size_t n_module_dirs;
     uint64_t workspace_bytes;        /* --workspace-size (0: the library's default) */
     unsigned max_sessions;           /* serve, mcp: sessions open at once (0: the library's) */
+    double session_idle;             /* serve, mcp: --session-idle (0: the library's) */
+    double session_lifetime;         /* serve, mcp: --session-lifetime (0: the library's) */
     unsigned max_client_connections; /* serve --http: from one address (0: the default) */
 };
 

@@ -34,9 +34,9 @@ _Static_assert(ARRAY_SIZE(limit_fields) == REQUEST_LIMIT_COUNT, "one entry per r
 
 /* What a request may hold, besides the limits' own keys. */
 static const char *const request_fields[] = {
-    "id",       "code",     "files", "files_base64",   "limits",
-    "session",  "rollback", "stdin", "stdin_base64",   "argv",
-    "filename", "stream",   "tools", "max_tool_calls", "max_tool_bytes"};
+    "id",       "code",           "files",          "files_base64", "limits",   "session",
+    "rollback", "stdin",          "stdin_base64",   "argv",         "filename", "stream",
+    "tools",    "max_tool_calls", "max_tool_bytes", "cell"};
 
 static double *seconds_of(struct sbx_limits *l, const struct limit_field *f)
 {
@@ -397,6 +397,24 @@ static int parse_tools(json_t *o, struct json_request *r, struct sbx_error *err)
     return 0;
 }
 
+/* "cell": N, the number a session's cell says it is (sessions.h). */
+static int parse_cell(json_t *o, bool session, uint64_t *cell, struct sbx_error *err)
+{
+    json_t *v = json_object_get(o, "cell");
+
+    *cell = 0;
+    if (!v)
+        return 0;
+    if (!session)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "cell is the number of a session's cell: it goes with session");
+    if (!json_is_integer(v) || json_integer_value(v) < 1)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                        "cell is a whole number from 1: the cell's number in its session");
+    *cell = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
 int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_request *r,
                       struct sbx_error *err)
 {
@@ -408,10 +426,11 @@ int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_requ
      * without what its caller thinks it asked for. */
     if ((rc = unknown_field(o, request_fields, ARRAY_SIZE(request_fields),
                             "a request has id, code, files, files_base64, stdin, stdin_base64, "
-                            "argv, limits, session, rollback, stream, tools, max_tool_calls, "
-                            "max_tool_bytes",
+                            "argv, limits, session, rollback, cell, stream, tools, "
+                            "max_tool_calls, max_tool_bytes",
                             err)) < 0 ||
-        (rc = json_session_fields(o, "session", &r->session, &r->rollback, err)) < 0)
+        (rc = json_session_fields(o, "session", &r->session, &r->rollback, err)) < 0 ||
+        (rc = parse_cell(o, r->session != NULL, &r->cell, err)) < 0)
         return rc;
     json_t *stream = json_object_get(o, "stream");
     if (stream && !json_is_boolean(stream))
@@ -665,6 +684,30 @@ int json_request_parse(const char *text, size_t len, const struct sbx_limits *ce
                                "a session_close message has only id and session_close", err);
         return rc < 0 ? rc : json_session_name(o, "session_close", &r->session_close, err);
     }
+    return json_request_from(o, ceil, r, err);
+}
+
+int json_request_parse_cell(const char *text, size_t len, const char *session,
+                            const struct sbx_limits *ceil, struct json_request *r,
+                            struct sbx_error *err)
+{
+    static const char *const others[] = {"session", "cancel", "tool_result", "session_close"};
+    json_t *o = parse_object(text, len, err);
+
+    memset(r, 0, sizeof(*r));
+    if (!o)
+        return -EINVAL;
+    r->doc = o;
+    if (json_object_get(o, "id") && !(r->id_text = member_text(text, len, "id")))
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < ARRAY_SIZE(others); i++)
+        if (json_object_get(o, others[i]))
+            return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                            "a session's cell is a request: \"%s\" is not one of its fields "
+                            "(the path names the session)",
+                            others[i]);
+    if (json_object_set_new(o, "session", json_string(session)) < 0)
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
     return json_request_from(o, ceil, r, err);
 }
 

@@ -4,7 +4,7 @@
  *
  *   {"id": any, "code": "...", "files": {"name": "text"},
  *    "files_base64": {"name": "b64"}, "limits": {"wall_seconds": 2, ...},
- *    "session": "NAME", "rollback": "on_error"}       (a session: serve only)
+ *    "session": "NAME", "rollback": "on_error", "cell": N}  (a session: serve only)
  *   {"cancel": <the id of a request in flight>}          (serve only)
  *   {"id": any, "session_close": "NAME"}                 (serve only)
  *
@@ -38,6 +38,7 @@ struct json_request {
      * what a cell that fails does to it. */
     const char *session;
     enum sbx_rollback rollback;
+    uint64_t cell; /* "cell": the number the cell says it is; 0: not said */
     /* In |doc|: a session_close message's name (r->req unfilled). */
     const char *session_close;
     /* "stream": true: the output as events before the answer. */
@@ -60,6 +61,13 @@ struct json_request {
  * way. */
 int json_request_parse(const char *text, size_t len, const struct sbx_limits *ceil,
                        struct json_request *r, struct sbx_error *err);
+
+/* Parses a request for a cell of the session |session| (the path names it,
+ * over HTTP): as json_request_parse, but only a request, without a
+ * "session" of its own. */
+int json_request_parse_cell(const char *text, size_t len, const char *session,
+                            const struct sbx_limits *ceil, struct json_request *r,
+                            struct sbx_error *err);
 /* Fills an already parsed object (for callers that hold one; no id). */
 int json_request_from(json_t *o, const struct sbx_limits *ceil, struct json_request *r,
                       struct sbx_error *err);

@@ -597,7 +597,7 @@ static void start_job(struct conn *c, struct job *j)
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
     /* In its session's line now, in the order requests are read. */
     if (!j->cancel ||
-        (j->r.session && session_enter(c->sessions, j->r.session, &j->cell, &err) < 0)) {
+        (j->r.session && session_enter(c->sessions, j->r.session, j->r.cell, &j->cell, &err) < 0)) {
         answer_error(c, j->r.id_text, &err);
         job_free(j);
         return;
@@ -758,7 +758,7 @@ static int add_conn(struct server *s, int in_fd, int out_fd, bool socket)
     c->tail = &c->head;
     c->wait_tail = &c->wait_head;
     c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    c->sessions = session_table_new(s->o->backend, NULL);
+    c->sessions = session_table_new(s->o->backend, &s->o->session_limits);
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
     if (c->wake_fd < 0 || !c->sessions || pthread_create(&c->writer, NULL, writer_main, c) != 0) {

@@ -3,10 +3,17 @@
 
 #include "sbxerr.h"
 
+#include "reqjson.h"
+#include "sysutil.h"
+#include "util.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+_Static_assert(sizeof(((struct session_info *)0)->name) == SESSION_NAME_MAX + 1,
+               "a session_info holds any session's name");
 
 /* A session and the cells entered for it. */
 struct entry {
@@ -17,6 +24,16 @@ struct entry {
     /* Opened when its first cell runs; NULL before that, or while an open
      * failed (the next cell tries again). */
     struct sbx_session *s;
+    /* Lost (by the library, or by a cell whose number it was not): the
+     * cells still in its line are answered session_lost too. */
+    bool gone;
+    /* What session_list says of it: cells answered, the last one's peak
+     * memory, its memory limit, when it was last busy; whether a cell runs. */
+    uint64_t cells;
+    long max_rss_kb;
+    uint64_t memory_bytes;
+    uint64_t idle_since_ns, opened_ns;
+    bool busy;
     /* Cells entered and not yet done, in order: it is the first one's
      * turn. The entry lives while it has cells, or a name and a session. */
     struct session_cell *line, **line_tail;
@@ -25,6 +42,7 @@ struct entry {
 struct session_cell {
     struct session_cell *next;
     struct entry *e;
+    uint64_t expect; /* the number the cell says it is (0: any) */
 };
 
 struct session_table {
@@ -85,8 +103,8 @@ void session_table_free(struct session_table *t)
     free(t);
 }
 
-int session_enter(struct session_table *t, const char *name, struct session_cell **out,
-                  struct sbx_error *err)
+int session_enter(struct session_table *t, const char *name, uint64_t expect,
+                  struct session_cell **out, struct sbx_error *err)
 {
     struct session_cell *c = NULL;
     struct entry *e;
@@ -117,6 +135,7 @@ int session_enter(struct session_table *t, const char *name, struct session_cell
         t->named = e;
     }
     c->e = e;
+    c->expect = expect;
     *e->line_tail = c;
     e->line_tail = &c->next;
     pthread_mutex_unlock(&t->lock);
@@ -158,24 +177,57 @@ void session_leave(struct session_cell *c)
         entry_free(dead, t->b);
 }
 
+/* The cell's number against the session's, at its turn (under t->lock):
+ * 0 when it may run; else the session is lost to it and its name freed.
+ * Cell 1 says it starts a session: one held under its name is ended (the
+ * client has moved on from it, say after a replica answered session_lost)
+ * in *stale, for the caller to close. */
+static int check_number(struct session_cell *c, struct sbx_session **stale, struct sbx_error *err)
+{
+    struct entry *e = c->e;
+
+    *stale = NULL;
+    if (e->gone)
+        return sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK,
+                        "session \"%s\" was lost before this cell's turn", e->name);
+    if (!c->expect || c->expect == e->cells + 1)
+        return 0;
+    *stale = e->s;
+    e->s = NULL;
+    e->cells = 0;
+    if (c->expect == 1)
+        return 0;
+    if (e->named)
+        unname(e->t, e);
+    e->gone = true;
+    return sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK,
+                    "cell %llu of session \"%s\" cannot run here: this server holds %s",
+                    (unsigned long long)c->expect, e->name,
+                    *stale ? "it at another cell" : "no session of that name");
+}
+
 int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_rollback rollback,
                 struct sbx_result **out, struct sbx_error *err)
 {
     struct entry *e = c->e;
     struct session_table *t = e->t;
     const struct sbx_backend *b = t->b;
-    struct sbx_session *s = NULL;
+    struct sbx_session *s = NULL, *stale = NULL;
     int rc = 0;
 
     *out = NULL;
     pthread_mutex_lock(&t->lock);
     while (e->line != c)
         pthread_cond_wait(&t->changed, &t->lock);
+    rc = check_number(c, &stale, err);
     s = e->s;
+    e->busy = rc == 0;
     pthread_mutex_unlock(&t->lock);
+    if (stale)
+        b->session_close(stale);
     /* Its turn: the session is opened by its first cell to run, outside
      * the lock, while the others wait. */
-    if (!s) {
+    if (rc == 0 && !s) {
         /* Its memory is fixed now: the server's (or the tool's), else what
          * this first cell asks for, the server's default when it asks for
          * nothing. */
@@ -185,23 +237,59 @@ int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_
         rc = b->session_open(b->self, &l, &s, err);
         pthread_mutex_lock(&t->lock);
         e->s = s;
+        e->memory_bytes = l.memory_bytes;
+        e->opened_ns = now_ns();
         pthread_mutex_unlock(&t->lock);
     }
     if (rc == 0) {
         rc = b->session_run(s, req, rollback, out, err);
-        if (rc < 0 && err && err->code == SBX_ERR_SESSION_LOST) {
-            pthread_mutex_lock(&t->lock);
+        pthread_mutex_lock(&t->lock);
+        if (rc == 0) {
+            e->cells = (*out)->cell;
+            e->max_rss_kb = (*out)->max_rss_kb;
+        } else if (err && err->code == SBX_ERR_SESSION_LOST) {
+            e->gone = true;
             if (e->named)
                 unname(t, e); /* the cells already in line learn it too */
-            pthread_mutex_unlock(&t->lock);
         }
+        pthread_mutex_unlock(&t->lock);
     }
     pthread_mutex_lock(&t->lock);
+    e->busy = false;
+    e->idle_since_ns = now_ns();
     struct entry *dead = take_out(c);
     pthread_mutex_unlock(&t->lock);
     if (dead)
         entry_free(dead, b);
     return rc;
+}
+
+size_t session_list(struct session_table *t, struct session_info *out, size_t cap)
+{
+    size_t n = 0;
+    uint64_t now = now_ns();
+
+    pthread_mutex_lock(&t->lock);
+    for (const struct entry *e = t->named; e; e = e->next) {
+        /* Not opened yet by its first cell; or past its idle time or
+         * lifetime, which the library ended it at (its next cell is told). */
+        if (!e->s ||
+            (!e->busy && ((double)(now - e->idle_since_ns) / 1e9 > t->limits.idle_seconds ||
+                          (double)(now - e->opened_ns) / 1e9 > t->limits.lifetime_seconds)))
+            continue;
+        if (n < cap) {
+            struct session_info *i = &out[n];
+            fmt(i->name, sizeof(i->name), "%s", e->name);
+            i->cells = e->cells;
+            i->idle_seconds = e->busy ? 0 : (double)((now - e->idle_since_ns) / 1000000) / 1e3;
+            i->memory_bytes = e->memory_bytes;
+            i->max_rss_kb = e->max_rss_kb;
+            i->running = e->busy;
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return n;
 }
 
 int session_close(struct session_table *t, const char *name, struct sbx_error *err)

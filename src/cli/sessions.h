@@ -30,11 +30,17 @@ struct session_table *session_table_new(const struct sbx_backend *b,
 void session_table_free(struct session_table *t);
 
 /* Takes the next place in the line of the session called |name| (made if
- * there is none; opened when its first cell runs). Returns 0 with *out, to
- * be given to session_run or session_leave, or a negative errno with |err|
- * (invalid_request: the backend has no sessions). */
-int session_enter(struct session_table *t, const char *name, struct session_cell **out,
-                  struct sbx_error *err);
+ * there is none; opened when its first cell runs). |expect|, when not 0,
+ * is the number the cell says it is ("cell": N, as answers number them):
+ * at its turn, a cell 1 ends a session held under the name and starts a
+ * new one, and a cell N > 1 that is not the session's next (or finds none:
+ * this server never held it, or lost it) is answered session_lost, the
+ * session it finds ended. A client that moved to another server and back
+ * is so never answered from a state it left behind. Returns 0 with *out,
+ * to be given to session_run or session_leave, or a negative errno with
+ * |err| (invalid_request: the backend has no sessions). */
+int session_enter(struct session_table *t, const char *name, uint64_t expect,
+                  struct session_cell **out, struct sbx_error *err);
 
 /* Runs |req| as the cell |c| once its turn comes, then gives up the place
  * and frees |c|. Returns as the
@@ -43,6 +49,20 @@ int session_enter(struct session_table *t, const char *name, struct session_cell
  * entered with it starts a new session. */
 int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_rollback rollback,
                 struct sbx_result **out, struct sbx_error *err);
+
+/* What session_list says of a session. */
+struct session_info {
+    char name[129];
+    uint64_t cells;        /* cells answered */
+    double idle_seconds;   /* since its last cell ended (0 while one runs) */
+    uint64_t memory_bytes; /* its memory limit (0: the library's default) */
+    long max_rss_kb;       /* its last cell's peak resident memory */
+    bool running;
+};
+
+/* The open sessions of |t|, at most |cap| into |out|; returns how many
+ * there are (more than |cap| when they did not all fit). */
+size_t session_list(struct session_table *t, struct session_info *out, size_t cap);
 
 /* Gives up the place of a cell that will not be run; frees it. NULL is
  * accepted. */
