@@ -26,9 +26,9 @@ on_output=fn(stream, text) (run() and a session's run()) asks for the output
 as it is written: fn is called with "stdout" or "stderr" and each piece, in
 the order written, before run() returns the whole result.
 
-A session keeps state (variables, imports, files) from one cell to the next,
-over a UNIX socket only; a cell that raises is rolled back (rollback=
-"on_error", the server's default; "on_stop" and "never" keep more):
+A session keeps state (variables, imports, files) from one cell to the next;
+a cell that raises is rolled back (rollback="on_error", the server's
+default; "on_stop" and "never" keep more):
 
     with sbx.session("nb") as s:                # one connection, held open
         s.run("import csv\nrows = list(csv.reader(open('a.csv')))",
@@ -36,8 +36,13 @@ over a UNIX socket only; a cell that raises is rolled back (rollback=
         r = s.run("print(len(rows))")           # r.session: {"name": "nb", "cell": 2, ...}
         s.reset()                               # the next cell starts afresh
 
-Its sessions belong to the connection: closing it (close(), the end of the
-with block, a timeout) closes them. A lost session (the server's idle time
+Over a UNIX socket a session belongs to its connection: closing it
+(close(), the end of the with block, a timeout) closes it. Over HTTP it is
+the token's session of that name (POST /v1/sessions/NAME/run), which
+close() closes (DELETE); each cell says the number it expects to be, so
+that a replica that does not hold the session at that number (behind a
+load balancer, after another was lost) answers session_lost instead of
+running the cell in another state. A lost session (the server's idle time
 ran out, say) raises SandboxError("session_lost"); the next run() starts a
 new one.
 
@@ -54,7 +59,7 @@ A run the sandbox stopped at a limit raises SandboxTimeoutError (limit
 "wall" or "cpu") or SandboxMemoryError, each carrying the partial result;
 a run the code ended (an exception, a non-zero exit, a signal) is a result.
 Cancelling the awaiting task closes the connection, which cancels the run.
-sandbox.session(name) keeps state between cells (UNIX socket only), and
+sandbox.session(name) keeps state between cells (either transport), and
 sandbox.run_python_tool(limits) gives a model a run_python tool whose
 limits, when a run reaches them, come back as a sandbox_limit_exceeded
 error result instead of an exception.
@@ -65,6 +70,7 @@ import http.client
 import itertools
 import json
 import os
+import re
 import socket
 import ssl
 import threading
@@ -391,11 +397,14 @@ class Client:
             raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
         return _result(answer)
 
-    def session(self, name: str = "main") -> "Session":
-        """A session of this server's (UNIX socket only), on a connection
-        of its own."""
+    def session(self, name: str = "main", next_cell: int = 1) -> Union["Session", "HttpSession"]:
+        """A session of this server's: over a UNIX socket on a connection of
+        its own (closing it ends the session); over HTTP the session of this
+        token called |name| on the server (or the replica its name is pinned
+        to), whose cells are numbered from |next_cell| (another process's
+        session of that name can be taken up where it was)."""
         if self._http:
-            raise ValueError("sessions are served over a UNIX socket (and MCP), not HTTP")
+            return HttpSession(self, name, next_cell)
         return Session(self, name)
 
     def _unix(self, body: bytes, live: _Live, id: int) -> Any:
@@ -425,13 +434,15 @@ class Client:
             raise ProtocolError("the server closed the connection without an answer")
         return _loads(line)
 
-    def _post(self, body: bytes, live: Optional[_Live] = None, id: Any = None,
-              path: str = "/v1/run") -> Any:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    def _post(self, body: Optional[bytes], live: Optional[_Live] = None, id: Any = None,
+              path: str = "/v1/run", method: str = "POST") -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(self.target.rstrip("/") + path, data=body,
-                                     headers=headers, method="POST")
+                                     headers=headers, method=method)
 
         def reply(result: Dict[str, Any]) -> None:
             self._post(json.dumps(result).encode(),
@@ -534,6 +545,89 @@ class Session:
         if not isinstance(answer, dict) or answer.get("id") not in (req["id"], None):
             raise ProtocolError(f"not the answer to request {req['id']}: {answer!r:.200}")
         return answer
+
+
+_SESSION_NAME = re.compile(r"[A-Za-z0-9._~-]{1,128}")
+
+
+def _http_cell(name: str, code, files, limits, rollback, argv, on_output,
+               cell: int) -> Dict[str, Any]:
+    """A cell's body over HTTP: the path names the session; "cell" says
+    which number the client expects it to be."""
+    if not _SESSION_NAME.fullmatch(name):
+        raise ValueError("over HTTP a session's name is 1 to 128 of A-Z a-z 0-9 . _ ~ -")
+    req = _cell(name, code, files, limits, rollback, argv)
+    del req["session"]
+    req["cell"] = cell
+    if on_output is not None:
+        req["stream"] = True
+    return req
+
+
+class HttpSession:
+    """A session over HTTP (pysbx serve --http): the cells of this token's
+    session |name|, one at a time. Each cell says the number it expects to
+    be; a server (or a replica behind a load balancer) that does not hold
+    the session at that number answers session_lost rather than running the
+    cell in another state, and the next run() starts a new session (cell
+    1). close() (and the end of a with block) closes it on the server."""
+
+    def __init__(self, client: Client, name: str, next_cell: int = 1):
+        if not _SESSION_NAME.fullmatch(name):
+            raise ValueError("over HTTP a session's name is 1 to 128 of A-Z a-z 0-9 . _ ~ -")
+        self.name = name
+        self.next_cell = next_cell
+        self._client = client
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, code: str, files: Optional[Mapping[str, Union[str, bytes]]] = None,
+            limits: Optional[Mapping[str, Any]] = None,
+            rollback: Optional[str] = None, argv: Optional[List[str]] = None,
+            on_output=None) -> Result:
+        """As Session.run. SandboxError("session_lost") when the session is
+        gone; the next run() starts a new one."""
+        with self._lock:
+            if self._closed:
+                raise ValueError("the session is closed")
+            req = _http_cell(self.name, code, files, limits, rollback, argv, on_output,
+                             self.next_cell)
+            try:
+                answer = self._client._post(json.dumps(req).encode(), _Live(on_output),
+                                            path=f"/v1/sessions/{self.name}/run")
+            except SandboxError as e:
+                if e.code == "session_lost":
+                    self.next_cell = 1
+                raise
+            r = _result(answer)
+            if r.session:
+                self.next_cell = r.session["cell"] + 1
+            return r
+
+    def reset(self) -> None:
+        """Closes the session on the server: the next run() starts a new one.
+        SandboxError (not_found) when it has none open."""
+        with self._lock:
+            self.next_cell = 1
+            self._client._post(None, path=f"/v1/sessions/{self.name}", method="DELETE")
+
+    def close(self) -> None:
+        """Closes the session on the server (one already gone is no error)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._client._post(None, path=f"/v1/sessions/{self.name}", method="DELETE")
+            except SandboxError as e:
+                if e.code != "not_found":
+                    raise
+
+    def __enter__(self) -> "HttpSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _loads(text: bytes) -> Any:
@@ -699,10 +793,12 @@ class PysbxSandbox:
             raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
         return _sandbox_result(_result(answer))
 
-    def session(self, name: str = "main") -> "AsyncSession":
-        """A session (UNIX socket only): `async with sandbox.session("nb") as s`."""
+    def session(self, name: str = "main",
+                next_cell: int = 1) -> Union["AsyncSession", "AsyncHttpSession"]:
+        """A session: `async with sandbox.session("nb") as s` (over HTTP as
+        Client.session has it)."""
         if self._url:
-            raise ValueError("sessions are served over a UNIX socket (and MCP), not HTTP")
+            return AsyncHttpSession(self, name, next_cell)
         return AsyncSession(self.address, name)
 
     def run_python_tool(self, limits: Union[SandboxLimits, Mapping[str, Any], None] = None,
@@ -734,8 +830,8 @@ class PysbxSandbox:
             raise ProtocolError("the server closed the connection without an answer")
         return _loads(line)
 
-    async def _post(self, body: bytes, live: Optional[_Live] = None,
-                    path: str = "/v1/run") -> Any:
+    async def _post(self, body: Optional[bytes], live: Optional[_Live] = None,
+                    path: str = "/v1/run", method: str = "POST") -> Any:
         u = self._url
         tls = u.scheme == "https"
         port = u.port or (443 if tls else 80)
@@ -745,7 +841,8 @@ class PysbxSandbox:
             host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
             if u.port is not None:
                 host = f"{host}:{u.port}"
-            head = [f"POST {u.path.rstrip('/')}{path} HTTP/1.1", f"Host: {host}",
+            body = body if body is not None else b""
+            head = [f"{method} {u.path.rstrip('/')}{path} HTTP/1.1", f"Host: {host}",
                     "Content-Type: application/json", "Accept: application/json",
                     f"Content-Length: {len(body)}", "Connection: close"]
             if self.token is not None:
@@ -922,6 +1019,67 @@ class AsyncSession:
         if not isinstance(answer, dict) or answer.get("id") not in (req["id"], None):
             raise ProtocolError(f"not the answer to request {req['id']}: {answer!r:.200}")
         return answer
+
+
+class AsyncHttpSession:
+    """HttpSession for asyncio code: the cells of this token's session
+    |name| over HTTP, one at a time (tasks wait their turn)."""
+
+    def __init__(self, sandbox: "PysbxSandbox", name: str, next_cell: int = 1):
+        if not _SESSION_NAME.fullmatch(name):
+            raise ValueError("over HTTP a session's name is 1 to 128 of A-Z a-z 0-9 . _ ~ -")
+        self.name = name
+        self.next_cell = next_cell
+        self._sandbox = sandbox
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    async def __aenter__(self) -> "AsyncHttpSession":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def run(self, code: str, *, limits: Union[SandboxLimits, Mapping[str, Any], None] = None,
+                  files: Optional[Mapping[str, Union[str, bytes]]] = None,
+                  rollback: Optional[str] = None,
+                  argv: Optional[List[str]] = None, on_output=None) -> SandboxResult:
+        """As AsyncSession.run; SandboxError("session_lost") when the session
+        is gone, and the next run() starts a new one."""
+        async with self._lock:
+            if self._closed:
+                raise ValueError("the session is closed")
+            req = _http_cell(self.name, code, files, _limits_json(limits), rollback, argv,
+                             on_output, self.next_cell)
+            try:
+                answer = await self._sandbox._post(json.dumps(req).encode(), _Live(on_output),
+                                                   path=f"/v1/sessions/{self.name}/run")
+            except SandboxError as e:
+                if e.code == "session_lost":
+                    self.next_cell = 1
+                raise
+            r = _result(answer)
+            if r.session:
+                self.next_cell = r.session["cell"] + 1
+        return _sandbox_result(r)
+
+    async def reset(self) -> None:
+        """Closes the session on the server: the next run() starts afresh."""
+        async with self._lock:
+            self.next_cell = 1
+            await self._sandbox._post(None, path=f"/v1/sessions/{self.name}", method="DELETE")
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                await self._sandbox._post(None, path=f"/v1/sessions/{self.name}",
+                                          method="DELETE")
+            except SandboxError as e:
+                if e.code != "not_found":
+                    raise
 
 
 class RunPythonTool:

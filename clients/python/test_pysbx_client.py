@@ -302,35 +302,8 @@ class AsyncChecks:
         self.assertEqual(self.go(tool({"code": 1}))["error"]["code"], "invalid_arguments")
 
 
-@unittest.skipIf(HTTP, "the socket tests run without --http")
-class OverUnixSocket(Common, AsyncChecks, unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.server = Server("--listen", "{dir}/pysbx.sock", "--jobs", "4")
-        cls.dir = cls.server.dir
-        cls.sock = os.path.join(cls.dir, "pysbx.sock")
-        wait_for(lambda: os.path.exists(cls.sock), "the socket", cls.server.proc)
-        cls.client = Client(cls.sock)
-        cls.sandbox = PysbxSandbox(cls.sock)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
-
-    def test_a_client_timeout_raises_and_the_server_goes_on(self):
-        c = Client(self.sock, timeout=0.5)
-        with self.assertRaises(socket.timeout):
-            c.run("import time\ntime.sleep(20)")
-        # The server goes on.
-        self.assertEqual(self.client.run("print(1)").stdout, "1\n")
-
-    def test_no_server_is_an_oserror(self):
-        with self.assertRaises(OSError):
-            Client(os.path.join(self.dir, "nothing.sock")).run("pass")
-
-    def test_a_token_needs_http(self):
-        with self.assertRaises(ValueError):
-            Client(self.sock, token="t")
+class SessionChecks:
+    """A session's cells, through either transport."""
 
     def test_a_session_keeps_state_and_rolls_back_a_failed_cell(self):
         with self.client.session("nb") as s:
@@ -381,6 +354,37 @@ class OverUnixSocket(Common, AsyncChecks, unittest.TestCase):
             return out
         out = self.go(cells())
         self.assertEqual((out["value"], out["session"]["cell"]), ("42", 2))
+
+
+@unittest.skipIf(HTTP, "the socket tests run without --http")
+class OverUnixSocket(Common, AsyncChecks, SessionChecks, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--listen", "{dir}/pysbx.sock", "--jobs", "4")
+        cls.dir = cls.server.dir
+        cls.sock = os.path.join(cls.dir, "pysbx.sock")
+        wait_for(lambda: os.path.exists(cls.sock), "the socket", cls.server.proc)
+        cls.client = Client(cls.sock)
+        cls.sandbox = PysbxSandbox(cls.sock)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_a_client_timeout_raises_and_the_server_goes_on(self):
+        c = Client(self.sock, timeout=0.5)
+        with self.assertRaises(socket.timeout):
+            c.run("import time\ntime.sleep(20)")
+        # The server goes on.
+        self.assertEqual(self.client.run("print(1)").stdout, "1\n")
+
+    def test_no_server_is_an_oserror(self):
+        with self.assertRaises(OSError):
+            Client(os.path.join(self.dir, "nothing.sock")).run("pass")
+
+    def test_a_token_needs_http(self):
+        with self.assertRaises(ValueError):
+            Client(self.sock, token="t")
 
     def test_sessions_of_two_connections_are_apart(self):
         with self.client.session("same") as a, self.client.session("same") as b:
@@ -463,7 +467,7 @@ class HttpRequestShape(unittest.TestCase):
 
 
 @unittest.skipUnless(HTTP, "the real HTTP server runs with --http")
-class OverHttp(Common, AsyncChecks, unittest.TestCase):
+class OverHttp(Common, AsyncChecks, SessionChecks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         with socket.socket() as s:  # a free loopback port
@@ -486,11 +490,27 @@ class OverHttp(Common, AsyncChecks, unittest.TestCase):
     def tearDownClass(cls):
         cls.server.stop()
 
-    def test_sessions_are_not_served_over_http(self):
+    def test_an_http_session_is_the_tokens_by_name_and_numbers_its_cells(self):
+        a = self.client.session("shared")
+        a.run("n = 1")
+        # Another client (another process, say) takes it up at cell 2.
+        b = Client(self.client.target).session("shared", next_cell=2)
+        self.assertEqual(b.run("n += 1\nprint(n)").stdout, "2\n")
+        # |a| still expects cell 2: the session moved on without it, so it
+        # is told the session is lost rather than run in a state it never
+        # saw; its next cell starts a new one.
+        with self.assertRaises(SandboxError) as e:
+            a.run("print(n)")
+        self.assertEqual((e.exception.code, e.exception.http_status), ("session_lost", 410))
+        r = a.run("print('n' in globals())")
+        self.assertEqual((r.stdout, r.session["cell"]), ("False\n", 1))
+        a.close()
+        a.close()  # closed already: no error
+        with self.assertRaises(SandboxError) as e:
+            b.run("print(n)")  # closed on the server by |a|
+        self.assertEqual(e.exception.code, "session_lost")
         with self.assertRaises(ValueError):
-            self.client.session()
-        with self.assertRaises(ValueError):
-            self.sandbox.session()
+            self.client.session("a/b")
 
 
 if __name__ == "__main__":
