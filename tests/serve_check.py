@@ -725,6 +725,12 @@ def sessions_on_standard_input():
         {"id": "notstr", "session": 5, "code": "pass"},
         {"id": "close2", "session_close": "t", "code": "pass"},
         {"id": "plain", "code": "print('x' in globals())"},
+        {"id": "n-skip", "session": "v", "code": "print('ran')", "cell": 3},
+        {"id": "n1", "session": "u", "code": "y = 5", "cell": 1},
+        {"id": "n2", "session": "u", "code": "print(y)", "cell": 2},
+        {"id": "n-again", "session": "u", "code": "print(y)", "cell": 2},
+        {"id": "n-alone", "code": "pass", "cell": 1},
+        {"id": "n-zero", "session": "u", "code": "pass", "cell": 0},
     ]
     rc, answers = serve([json.dumps(l) for l in lines], "--jobs", "4")
     by = {}
@@ -774,6 +780,16 @@ def sessions_on_standard_input():
           and "'code'" in err("close2").get("message", ""), get("close2"))
     check("a request without a session is a fresh run, no session in the answer",
           get("plain").get("stdout") == "False\n" and "session" not in get("plain"), get("plain"))
+    check("a numbered cell that finds no session: session_lost, nothing run",
+          err("n-skip").get("code") == "session_lost" and "stdout" not in get("n-skip"),
+          get("n-skip"))
+    check("numbered cells run as their session's next",
+          get("n2").get("stdout") == "5\n" and cell_of(get("n2")) == (2, False), get("n2"))
+    check("a number already run: session_lost, the session ended",
+          err("n-again").get("code") == "session_lost", get("n-again"))
+    check("cell goes with a session, and counts from 1",
+          err("n-alone").get("code") == "invalid_request"
+          and err("n-zero").get("code") == "invalid_request", (get("n-alone"), get("n-zero")))
     check("serve exits 0 with sessions open at the end of input", rc == 0, rc)
 
 

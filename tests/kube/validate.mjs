@@ -13,6 +13,7 @@ import { Deployment } from "kubernetes-models/apps/v1/Deployment";
 import { Service } from "kubernetes-models/v1/Service";
 import { HorizontalPodAutoscaler } from "kubernetes-models/autoscaling/v2/HorizontalPodAutoscaler";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1/PodDisruptionBudget";
+import { Ingress } from "kubernetes-models/networking.k8s.io/v1/Ingress";
 
 const [pysbx, src] = process.argv.slice(2);
 const dir = join(src, "deploy", "kubernetes");
@@ -21,6 +22,7 @@ const models = {
   "v1/Service": Service,
   "autoscaling/v2/HorizontalPodAutoscaler": HorizontalPodAutoscaler,
   "policy/v1/PodDisruptionBudget": PodDisruptionBudget,
+  "networking.k8s.io/v1/Ingress": Ingress,
 };
 let failures = 0;
 function check(name, ok, detail = "") {
@@ -88,6 +90,21 @@ check("no service account token in the pod", d.spec.template.spec.automountServi
 const args = c.args;
 const at = (opt) => args[args.indexOf(opt) + 1];
 check("the server listens on the container's port", at("--http") === `0.0.0.0:${port?.containerPort}`);
+// Sessions pinned: the ingress reaches the Service, and hashes on the
+// variable that the controller's snippet defines with the very map that
+// deploy/nginx/pysbx.conf has (which bench/lb.py --sessions runs).
+const ing = objs.Ingress;
+const backend = ing?.spec?.rules?.[0]?.http?.paths?.[0]?.backend?.service;
+check("the Ingress sends to the Service's port", backend?.name === s.metadata.name
+  && backend?.port?.name === s.spec.ports[0].name);
+const mapOf = (text) => (text.match(/^map \$uri (\$\w+) \{\n[^]*?^\}$/m) || [])[0];
+const snippet = mapOf(readFileSync(join(dir, "ingress-nginx-snippet.conf"), "utf8"));
+const shipped = mapOf(readFileSync(join(src, "deploy", "nginx", "pysbx.conf"), "utf8"));
+check("the controller's snippet has deploy/nginx/pysbx.conf's map", !!snippet && snippet === shipped,
+  `${snippet} vs ${shipped}`);
+check("the Ingress hashes on the map's variable",
+  ing?.metadata?.annotations?.["nginx.ingress.kubernetes.io/upstream-hash-by"]
+  === snippet?.match(/^map \$uri (\$\w+)/)?.[1]);
 const tokenMount = c.volumeMounts.find((m) => at("--http-token-file").startsWith(m.mountPath + "/"));
 const tokenVol = d.spec.template.spec.volumes.find((v) => v.name === tokenMount?.name);
 check("the token file comes from a Secret", !!tokenVol?.secret?.secretName);
