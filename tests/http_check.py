@@ -806,6 +806,23 @@ for name, req in [("session in the body", {"code": "1", "session": "other"}),
 r, data = Client(sport, token=None).request("POST", "/v1/sessions/nb/run", {"code": "print(1)"})
 check("a cell without a token: 401", r.status == 401, r.status)
 
+# A run's tool results are taken only with the token that started it.
+conn = http.client.HTTPConnection("127.0.0.1", sport, timeout=60)
+conn.request("POST", "/v1/run", body=json.dumps({"code": "import pysbx\nprint(pysbx.tools.t())",
+                                                 "tools": [{"name": "t"}]}),
+             headers={"Authorization": "Bearer " + TOKEN, "Content-Type": "application/json"})
+resp, tlines, tposts = conn.getresponse(), [], []
+while resp.status == 200 and (line := resp.readline()):
+    tlines.append(json.loads(line))
+    if tlines[-1].get("event") == "tool_call":
+        path = f"/v1/runs/{tlines[0]['run_id']}/tool_results"
+        for who in (B, A):
+            r, data = who.request("POST", path, {"call": tlines[-1]["call"], "content": 7})
+            tposts.append(r.status)
+conn.close()
+check("another token's tool result: 404, the starter's taken", tposts == [404, 200]
+      and tlines[-1].get("stdout") == "7\n", (tposts, tlines[-1:]))
+
 # The order of concurrent cells: each runs alone, in the order they arrived.
 st, a = cell(A, "order", {"code": "log = []"})
 order = {}
