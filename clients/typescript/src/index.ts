@@ -29,9 +29,9 @@
  * body (fetch), and an aborted request closes its connection the same way.
  *
  * A session keeps state (variables, imports, files) from one cell to the
- * next, over a UNIX socket only; a cell that raises is rolled back
- * (rollback "on_error", the server's default; "on_stop" and "never" keep
- * more):
+ * next; a cell that raises is rolled back (rollback "on_error", the
+ * server's default; "on_stop" and "never" keep more). Over a UNIX socket it
+ * is the connection's; over HTTP the token's, by its name (HttpSession):
  *
  *     const s = sandbox.session("nb");     // one connection, held open
  *     await s.run("rows = [1, 2]");
@@ -602,14 +602,21 @@ async function readCapped(response: Response): Promise<Buffer> {
   return Buffer.concat(chunks);
 }
 
-async function httpRequest(url: string, token: string | undefined, body: string, signal?: AbortSignal): Promise<unknown> {
-  const headers: Record<string, string> = { "Content-Type": "application/json", Accept: "application/json" };
+async function httpRequest(
+  url: string,
+  token: string | undefined,
+  body: string | undefined,
+  signal?: AbortSignal,
+  method = "POST",
+): Promise<unknown> {
+  const headers: Record<string, string> = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
   if (token !== undefined) headers.Authorization = `Bearer ${token}`;
   let status: number;
   let statusText: string;
   let text: Buffer;
   try {
-    const response = await fetch(url, { method: "POST", headers, body, signal });
+    const response = await fetch(url, { method, headers, body, signal });
     status = response.status;
     statusText = response.statusText;
     text = await readCapped(response);
@@ -642,13 +649,15 @@ export class PysbxSandbox {
   readonly address: string;
   readonly token: string | undefined;
   private readonly url: string | undefined;
+  private readonly base: string | undefined;
   private nextId = 1;
 
   constructor(address: string, options: SandboxOptions = {}) {
     this.address = address;
     this.token = options.token;
     const http = /^https?:\/\//.test(address);
-    this.url = http ? address.replace(/\/+$/, "") + "/v1/run" : undefined;
+    this.base = http ? address.replace(/\/+$/, "") : undefined;
+    this.url = http ? this.base + "/v1/run" : undefined;
     if (this.token !== undefined && !http) throw new Error("a token is for an HTTP server");
   }
 
@@ -664,9 +673,12 @@ export class PysbxSandbox {
     return sandboxResult(answer);
   }
 
-  /** A session (UNIX socket only), on a connection of its own. */
-  session(name = "main"): Session {
-    if (this.url !== undefined) throw new Error("sessions are served over a UNIX socket (and MCP), not HTTP");
+  /** A session: over a UNIX socket on a connection of its own (closing it
+   * ends the session); over HTTP this token's session of that name, its
+   * cells numbered from nextCell (a session another client ran can be taken
+   * up where it was). */
+  session(name = "main", nextCell = 1): Session | HttpSession {
+    if (this.base !== undefined) return new HttpSession(this.base, this.token, name, nextCell);
     return new Session(this.address, name);
   }
 
@@ -846,6 +858,93 @@ export class Session {
   }
 }
 
+const SESSION_NAME = /^[A-Za-z0-9._~-]{1,128}$/;
+
+/**
+ * A session over HTTP (pysbx serve --http): this token's session `name`,
+ * its cells one at a time. Each cell says the number it expects to be, so a
+ * server (or a replica behind a load balancer) that does not hold the
+ * session at that number rejects with SandboxError("session_lost") instead
+ * of running the cell in another state; the next run() starts a new
+ * session (cell 1). close() closes it on the server.
+ */
+export class HttpSession {
+  readonly name: string;
+  /** The number the next cell will say it is. */
+  nextCell: number;
+  private readonly base: string;
+  private readonly token: string | undefined;
+  private tail: Promise<unknown> = Promise.resolve();
+  private closing = false;
+
+  constructor(base: string, token: string | undefined, name: string, nextCell = 1) {
+    if (!SESSION_NAME.test(name)) throw new Error("over HTTP a session's name is 1 to 128 of A-Z a-z 0-9 . _ ~ -");
+    this.base = base;
+    this.token = token;
+    this.name = name;
+    this.nextCell = nextCell;
+  }
+
+  /** As Session.run(). */
+  run(code: string, options: CellOptions = {}): Promise<SandboxResult> {
+    return this.turn(async () => {
+      const req = cellRequest(this.name, code, options);
+      delete req.session;
+      req.cell = this.nextCell;
+      let answer: unknown;
+      try {
+        answer = await httpRequest(
+          `${this.base}/v1/sessions/${this.name}/run`, this.token, JSON.stringify(req), options.signal);
+      } catch (e) {
+        if (e instanceof SandboxError && e.code === "session_lost") this.nextCell = 1;
+        throw e;
+      }
+      // A cell stopped at a limit rejects, but it ran: it is counted.
+      let result: SandboxResult;
+      try {
+        result = sandboxResult(answer);
+      } catch (e) {
+        const cell = (e as { result?: SandboxResult }).result?.session?.cell;
+        if (cell !== undefined) this.nextCell = cell + 1;
+        throw e;
+      }
+      if (result.session !== null) this.nextCell = result.session.cell + 1;
+      return result;
+    });
+  }
+
+  /** Closes the session on the server: the next run() starts afresh.
+   * SandboxError (not_found) when it has none open. */
+  reset(): Promise<void> {
+    return this.turn(async () => {
+      this.nextCell = 1;
+      await httpRequest(`${this.base}/v1/sessions/${this.name}`, this.token, undefined, undefined, "DELETE");
+    });
+  }
+
+  /** Closes the session on the server once the cells asked for are done
+   * (one already gone is no error). */
+  close(): Promise<void> {
+    if (this.closing) return this.tail.then(() => undefined);
+    const closed = this.turn(async () => {
+      try {
+        await httpRequest(`${this.base}/v1/sessions/${this.name}`, this.token, undefined, undefined, "DELETE");
+      } catch (e) {
+        if (!(e instanceof SandboxError && e.code === "not_found")) throw e;
+      }
+    });
+    this.closing = true;
+    return closed;
+  }
+
+  private turn<T>(f: () => Promise<T>): Promise<T> {
+    if (this.closing) return Promise.reject(new Error("the session is closed"));
+    const t = this.tail.then(f);
+    this.tail = t.catch(() => undefined);
+    return t;
+  }
+}
+
 /** The tool as a model API takes it. */
 export interface ToolDefinition {
   readonly name: string;
@@ -882,7 +981,7 @@ export class RunPythonTool {
   readonly limits: SandboxLimits | undefined;
   readonly sessions: boolean;
   readonly definition: ToolDefinition;
-  private readonly open = new Map<string, Session>();
+  private readonly open = new Map<string, Session | HttpSession>();
 
   constructor(sandbox: PysbxSandbox, limits?: SandboxLimits, options: { sessions?: boolean } = {}) {
     this.sandbox = sandbox;

@@ -367,42 +367,7 @@ describe("over a UNIX socket", () => {
 
   common(ctx, "socket");
 
-  test("socket: a session keeps state, rolls back a stopped cell, resets and closes", T, async () => {
-    const s = ctx.sandbox.session("nb");
-    try {
-      let r = await s.run("rows = [1, 2]\nopen('f.txt', 'w').write('kept')");
-      assert.deepEqual(r.session, { name: "nb", cell: 1, rolledBack: false });
-      r = await s.run("rows.append(3)\nraise ValueError('no')");
-      assert.equal(r.exitCode, 1);
-      assert.equal(r.error.type, "ValueError");
-      assert.equal(r.session.rolledBack, true);
-      assert.equal((await s.run("print(rows, open('f.txt').read())")).stdout, "[1, 2] kept\n");
-      // A cell stopped at a limit rejects; its result says it was rolled back.
-      await assert.rejects(
-        s.run("rows.append(3)\nimport time\ntime.sleep(9)", { limits: { wallSeconds: 0.5 } }),
-        (e) => e instanceof SandboxTimeoutError && e.result.session.rolledBack === true,
-      );
-      assert.equal((await s.run("print(rows)")).stdout, "[1, 2]\n");
-      r = await s.run("rows.append(3)\nraise ValueError('no')", { rollback: "on_stop" });
-      assert.equal(r.session.rolledBack, false);
-      assert.equal((await s.run("print(rows)")).stdout, "[1, 2, 3]\n");
-      // Cells asked for at once run one at a time, in order.
-      const cells = await Promise.all([s.run("n = 1"), s.run("n += 1"), s.run("n * 10")]);
-      assert.equal(cells[2].value, "20");
-      assert.deepEqual(
-        cells.map((c) => c.session.cell),
-        [cells[0].session.cell, cells[0].session.cell + 1, cells[0].session.cell + 2],
-      );
-      await s.reset();
-      r = await s.run("print('rows' in globals())", { argv: ["x"] });
-      assert.equal(r.stdout, "False\n");
-      assert.equal(r.session.cell, 1);
-      await assert.rejects(s.run("pass", { rollback: "sometimes" }), { code: "invalid_request" });
-    } finally {
-      await s.close();
-    }
-    await assert.rejects(s.run("pass"), /the session is closed/);
-  });
+  sessionKeepsState(ctx, "socket");
 
   test("socket: an aborted cell ends its session; the next starts a new one", T, async () => {
     const s = ctx.sandbox.session("ab");
@@ -481,6 +446,46 @@ describe("over a UNIX socket", () => {
   });
 });
 
+// Through either transport: a session's cells, rollback, reset, close.
+function sessionKeepsState(ctx, over) {
+  test(`${over}: a session keeps state, rolls back a stopped cell, resets and closes`, T, async () => {
+    const s = ctx.sandbox.session("nb");
+    try {
+      let r = await s.run("rows = [1, 2]\nopen('f.txt', 'w').write('kept')");
+      assert.deepEqual(r.session, { name: "nb", cell: 1, rolledBack: false });
+      r = await s.run("rows.append(3)\nraise ValueError('no')");
+      assert.equal(r.exitCode, 1);
+      assert.equal(r.error.type, "ValueError");
+      assert.equal(r.session.rolledBack, true);
+      assert.equal((await s.run("print(rows, open('f.txt').read())")).stdout, "[1, 2] kept\n");
+      // A cell stopped at a limit rejects; its result says it was rolled back.
+      await assert.rejects(
+        s.run("rows.append(3)\nimport time\ntime.sleep(9)", { limits: { wallSeconds: 0.5 } }),
+        (e) => e instanceof SandboxTimeoutError && e.result.session.rolledBack === true,
+      );
+      assert.equal((await s.run("print(rows)")).stdout, "[1, 2]\n");
+      r = await s.run("rows.append(3)\nraise ValueError('no')", { rollback: "on_stop" });
+      assert.equal(r.session.rolledBack, false);
+      assert.equal((await s.run("print(rows)")).stdout, "[1, 2, 3]\n");
+      // Cells asked for at once run one at a time, in order.
+      const cells = await Promise.all([s.run("n = 1"), s.run("n += 1"), s.run("n * 10")]);
+      assert.equal(cells[2].value, "20");
+      assert.deepEqual(
+        cells.map((c) => c.session.cell),
+        [cells[0].session.cell, cells[0].session.cell + 1, cells[0].session.cell + 2],
+      );
+      await s.reset();
+      r = await s.run("print('rows' in globals())", { argv: ["x"] });
+      assert.equal(r.stdout, "False\n");
+      assert.equal(r.session.cell, 1);
+      await assert.rejects(s.run("pass", { rollback: "sometimes" }), { code: "invalid_request" });
+    } finally {
+      await s.close();
+    }
+    await assert.rejects(s.run("pass"), /the session is closed/);
+  });
+}
+
 describe("over HTTP", () => {
   const ctx = {};
   before(async () => {
@@ -494,9 +499,25 @@ describe("over HTTP", () => {
 
   common(ctx, "HTTP");
 
-  test("HTTP: sessions are not served", T, () => {
-    assert.throws(() => ctx.sandbox.session(), /not HTTP/);
-    assert.throws(() => ctx.sandbox.session("nb"), /not HTTP/);
+  sessionKeepsState(ctx, "HTTP");
+
+  test("HTTP: a session is the token's, by name; its cells are numbered", T, async () => {
+    const a = ctx.sandbox.session("shared");
+    await a.run("n = 1");
+    // Another client takes it up at cell 2.
+    const b = new PysbxSandbox(ctx.sandbox.address).session("shared", 2);
+    assert.equal((await b.run("n += 1\nprint(n)")).stdout, "2\n");
+    // |a| still expects cell 2: told the session is lost, never run in a
+    // state it did not see; its next cell starts a new one.
+    await assert.rejects(a.run("print(n)"), { code: "session_lost", httpStatus: 410 });
+    const r = await a.run("print('n' in globals())");
+    assert.equal(r.stdout, "False\n");
+    assert.equal(r.session.cell, 1);
+    await a.close();
+    await a.close();
+    await assert.rejects(b.run("print(n)"), { code: "session_lost" });
+    await b.close();
+    assert.throws(() => ctx.sandbox.session("a/b"), /A-Z a-z 0-9/);
   });
 });
 
