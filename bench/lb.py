@@ -228,17 +228,6 @@ def scrape_total(port, name):
                if l.startswith(name + "{") or l.startswith(name + " "))
 
 
-def scrape(port, name):
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        c.request("GET", "/metrics")
-        text = c.getresponse().read().decode()
-        c.close()
-    except OSError:
-        return None
-    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name + "{"))
-
-
 def main():
     global deadline
     if not os.access(args.nginx, os.X_OK):
@@ -262,7 +251,7 @@ def main():
             killed_at = done
         time.sleep(0.005)
     elapsed = time.monotonic() - t0
-    runs_by_survivors = {p: scrape(p, "pysbx_runs_total") for p in ports if p != vport}
+    runs_by_survivors = {p: scrape_total(p, "pysbx_runs_total") for p in ports if p != vport}
 
     fails = []
     ok = refused = 0

@@ -550,12 +550,17 @@ class Session:
 _SESSION_NAME = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 
 
+def _http_session_name(name: str) -> str:
+    """|name|, when the path of /v1/sessions/NAME can hold it as it is."""
+    if not _SESSION_NAME.fullmatch(name):
+        raise ValueError("over HTTP a session's name is 1 to 128 of A-Z a-z 0-9 . _ ~ -")
+    return name
+
+
 def _http_cell(name: str, code, files, limits, rollback, argv, on_output,
                cell: int) -> Dict[str, Any]:
     """A cell's body over HTTP: the path names the session; "cell" says
     which number the client expects it to be."""
-    if not _SESSION_NAME.fullmatch(name):
-        raise ValueError("over HTTP a session's name is 1 to 128 of A-Z a-z 0-9 . _ ~ -")
     req = _cell(name, code, files, limits, rollback, argv)
     del req["session"]
     req["cell"] = cell
@@ -573,9 +578,7 @@ class HttpSession:
     1). close() (and the end of a with block) closes it on the server."""
 
     def __init__(self, client: Client, name: str, next_cell: int = 1):
-        if not _SESSION_NAME.fullmatch(name):
-            raise ValueError("over HTTP a session's name is 1 to 128 of A-Z a-z 0-9 . _ ~ -")
-        self.name = name
+        self.name = _http_session_name(name)
         self.next_cell = next_cell
         self._client = client
         self._lock = threading.Lock()
@@ -1026,9 +1029,7 @@ class AsyncHttpSession:
     |name| over HTTP, one at a time (tasks wait their turn)."""
 
     def __init__(self, sandbox: "PysbxSandbox", name: str, next_cell: int = 1):
-        if not _SESSION_NAME.fullmatch(name):
-            raise ValueError("over HTTP a session's name is 1 to 128 of A-Z a-z 0-9 . _ ~ -")
-        self.name = name
+        self.name = _http_session_name(name)
         self.next_cell = next_cell
         self._sandbox = sandbox
         self._lock = asyncio.Lock()
