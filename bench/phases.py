@@ -20,11 +20,15 @@ build, n = sys.argv[1], int(sys.argv[2])
 PAUSE = 0.03
 
 
-def proc_cpu_us(pid):
-    """utime + stime of one process (not its children), in µs."""
+def proc_cpu_us(pid, children=False):
+    """utime + stime of one process, in µs; with |children|, also of the
+    children it reaped."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks * 1e6 / os.sysconf("SC_CLK_TCK")
 
 
 def child_of(pid, comm):
@@ -51,19 +55,23 @@ def med(xs):
 serve = subprocess.Popen([f"{build}/pysbx", "serve"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True, bufsize=1)
 rows, worker_cpu = [], []
-template = None
+template = keeper = None
 for i in range(n + 5):
     serve.stdin.write(json.dumps({"id": i, "code": "print(1)\n"}) + "\n")
     answer = json.loads(serve.stdout.readline())
     if i == 4:  # the first runs made the pool and learnt the page plan
         template = child_of(serve.pid, "pysbx-template")
+        keeper = child_of(template, "pysbx-keeper")
         t0, s0 = proc_cpu_us(template), proc_cpu_us(serve.pid)
+        k0 = proc_cpu_us(keeper, children=True) if keeper else 0
     if i >= 5:
         line = next(l for l in answer["stderr"].splitlines() if l.startswith("pysbx-profile:"))
         rows.append({k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])})
-        worker_cpu.append(answer["stats"]["cpu_ms"] * 1000)
+        # cpu_ms counts from the code's start: the marks give what came before
+        worker_cpu.append(answer["stats"]["cpu_ms"] * 1000 + rows[-1]["started"])
     time.sleep(PAUSE)
 t1, s1 = proc_cpu_us(template), proc_cpu_us(serve.pid)
+k1 = proc_cpu_us(keeper, children=True) if keeper else 0
 serve.stdin.close()
 serve.wait()
 
@@ -78,6 +86,7 @@ for k in marks:
 exit_us = med([c - r["ran"] for c, r in zip(worker_cpu, rows)])
 template_us = (t1 - t0) / n
 server_us = (s1 - s0) / n
+holder_us = (k1 - k0) / n
 
 # --- the floor ---
 floor = subprocess.Popen([f"{build}/pysbx-floor"], stdin=subprocess.PIPE,
@@ -107,6 +116,7 @@ table = [
     ("worker: request limits, CPU timer", parts["started"], None),
     ("worker: the code (print(1)), flush", parts["ran"], fm["ran"] - fm["afterfork"]),
     ("worker: exit (address space, namespace, descriptors)", exit_us, fm["child"] - fm["ran"]),
+    ("holder: the teardown after the answer; its init's reaping", holder_us, None),
     ("supervisor (pysbx serve: JSON, sbx_run) / floor parent", server_us, fm["parent"]),
 ]
 total = sum(r[1] for r in table)

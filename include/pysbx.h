@@ -393,7 +393,7 @@ struct sbx_result {
     size_t n_artifacts;
     uint64_t artifacts_dropped;
     double wall_ms;
-    double cpu_ms;
+    double cpu_ms; /* user + system, all threads, from the code's start */
     long max_rss_kb;
     char *reason; /* one line for any status but SBX_COMPLETED (and a session cell
                    * rolled back), else NULL */

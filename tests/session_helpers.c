@@ -170,6 +170,41 @@ int processes_of(uid_t uid)
     return c.n;
 }
 
+struct uid_pids {
+    uid_t uid;
+    pid_t *out;
+    int cap, n;
+};
+
+static void note_uid(void *ctx, pid_t pid, const char *status)
+{
+    struct uid_pids *u = ctx;
+
+    if ((uid_t)status_field(status, "\nUid:") == u->uid && u->n < u->cap)
+        u->out[u->n++] = pid;
+}
+
+int pids_of(uid_t uid, pid_t *out, int cap)
+{
+    struct uid_pids u = {.uid = uid, .out = out, .cap = cap};
+
+    each_process(note_uid, &u);
+    return u.n;
+}
+
+long proc_status_field(pid_t pid, const char *field)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return status_field(buf, field);
+}
+
 double cpu_ms_of(uid_t uid)
 {
     struct uid_count c = {.uid = uid};

@@ -38,6 +38,10 @@ int wait_processes_of(uid_t uid, int n);
 /* The largest stack (VmStk, KiB) of a process of |uid|; -1 when not root
  * or there is none. */
 long stack_kb_of(uid_t uid);
+/* The pids (in our /proc) of the processes of |uid|, at most |cap|. */
+int pids_of(uid_t uid, pid_t *out, int cap);
+/* The number after |field| (say "\nPPid:") in /proc/PID/status, or -1. */
+long proc_status_field(pid_t pid, const char *field);
 /* User and system CPU time of every process of |uid|, in ms. */
 double cpu_ms_of(uid_t uid);
 /* The pids of processes in state T (stopped), at most |cap|. */

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "helpers.h"
+#include "session_helpers.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -447,6 +448,137 @@ static void code_finds_itself(void **state)
                    "True True\nTrue True True\nTrue True\nchown by name\n");
 }
 
+/* --- what a worker leaves as it ends (holder.h) ------------------------------ */
+
+static bool env_set(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v;
+}
+
+/* The uid on the first line a run printed. */
+static uid_t uid_said(const char *text)
+{
+    unsigned u = 0;
+    assert_int_equal(sscanf(text, "%u", &u), 1);
+    return (uid_t)u;
+}
+
+static int fds_of(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    return count_entries(path);
+}
+
+/* Every signal but SIGKILL and SIGSTOP, which cannot be blocked. */
+#define ALL_BLOCKED "fffffffffffbfeff"
+
+/* While a run waits, its uid has the worker and, on a package template,
+ * the holder that takes the worker's teardown off the answer's path: a
+ * process of the worker's that holds no descriptor, blocks every signal,
+ * is under seccomp and sleeps. When the answer is in, neither is left. */
+static void a_run_leaves_nothing_behind_it(void **state)
+{
+    struct bg_run a;
+    pid_t pids[8];
+    int n = -1;
+
+    bg_start(&a, SBX(state),
+             "import os, time\nprint(os.getuid())\nprint('ready', flush=True)\n"
+             "time.sleep(1)\n",
+             10);
+    uid_t uid = uid_said(a.said);
+    if (is_root)
+        n = pids_of(uid, pids, 8);
+    int holders = 0;
+    for (int i = 0; i < n; i++) {
+        long ppid = proc_status_field(pids[i], "\nPPid:");
+        bool of_the_worker = false;
+        for (int k = 0; k < n; k++)
+            of_the_worker |= k != i && ppid == pids[k];
+        if (!of_the_worker)
+            continue;
+        holders++;
+        char path[64], buf[4096];
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)pids[i]);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        buf[fread(buf, 1, sizeof(buf) - 1, f)] = '\0';
+        fclose(f);
+        if (!strstr(buf, "\nSigBlk:\t" ALL_BLOCKED "\n") || !strstr(buf, "\nSeccomp:\t2\n") ||
+            !strstr(buf, "\nState:\tS"))
+            fail_msg("the holder is not as it must be:\n%s", buf);
+        assert_int_equal(fds_of(pids[i]), 0);
+    }
+    bg_finish(&a);
+    expect_out(a.res, a.said);
+    if (!is_root)
+        skip(); /* uids shared: what is whose cannot be told */
+    if (!env_set("PYSBX_TEST_SESSION")) {
+        assert_int_equal(holders, env_set("PYSBX_TEST_PACKAGES") ? 1 : 0);
+        assert_int_equal(n, 1 + holders);
+    }
+    assert_int_equal(wait_processes_of(uid, 0), 0);
+}
+
+/* The one way the code can reach its holder is its process group: every
+ * signal it can send there, with the worker's own ignored, does nothing to
+ * the run or to what the holder holds, and os.wait() finds no child. */
+static void the_code_cannot_use_its_holder(void **state)
+{
+    struct sbx_result *r = run_code(SBX(state), "import os, signal\n"
+                                                "print(os.getuid())\n"
+                                                "sent = 0\n"
+                                                "for s in range(1, signal.NSIG):\n"
+                                                "    if s in (signal.SIGKILL, signal.SIGSTOP):\n"
+                                                "        continue\n"
+                                                "    try:\n"
+                                                "        signal.signal(s, signal.SIG_IGN)\n"
+                                                "    except (OSError, ValueError):\n"
+                                                "        pass\n"
+                                                "    try:\n"
+                                                "        os.kill(0, s)\n"
+                                                "        sent += 1\n"
+                                                "    except PermissionError:\n"
+                                                "        pass  # SIGSYS: the policy's own\n"
+                                                "try:\n"
+                                                "    os.wait()\n"
+                                                "    print('a child')\n"
+                                                "except ChildProcessError:\n"
+                                                "    print('no child', sent >= 60)\n");
+    expect_completed(r, 0);
+    uid_t uid = uid_said(r->stdout_text);
+    if (!strstr(r->stdout_text, "\nno child True\n"))
+        fail_msg("stdout:\n%s\nstderr:\n%s", r->stdout_text, r->stderr_text);
+    sbx_result_free(r);
+    if (!is_root)
+        skip();
+    assert_int_equal(wait_processes_of(uid, 0), 0);
+}
+
+/* Stopped, worker and holder (the group's SIGSTOP): the wall limit ends
+ * the run, and the holder goes with the worker. */
+static void a_stopped_run_ends_whole_at_its_limit(void **state)
+{
+    struct sbx_limits l;
+    sbx_limits_init(&l);
+    l.wall_seconds = 1;
+    struct sbx_result *r = run_with(SBX(state),
+                                    "import os, signal\n"
+                                    "print(os.getuid(), flush=True)\n"
+                                    "os.kill(0, signal.SIGSTOP)\n"
+                                    "print('went on')\n",
+                                    &l, NULL, 0);
+    assert_int_equal(r->status, SBX_TIMEOUT);
+    uid_t uid = uid_said(r->stdout_text);
+    assert_null(strstr(r->stdout_text, "went on"));
+    sbx_result_free(r);
+    if (!is_root)
+        skip();
+    assert_int_equal(wait_processes_of(uid, 0), 0);
+}
+
 static int setup(void **state)
 {
     is_root = geteuid() == 0;
@@ -467,6 +599,9 @@ int main(void)
         cmocka_unit_test(page_cache_probes_are_refused),
         cmocka_unit_test(ordinary_os_functions_fail_instead_of_killing),
         cmocka_unit_test(code_finds_itself),
+        cmocka_unit_test(a_run_leaves_nothing_behind_it),
+        cmocka_unit_test(the_code_cannot_use_its_holder),
+        cmocka_unit_test(a_stopped_run_ends_whole_at_its_limit),
     };
     return cmocka_run_group_tests(tests, setup, fixture_close);
 }

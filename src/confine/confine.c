@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "confine.h"
 
+#include "holder.h"
 #include "landlock.h"
 #include "util.h"
 
@@ -94,6 +95,9 @@ int confine_self(const struct confine_plan *p, char *err, size_t errlen)
     if (p->landlock_abi > 0 &&
         (rc = landlock_enter(p->landlock_abi, p->ruleset_fd, err, errlen)) < 0)
         return rc;
+    /* Under every layer but seccomp: it loads a program of its own. */
+    if (p->holder)
+        *p->holder = holder_start();
     if (!p->policy)
         return 0;
     if (p->policy_debug && policy_debug_install() < 0)

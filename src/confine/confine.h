@@ -26,6 +26,9 @@ struct confine_plan {
     /* A session's process: |policy| is the session's program, loaded with
      * a listener, which lands here (see policy_load_session). */
     int *session_listener;
+    /* Make a holder (holder.h) between Landlock and seccomp; its pid, or
+     * -errno when there is none, lands here. NULL: none. */
+    pid_t *holder;
 };
 
 /* Empties the capability bounding set (what an execve could give back),

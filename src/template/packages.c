@@ -27,21 +27,30 @@
  * and caches of a table, a solve and a chart (fonts found, the PNG writer
  * loaded) then belong to the template, shared by every worker, instead of
  * being paid on each request. */
-static const char rehearsal[] =
-    "import io, sys\n"
-    "if 'numpy' in sys.modules:\n"
-    "    import numpy as np\n"
-    "    a = np.arange(16.0).reshape(4, 4) + 4 * np.eye(4)\n"
-    "    repr(np.linalg.solve(a, np.ones(4))); repr(a.sum(axis=0)); del a\n"
-    "if 'pandas' in sys.modules:\n"
-    "    import pandas as pd\n"
-    "    df = pd.DataFrame({'x': range(24), 'y': [v * v for v in range(24)]})\n"
-    "    df.groupby(df.x % 3).y.sum().to_string(); repr(df); df.describe().to_string()\n"
-    "    del df\n"
-    "if 'matplotlib.pyplot' in sys.modules:\n"
-    "    import matplotlib.pyplot as plt\n"
-    "    plt.plot([0, 1, 2], [0, 1, 4]); plt.title('t'); plt.xlabel('x'); plt.ylabel('y')\n"
-    "    plt.savefig(io.BytesIO(), format='png'); plt.close('all')\n";
+#define REHEARSAL                                                                                  \
+    "import io, sys\n"                                                                             \
+    "if 'numpy' in sys.modules:\n"                                                                 \
+    "    import numpy as np\n"                                                                     \
+    "    a = np.arange(16.0).reshape(4, 4) + 4 * np.eye(4)\n"                                      \
+    "    repr(np.linalg.solve(a, np.ones(4))); repr(a.sum(axis=0)); del a\n"                       \
+    "if 'pandas' in sys.modules:\n"                                                                \
+    "    import pandas as pd\n"                                                                    \
+    "    df = pd.DataFrame({'x': range(24), 'y': [v * v for v in range(24)]})\n"                   \
+    "    df.groupby(df.x % 3).y.sum().to_string(); repr(df); df.describe().to_string()\n"          \
+    "    del df\n"                                                                                 \
+    "if 'matplotlib.pyplot' in sys.modules:\n"                                                     \
+    "    import matplotlib.pyplot as plt\n"                                                        \
+    "    plt.plot([0, 1, 2], [0, 1, 4]); plt.title('t'); plt.xlabel('x'); plt.ylabel('y')\n"       \
+    "    plt.savefig(io.BytesIO(), format='png'); plt.close('all')\n"
+
+static const char rehearsal[] = REHEARSAL;
+
+/* The same again in each idle worker, then the font objects it opened let
+ * go, as matplotlib itself does after a fork: none of the worker's own
+ * descriptors is open when the code starts. */
+const char packages_worker_warm_up[] =
+    REHEARSAL "if 'matplotlib.font_manager' in sys.modules:\n"
+              "    sys.modules['matplotlib.font_manager']._get_font.cache_clear()\n";
 
 static int after_packages(void *arg, char *err, size_t errlen)
 {

@@ -12,6 +12,11 @@
 
 #include <stddef.h>
 
+/* What a run of the packages does first, which the template did after the
+ * imports, done again by each of its idle workers, so that what a table
+ * and a chart write is copied before a request, not on it. */
+extern const char packages_worker_warm_up[];
+
 /* Before the private root is entered, with t->font_cache set: clones the
  * directory where templates keep matplotlib's font list, to be mounted
  * once the root is built. Failing, the list is built in a scratch

@@ -145,6 +145,14 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
             .late = t->single_run && t->pkg_path && !sess ? packages_in_worker : NULL,
             .late_arg = t,
             .rehearse = !t->single_run && !sess,
+            .warm_code = t->pkg_path && !t->single_run && !sess ? packages_worker_warm_up : NULL,
+            /* Where the teardown is milliseconds (a package template's
+             * address space): there the holder took 4 ms off a chart
+             * run's answer, for 0.3 ms of CPU. For the default template's
+             * 0.75 ms exit it cost more CPU (its fork and its own exit)
+             * than the 0.4 ms of latency it saved was worth against the
+             * throughput of a full machine. */
+            .hold_exit = t->pid_ns && t->pkg_path && !t->single_run && !sess,
             .session = sess != NULL,
             .session_memory = sess ? session_memory(sess) : 0,
             .plan =
@@ -340,6 +348,7 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
             }
             memcpy(&st, buf + i + 1, sizeof(st));
             i += (ssize_t)sizeof(st);
+            w->setup_cpu_ns = st.cpu_used_ns;
             arm_cpu_limit(w, &st);
         } else if (buf[i] == WORKER_FAILED) {
             if (!w->announced)
@@ -388,6 +397,14 @@ void forget_worker(struct tmpl *t, struct worker_rec *w)
 
 struct wire_status status_of(const struct worker_rec *w, int wait_status, const struct rusage *ru)
 {
+    /* The run's CPU, not the worker's getting ready (a package worker's
+     * warm-up is tens of milliseconds): what the clock said as the code
+     * started comes off, user time first. */
+    int64_t utime = timeval_us(ru->ru_utime), stime = timeval_us(ru->ru_stime);
+    int64_t setup = (int64_t)(w->setup_cpu_ns / 1000);
+    int64_t from_user = setup < utime ? setup : utime;
+    utime -= from_user;
+    stime -= setup - from_user < stime ? setup - from_user : stime;
     return (struct wire_status){
         .magic = WIRE_STATUS_MAGIC,
         .wait_status = wait_status,
@@ -395,8 +412,8 @@ struct wire_status status_of(const struct worker_rec *w, int wait_status, const 
         .flags = (w->cpu_killed ? WIRE_STATUS_CPU_KILLED : 0) |
                  (w->limit_lost ? WIRE_STATUS_LIMIT_LOST : 0) |
                  (w->wall_killed ? WIRE_STATUS_WALL_KILLED : 0),
-        .utime_us = timeval_us(ru->ru_utime),
-        .stime_us = timeval_us(ru->ru_stime),
+        .utime_us = utime,
+        .stime_us = stime,
         .maxrss_kb = ru->ru_maxrss,
     };
 }

@@ -53,6 +53,9 @@ struct worker_rec {
     bool has_wall_timer;
     bool wall_killed; /* its wall timer fired and we killed it */
     timer_t timer, wall_timer;
+    /* Its CPU clock when it said its code starts (said before any code of
+     * the request ran): its getting ready, not the run's, in its rusage. */
+    uint64_t setup_cpu_ns;
     char name[WIRE_NAME_MAX];
     /* A session's process (sessions.c): the slot is the session's, and what
      * it says comes over a socket that sessions.c reads. What sessions.c

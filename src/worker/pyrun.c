@@ -509,13 +509,27 @@ static int reseed(void)
     return rc;
 }
 
-int pyrun_prepare(const char *workspace, const char *user, bool rehearsal, int devnull, char *err,
-                  size_t errlen)
+/* Runs |code| of our own in a namespace of its own. 0, or -1 with a
+ * Python exception. */
+static int warm_up(const char *code)
+{
+    PyObject *ns = PyDict_New();
+    PyObject *r = NULL;
+
+    if (ns && PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins()) == 0)
+        r = PyRun_String(code, Py_file_input, ns, ns);
+    Py_XDECREF(ns);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
+}
+
+int pyrun_prepare(const char *workspace, const char *user, bool rehearsal, const char *warm_code,
+                  int devnull, char *err, size_t errlen)
 {
     fmt(value_path, sizeof(value_path), "%s/" WIRE_VALUE_FILE, workspace);
     fmt(error_path, sizeof(error_path), "%s/" WIRE_ERROR_FILE, workspace);
     if (set_environment(workspace, user) < 0 || reseed() < 0 ||
-        (rehearsal && rehearse(devnull) < 0))
+        (rehearsal && rehearse(devnull) < 0) || (warm_code && warm_up(warm_code) < 0))
         return pyrun_error_text("preparing the worker", err, errlen);
     return 0;
 }

@@ -14,9 +14,12 @@
  * uid) and, with |rehearse|, runs a small snippet of our own so that
  * the copy-on-write faults it takes are not on the request path (a single
  * run, whose request is already waiting, skips that). |devnull| receives
- * the snippet's output. Returns 0 or -errno with a message in |err|. */
-int pyrun_prepare(const char *workspace, const char *user, bool rehearse, int devnull, char *err,
-                  size_t errlen);
+ * the snippet's output. |warm_code| (or NULL): more of our own to run
+ * while idle, the package set's rehearsal again, so that this worker's
+ * copies of what a table and a chart write are made now. Returns 0 or -errno with a message in
+ * |err|. */
+int pyrun_prepare(const char *workspace, const char *user, bool rehearse, const char *warm_code,
+                  int devnull, char *err, size_t errlen);
 
 /* Compiles and runs |code| as __main__, then ends the process the way
  * python3 would: exit status 0, the sys.exit() code, or 1 after printing an

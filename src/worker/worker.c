@@ -2,6 +2,7 @@
 #include "worker.h"
 
 #include "confine.h"
+#include "holder.h"
 #include "profile.h"
 #include "pyrun.h"
 #include "request.h"
@@ -190,6 +191,7 @@ _Noreturn void worker_main(const struct worker_args *a)
     };
     struct confine_plan plan = a->plan;
     int listener = -1;
+    pid_t holder = 0;
     char err[WIRE_TEXT_MAX];
     sigset_t none;
     struct wire_req req;
@@ -232,7 +234,8 @@ _Noreturn void worker_main(const struct worker_args *a)
     /* 4. Environment from nothing, and our own warm-up off the request path.
      * The template was started by exec with an empty environment and a fixed
      * argv, so /proc/self/environ and cmdline hold no launcher strings. */
-    if (pyrun_prepare(a->ws_path, a->user, a->rehearse, FD_STDIN, err, sizeof(err)) < 0)
+    if (pyrun_prepare(a->ws_path, a->user, a->rehearse, a->warm_code, FD_STDIN, err, sizeof(err)) <
+        0)
         fail_idle("%s", err);
 
     prof_mark(PROF_PREPARE);
@@ -251,8 +254,12 @@ _Noreturn void worker_main(const struct worker_args *a)
     plan.ruleset_fd = plan.landlock_abi > 0 ? FD_RULESET : -1;
     if (a->session)
         plan.session_listener = &listener;
+    if (a->hold_exit)
+        plan.holder = &holder;
     if (confine_self(&plan, err, sizeof(err)) < 0)
         fail_idle("%s", err);
+    if (holder > 0)
+        vm_base += HOLDER_STACK_BYTES; /* its stack: ours, not the code's */
     if (plan.landlock_abi <= 0)
         close(FD_RULESET);
 

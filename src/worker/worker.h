@@ -85,7 +85,12 @@ struct worker_args {
      * single run's package imports. Returns 0 or -errno with a message. */
     int (*late)(void *arg, char *err, size_t errlen);
     void *late_arg;
-    bool rehearse; /* warm up while idle (pyrun_prepare) */
+    bool rehearse;         /* warm up while idle (pyrun_prepare) */
+    const char *warm_code; /* and run this too (pyrun_prepare), or NULL */
+    /* Make a holder (holder.h), so that the exit's teardown is not on the
+     * answer's path: only where an init of a pid namespace of ours reaps
+     * it once we are gone (pool.c says where it pays). */
+    bool hold_exit;
     /* A session's first state process: the ready pipe is a SOCK_SEQPACKET
      * socket, the policy the session's (plan.policy), and instead of one
      * request it serves the session (session.h). */
