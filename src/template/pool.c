@@ -49,7 +49,7 @@ struct worker_rec *worker_new(struct tmpl *t)
         return NULL;
     for (int i = 0; i < WFD_COUNT; i++)
         w->sup_fds[i] = -1;
-    w->ready_fd = w->status_fd = -1;
+    w->ready_fd = w->status_fd = w->mnt_ns_fd = -1;
     w->out_watch[0] = w->out_watch[1] = -1;
     w->id = ++t->next_id;
     return w;
@@ -313,6 +313,22 @@ void arm_cpu_limit(struct worker_rec *w, const struct wire_started *st)
     kill(w->pid, SIGKILL);
 }
 
+/* A ready worker under the private root has a mount namespace of its own
+ * (its workspace is attached there). Its last reference going at the
+ * worker's exit would unmount the lot, and an unmount waits for an
+ * expedited RCU grace period, all before wait4() can see the exit: hold
+ * one until the status is sent (forget_worker). Read while the worker has
+ * run nothing of a request: it is the worker's. Best effort. */
+static void hold_mount_ns(struct tmpl *t, struct worker_rec *w)
+{
+    char path[48];
+
+    if (!t->root || !t->proc_ok || w->mnt_ns_fd >= 0)
+        return;
+    fmt(path, sizeof(path), "%d/ns/mnt", (int)w->pid);
+    w->mnt_ns_fd = openat(t->proc_fd, path, O_RDONLY | O_CLOEXEC);
+}
+
 /* Reads what the worker wrote on its ready pipe. */
 static void on_ready(struct tmpl *t, struct worker_rec *w)
 {
@@ -334,6 +350,7 @@ static void on_ready(struct tmpl *t, struct worker_rec *w)
              * copies. Learn them once (see prefault.h). */
             if (t->prefault.recorded == 0 && !t->single_run && t->proc_ok)
                 (void)prefault_record(t->proc_fd, w->pid, 0, PREFAULT_WRITTEN, &t->prefault);
+            hold_mount_ns(t, w);
             announce(t, w);
         } else if (buf[i] == WORKER_STARTED && !w->started) {
             struct wire_started st;
@@ -389,6 +406,7 @@ void forget_worker(struct tmpl *t, struct worker_rec *w)
     close_fd(&w->ready_fd);
     close_fd(&w->status_fd);
     close_sup_fds(w);
+    close_fd(&w->mnt_ns_fd); /* its namespace goes now, if it was the last */
     if (!w->session)
         uids_release(&t->uids, w->slot);
     t->n_workers--;

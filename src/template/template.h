@@ -53,6 +53,10 @@ struct worker_rec {
     bool has_wall_timer;
     bool wall_killed; /* its wall timer fired and we killed it */
     timer_t timer, wall_timer;
+    /* Its own mount namespace, opened while it was ready (-1: none): held
+     * so that its exit does not tear the namespace down (an expedited RCU
+     * grace period) before its status can be reported; closed after. */
+    int mnt_ns_fd;
     /* Its CPU clock when it said its code starts (said before any code of
      * the request ran): its getting ready, not the run's, in its rusage. */
     uint64_t setup_cpu_ns;
