@@ -551,12 +551,44 @@ static void plot(const char *out_dir)
 
 /* --- data science: numpy, pandas, matplotlib (--packages) ------------------- */
 
-/* The program of the data-science case, and the packages it needs. */
-static const char ds_program[] =
-    "import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
-    "df = pd.DataFrame({\"x\": np.arange(24), \"y\": np.arange(24) ** 2})\n"
-    "print(df.groupby(df.x % 3).y.sum().to_string())\n"
-    "plt.plot(df.x, df.y); plt.savefig(\"chart.png\"); plt.close(\"all\")\n";
+/* The programs of the data-science case. The first is the chart the
+ * template's rehearsal also draws (a line of a small table); the second is
+ * none of the rehearsal's shape (a CSV read, a pivot table, a bar chart and
+ * a histogram on two axes, a layout pass): what warming the idle worker does
+ * for code that it did not rehearse. */
+struct ds_program {
+    const char *name;
+    const char *code;
+    const char *artifact; /* the one file it writes */
+};
+static const struct ds_program ds_programs[] = {
+    {"chart (a line of a small table)",
+     "import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
+     "df = pd.DataFrame({\"x\": np.arange(24), \"y\": np.arange(24) ** 2})\n"
+     "print(df.groupby(df.x % 3).y.sum().to_string())\n"
+     "plt.plot(df.x, df.y); plt.savefig(\"chart.png\"); plt.close(\"all\")\n",
+     "chart.png"},
+    {"report (CSV, pivot, bar and histogram)",
+     "import io\n"
+     "import numpy as np\n"
+     "import pandas as pd\n"
+     "import matplotlib.pyplot as plt\n"
+     "rng = np.random.default_rng(7)\n"
+     "csv = 'region,month,sales\\n' + '\\n'.join(f'{r},{m},{rng.integers(50, 500)}'\n"
+     "    for r in ('north', 'south', 'east', 'west') for m in range(1, 13))\n"
+     "df = pd.read_csv(io.StringIO(csv))\n"
+     "pivot = df.pivot_table(index='month', columns='region', values='sales', aggfunc='sum')\n"
+     "print(pivot.describe().round(1))\n"
+     "fig, (a, b) = plt.subplots(1, 2, figsize=(9, 4))\n"
+     "pivot.plot(kind='bar', ax=a, title='sales by month')\n"
+     "a.legend(loc='upper left', fontsize=7)\n"
+     "b.hist(df.sales, bins=12, color='tab:green')\n"
+     "b.set_xlabel('sales')\n"
+     "fig.tight_layout()\n"
+     "fig.savefig('report.png', dpi=80)\n",
+     "report.png"},
+};
+#define DS_PROGRAMS (sizeof(ds_programs) / sizeof(ds_programs[0]))
 static const char *const ds_packages[] = {"numpy", "pandas", "matplotlib", NULL};
 
 /* The floor: one warm /usr/bin/python3 that imported the packages runs the
@@ -611,9 +643,10 @@ static pid_t ds_spawn(char *const argv[], const char *dir, const char *mpl, int 
 }
 
 /* A fresh `/usr/bin/python3 -I` running the program in |dir|. */
-static double ds_run_fresh(const char *dir, const char *mpl, int *status)
+static double ds_run_fresh(const struct ds_program *prog, const char *dir, const char *mpl,
+                           int *status)
 {
-    char *argv[] = {PYTHON3, "-I", "-c", (char *)ds_program, NULL};
+    char *argv[] = {PYTHON3, "-I", "-c", (char *)prog->code, NULL};
     int p[2];
     char buf[4096];
     int st = -1;
@@ -633,7 +666,8 @@ static double ds_run_fresh(const char *dir, const char *mpl, int *status)
     return ms;
 }
 
-static int ds_floor_start(struct ds_floor_proc *f, const char *dir, const char *mpl)
+static int ds_floor_start(struct ds_floor_proc *f, const struct ds_program *p, const char *dir,
+                          const char *mpl)
 {
     char *argv[] = {PYTHON3, "-I", "-c", (char *)ds_floor, NULL};
     int in[2], out[2];
@@ -647,9 +681,9 @@ static int ds_floor_start(struct ds_floor_proc *f, const char *dir, const char *
     f->from = out[0];
     f->in = fdopen(f->from, "r");
     char head[32];
-    int n = snprintf(head, sizeof(head), "%zu\n", strlen(ds_program));
+    int n = snprintf(head, sizeof(head), "%zu\n", strlen(p->code));
     if (f->pid < 0 || !f->in || write_full(f->to, head, (size_t)n) < 0 ||
-        write_full(f->to, ds_program, strlen(ds_program)) < 0)
+        write_full(f->to, p->code, strlen(p->code)) < 0)
         return -1;
     return 0;
 }
@@ -674,20 +708,20 @@ static void ds_floor_stop(struct ds_floor_proc *f)
         waitpid(f->pid, NULL, 0);
 }
 
-static double ds_run_pysbx(struct sbx *sbx, int *status)
+static double ds_run_pysbx(struct sbx *sbx, const struct ds_program *p, int *status)
 {
     struct sbx_request req;
     struct sbx_result *res = NULL;
     struct sbx_error err;
 
     sbx_request_init(&req);
-    req.code = ds_program;
-    req.code_len = strlen(ds_program);
+    req.code = p->code;
+    req.code_len = strlen(p->code);
     uint64_t t0 = now_ns();
     int rc = sbx_run(sbx, &req, &res, &err);
     double ms = ms_since(t0);
     *status = rc == 0 && res->status == SBX_COMPLETED && res->exit_code == 0 &&
-                      res->n_artifacts == 1 && strcmp(res->artifacts[0].name, "chart.png") == 0
+                      res->n_artifacts == 1 && strcmp(res->artifacts[0].name, p->artifact) == 0
                   ? 0
                   : 1;
     sbx_result_free(res);
@@ -719,10 +753,11 @@ static int bench_packages(int iterations, const char *tmpl, const char *out_dir)
     struct sbx_config cfg;
     struct sbx *sbx = NULL;
     char beside[4096], dir[] = "/tmp/pysbx-bench-ds-XXXXXX", mpl[600], line[128];
-    struct samples lat[DS_N] = {{0}}, open_ms = {0}, fork_ms = {0};
-    struct ds_floor_proc floor = {.pid = -1, .to = -1, .from = -1};
-    long failures[DS_N] = {0};
+    struct samples lat[DS_PROGRAMS][DS_N] = {{{0}}}, open_ms = {0}, fork_ms = {0};
+    struct ds_floor_proc floor[DS_PROGRAMS];
+    long failures[DS_PROGRAMS][DS_N] = {{0}}, failed = 0;
     double priv_kb = 0;
+    int st;
 
     if (!mkdtemp(dir))
         return 1;
@@ -734,67 +769,79 @@ static int bench_packages(int iterations, const char *tmpl, const char *out_dir)
         return 1;
     usleep(1000000); /* let the pool fill */
     priv_kb = idle_private_kb();
-    int st;
-    (void)ds_run_fresh(dir, mpl, &st); /* the font cache, once */
-    if (ds_floor_start(&floor, dir, mpl) < 0 || ds_floor_ask(&floor, 'r', line, sizeof(line)) < 0) {
-        fprintf(stderr, "pysbx-bench: the in-process floor did not start\n");
-        return 1;
-    }
-    for (int it = 0; it < iterations; it++)
-        for (int k = 0; k < DS_N; k++) {
-            enum ds_system sys = (enum ds_system)((k + it) % DS_N);
-            double ms = sys == DS_PYSBX   ? ds_run_pysbx(sbx, &st)
-                        : sys == DS_FRESH ? ds_run_fresh(dir, mpl, &st)
-                                          : ds_floor_ask(&floor, 'r', line, sizeof(line));
-            if (sys == DS_FLOOR)
-                st = ms < 0 || strncmp(line, "ok ", 3) != 0;
-            add_sample(&lat[sys], ms);
-            failures[sys] += st != 0;
+    (void)ds_run_fresh(&ds_programs[0], dir, mpl, &st); /* the font cache, once */
+    for (size_t p = 0; p < DS_PROGRAMS; p++) {
+        floor[p] = (struct ds_floor_proc){.pid = -1, .to = -1, .from = -1};
+        if (ds_floor_start(&floor[p], &ds_programs[p], dir, mpl) < 0 ||
+            ds_floor_ask(&floor[p], 'r', line, sizeof(line)) < 0) {
+            fprintf(stderr, "pysbx-bench: the in-process floor did not start\n");
+            return 1;
         }
+    }
+    /* Each program in turn, its systems interleaved in a rotating order. */
+    for (size_t p = 0; p < DS_PROGRAMS; p++)
+        for (int it = 0; it < iterations; it++)
+            for (int k = 0; k < DS_N; k++) {
+                enum ds_system sys = (enum ds_system)((k + it) % DS_N);
+                double ms = sys == DS_PYSBX   ? ds_run_pysbx(sbx, &ds_programs[p], &st)
+                            : sys == DS_FRESH ? ds_run_fresh(&ds_programs[p], dir, mpl, &st)
+                                              : ds_floor_ask(&floor[p], 'r', line, sizeof(line));
+                if (sys == DS_FLOOR)
+                    st = ms < 0 || strncmp(line, "ok ", 3) != 0;
+                add_sample(&lat[p][sys], ms);
+                failures[p][sys] += st != 0;
+                failed += st != 0;
+            }
     for (int i = 0; i < 20; i++) {
-        double ms = ds_floor_ask(&floor, 'f', line, sizeof(line));
+        double ms = ds_floor_ask(&floor[0], 'f', line, sizeof(line));
         if (ms >= 0)
             add_sample(&fork_ms, atof(line));
     }
-    ds_floor_stop(&floor);
+    for (size_t p = 0; p < DS_PROGRAMS; p++)
+        ds_floor_stop(&floor[p]);
     sbx_close(sbx);
 
     char path[700];
     snprintf(path, sizeof(path), "%s/packages.txt", out_dir);
     FILE *sum = fopen(path, "w");
     FILE *outs[2] = {stdout, sum};
-    double pysbx = quantile(&lat[DS_PYSBX], 0.5);
     for (int o = 0; o < 2; o++) {
         FILE *f = outs[o];
         if (!f)
             continue;
         machine(f);
-        fprintf(f, "numpy + pandas + matplotlib chart program; %d iterations per system\n\n",
+        fprintf(f, "numpy + pandas + matplotlib programs; %d iterations per program and system\n",
                 iterations);
-        fprintf(f, "%-22s %9s %9s %9s %9s\n", "system", "min ms", "p50 ms", "p90 ms", "vs pysbx");
-        for (int k = 0; k < DS_N; k++) {
-            double p50 = quantile(&lat[k], 0.5);
-            fprintf(f, "%-22s %9.1f %9.1f %9.1f %8.2fx\n", ds_names[k], quantile(&lat[k], 0), p50,
-                    quantile(&lat[k], 0.9), p50 / pysbx);
+        for (size_t p = 0; p < DS_PROGRAMS; p++) {
+            double pysbx = quantile(&lat[p][DS_PYSBX], 0.5);
+            fprintf(f, "\n%s\n", ds_programs[p].name);
+            fprintf(f, "%-22s %9s %9s %9s %9s\n", "system", "min ms", "p50 ms", "p90 ms",
+                    "vs pysbx");
+            for (int k = 0; k < DS_N; k++) {
+                double p50 = quantile(&lat[p][k], 0.5);
+                fprintf(f, "%-22s %9.1f %9.1f %9.1f %8.2fx\n", ds_names[k], quantile(&lat[p][k], 0),
+                        p50, quantile(&lat[p][k], 0.9), p50 / pysbx);
+            }
+            fprintf(f, "failed runs: pysbx %ld, fresh python3 %ld, floor %ld\n",
+                    failures[p][DS_PYSBX], failures[p][DS_FRESH], failures[p][DS_FLOOR]);
         }
-        fprintf(f, "package template start (sbx_open): median %.0f ms of 3\n",
+        fprintf(f, "\npackage template start (sbx_open): median %.0f ms of 3\n",
                 quantile(&open_ms, 0.5));
         fprintf(f, "fork + exit of a warm python3 with the packages: median %.1f ms of %zu\n",
                 quantile(&fork_ms, 0.5), fork_ms.n);
         fprintf(f, "idle worker private memory (package template): median %.0f KiB\n", priv_kb);
-        fprintf(f, "failed runs: pysbx %ld, fresh python3 %ld, floor %ld\n", failures[DS_PYSBX],
-                failures[DS_FRESH], failures[DS_FLOOR]);
     }
     if (sum)
         fclose(sum);
-    for (int k = 0; k < DS_N; k++)
-        free(lat[k].v);
+    for (size_t p = 0; p < DS_PROGRAMS; p++)
+        for (int k = 0; k < DS_N; k++)
+            free(lat[p][k].v);
     free(open_ms.v);
     free(fork_ms.v);
     int rfd = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     remove_tree_at(rfd, dir + 5);
     close(rfd);
-    return failures[DS_PYSBX] + failures[DS_FRESH] + failures[DS_FLOOR] ? 1 : 0;
+    return failed ? 1 : 0;
 }
 
 /* --- sessions (--sessions) ---------------------------------------------------- */
@@ -1026,8 +1073,9 @@ static void usage(void)
           "gnuplot) DIR/latency.png and DIR/throughput.png.\n"
           "--without turns layers off (sbx_config.disable_layers), to measure what each\n"
           "costs; never a deployment setting.\n"
-          "--packages runs the data-science case instead: a numpy, pandas and matplotlib\n"
-          "chart program through pysbx with the packages warm, a fresh /usr/bin/python3 -I\n"
+          "--packages runs the data-science case instead: two numpy, pandas and matplotlib\n"
+          "programs (a chart like the rehearsal's, a report unlike it) through pysbx with\n"
+          "the packages warm, a fresh /usr/bin/python3 -I\n"
           "and the in-process floor (one warm python3 running it again, no fork),\n"
           "interleaved; writes DIR/packages.txt.\n"
           "--sessions runs the session case instead: cells of 100-cell sessions that\n"
