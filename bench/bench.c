@@ -585,7 +585,8 @@ static const struct ds_program ds_programs[] = {
      "b.hist(df.sales, bins=12, color='tab:green')\n"
      "b.set_xlabel('sales')\n"
      "fig.tight_layout()\n"
-     "fig.savefig('report.png', dpi=80)\n",
+     "fig.savefig('report.png', dpi=80)\n"
+     "plt.close('all')\n",
      "report.png"},
 };
 #define DS_PROGRAMS (sizeof(ds_programs) / sizeof(ds_programs[0]))
