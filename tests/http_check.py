@@ -651,7 +651,10 @@ check("tools over HTTP: started, six calls answered by POST, the result last, as
 check("tools over HTTP: no output events unless asked for",
       not any(m.get("event") in ("stdout", "stderr") for m in lines), lines)
 run_id = lines[0]["run_id"]
-lines, posts, st = tool_run({"id": "tf", "code": "import pysbx\nprint(pysbx.tools.double(x=1))",
+# The run stays a second after its answer: the second answer must find it in
+# flight (a run that ended is 404, below).
+lines, posts, st = tool_run({"id": "tf", "code": "import pysbx, time\n"
+                             "print(pysbx.tools.double(x=1), flush=True)\ntime.sleep(1)",
                              "tools": TOOLS, "max_tool_bytes": 1024},
                             lambda m: [{"call": m["call"] + 1, "content": 0},
                                        {"call": m["call"], "content": "x" * 2000},

@@ -899,7 +899,7 @@ static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
         return MHD_NO;
     }
     job_add(h, &l->j);
-    if (start_detached(live_main, l) < 0) {
+    if (start_pooled(live_main, l) < 0) {
         struct sbx_error err;
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -EAGAIN, "cannot start a thread");
         count_refused(h, err.code);

@@ -698,7 +698,7 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
     s->calls = &j->call;
     s->inflight++;
     pthread_mutex_unlock(&s->lock);
-    if (start_detached(run_call, j) < 0) {
+    if (start_pooled(run_call, j) < 0) {
         pthread_mutex_lock(&s->lock);
         forget_call(s, &j->call);
         s->inflight--;

@@ -623,7 +623,7 @@ static void start_job(struct conn *c, struct job *j)
     }
     pthread_mutex_unlock(&c->lock);
     pthread_mutex_unlock(&s->lock);
-    if (now && start_detached(run_jobs, j) < 0)
+    if (now && start_pooled(run_jobs, j) < 0)
         run_jobs(j); /* no thread to be had: here, reading nothing meanwhile */
     /* Beyond the read-ahead, stop reading, and let the client's own pipe or
      * socket hold it back. */
