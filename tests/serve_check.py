@@ -155,6 +155,10 @@ for _ in range(200):
         break
     time.sleep(0.05)
 check("the socket is 0600", os.path.exists(path) and stat.S_IMODE(os.stat(path).st_mode) == 0o600)
+# It appears only once it accepts (bound under a name of its own, renamed
+# into place): a connect now is not refused, and nothing else is left.
+check("the socket appears listening, under its name alone",
+      sorted(os.listdir(d)) == ["pysbx.sock", "pysbx.sock.lock"], os.listdir(d))
 
 
 def client(n):

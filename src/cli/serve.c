@@ -917,18 +917,32 @@ static int open_listener(const struct serve_opts *o, int *lock_fd, char *lock, s
     int rc = clear_listen_path(&addr, o->listen_path);
     if (rc < 0)
         return rc;
+    /* Bound under a name of its own, listening, then renamed into place: a
+     * client that waits for the path to appear finds a socket that accepts
+     * (bound at the path itself, it would be there a moment before it
+     * listens, and a connect then is refused). */
+    struct sockaddr_un tmp = addr;
+    bool staged = (size_t)snprintf(tmp.sun_path, sizeof(tmp.sun_path), "%s.%d.new", o->listen_path,
+                                   (int)getpid()) < sizeof(tmp.sun_path);
     lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     mode_t old = umask(0177); /* the socket is born 0600 */
-    int b = lfd < 0 ? -1 : bind(lfd, (struct sockaddr *)&addr, sizeof(addr));
+    int b = lfd < 0 ? -1 : staged ? bind(lfd, (struct sockaddr *)&tmp, sizeof(tmp)) : -1;
+    if (lfd >= 0 && b < 0) {
+        staged = false; /* that name is taken, or too long: the path itself */
+        b = bind(lfd, (struct sockaddr *)&addr, sizeof(addr));
+    }
     umask(old);
-    if (b < 0 || listen(lfd, 64) < 0) {
+    if (b == 0)
+        (void)chmod(staged ? tmp.sun_path : o->listen_path, o->socket_mode);
+    if (b < 0 || listen(lfd, 64) < 0 || (staged && rename(tmp.sun_path, o->listen_path) < 0)) {
         int e = -errno;
         fprintf(stderr, "pysbx serve: %s: %s\n", o->listen_path, strerror(errno));
+        if (staged && b == 0)
+            unlink(tmp.sun_path);
         if (lfd >= 0)
             close(lfd);
         return e;
     }
-    chmod(o->listen_path, o->socket_mode);
     fprintf(stderr, "pysbx serve: listening on %s (backend %s)\n", o->listen_path,
             o->backend->name);
     return lfd;
