@@ -189,6 +189,25 @@ done = 0
 deadline = 0.0
 
 
+def post(conn, path, body, rid):
+    """POSTs |body| with X-Request-Id |rid|: (HTTP status, the answer, as JSON
+    when it says it is). When nginx itself failed us: (0, why), the
+    connection closed; never retried here (it may have run)."""
+    try:
+        conn.request("POST", path, body=body, headers={"X-Request-Id": rid,
+                                                       "Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        got = (r.status, json.loads(data) if r.getheader("Content-Type", "").startswith(
+            "application/json") else data[:200].decode(errors="replace"))
+        if r.will_close:
+            conn.close()
+        return got
+    except (OSError, http.client.HTTPException) as e:
+        conn.close()
+        return 0, repr(e)
+
+
 def client(port, ids):
     global done
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -197,19 +216,7 @@ def client(port, ids):
             return
         body = json.dumps({"id": rid, "code": f"import time\ntime.sleep({random.random() * 0.02:.4f})\n"
                                               f"print({rid!r})"})
-        try:
-            conn.request("POST", "/v1/run", body=body, headers={"X-Request-Id": rid,
-                                                                 "Content-Type": "application/json"})
-            r = conn.getresponse()
-            data = r.read()
-            got = (r.status, json.loads(data) if r.getheader("Content-Type", "").startswith(
-                "application/json") else data[:200].decode(errors="replace"))
-            if r.will_close:
-                conn.close()
-        except (OSError, http.client.HTTPException) as e:
-            # nginx itself failed us: recorded, never retried (it may have run).
-            got = (0, repr(e))
-            conn.close()
+        got = post(conn, "/v1/run", body, rid)
         with lock:
             answers.setdefault(rid, []).append(got)
             done += 1
@@ -228,29 +235,63 @@ def scrape_total(port, name):
                if l.startswith(name + "{") or l.startswith(name + " "))
 
 
-def main():
+def drive(target, items, total):
+    """Starts the instances and nginx, one target(nginx's port, share) thread
+    per client over |items|, and SIGKILLs the second instance once
+    total * kill_at answers are in. Returns the instances' ports, the
+    killed one's, the seconds taken, and (answers, time) at the kill, or
+    None if it never came."""
     global deadline
-    if not os.access(args.nginx, os.X_OK):
-        print(f"{args.nginx} is not installed (Debian's nginx; scripts/setup installs it)")
-        return 77
     instances = [start_instance() for _ in range(args.instances)]
     ports = [p for _, p in instances]
     lb = start_nginx(ports)
-    ids = [f"r{i:06d}-{os.urandom(3).hex()}" for i in range(args.requests)]
-    share = [ids[i::args.clients] for i in range(args.clients)]
     victim, vport = instances[1]
     t0 = time.monotonic()
     deadline = t0 + args.max_seconds
-    threads = [threading.Thread(target=client, args=(lb, s)) for s in share]
+    threads = [threading.Thread(target=target, args=(lb, items[i::args.clients]))
+               for i in range(args.clients)]
     for t in threads:
         t.start()
-    killed_at = None
+    killed = None
     while any(t.is_alive() for t in threads):
-        if killed_at is None and done >= args.requests * args.kill_at:
+        if killed is None and done >= total * args.kill_at:
             victim.kill()
-            killed_at = done
+            killed = (done, time.monotonic())
         time.sleep(0.005)
-    elapsed = time.monotonic() - t0
+    return ports, vport, time.monotonic() - t0, killed
+
+
+def access_log():
+    """nginx's log, a line at a time: (request id, status, the upstreams
+    tried, the bytes sent to each, the line)."""
+    with open(os.path.join(tmp, "access.log")) as f:
+        for line in f:
+            m = re.match(r'(\S+) (\d+) "([^"]*)" "([^"]*)" "([^"]*)"', line)
+            if m:
+                rid, st, addrs, _, sent = m.groups()
+                yield (rid, int(st), addrs, [x.strip() for x in re.split(r"[,:]", sent) if x.strip()],
+                       line.strip())
+
+
+def verdict(fails, killed, ok_line):
+    """Prints the problems found, or |ok_line|; the exit status."""
+    if killed is None:
+        fails.append("the second instance was never killed")
+    for f in fails[:20]:
+        print("FAIL " + f)
+    if fails:
+        print(f"FAIL {len(fails)} problems")
+        return 1
+    print(ok_line)
+    return 0
+
+
+def main():
+    if not os.access(args.nginx, os.X_OK):
+        print(f"{args.nginx} is not installed (Debian's nginx; scripts/setup installs it)")
+        return 77
+    ids = [f"r{i:06d}-{os.urandom(3).hex()}" for i in range(args.requests)]
+    ports, vport, elapsed, killed = drive(client, ids, args.requests)
     runs_by_survivors = {p: scrape_total(p, "pysbx_runs_total") for p in ports if p != vport}
 
     fails = []
@@ -273,29 +314,20 @@ def main():
     lines = {}
     retried = 0
     example = None
-    with open(os.path.join(tmp, "access.log")) as f:
-        for line in f:
-            m = re.match(r'(\S+) (\d+) "([^"]*)" "([^"]*)" "([^"]*)"', line)
-            if not m:
-                continue
-            rid, st, addrs, sts, sent = m.groups()
-            lines[rid] = lines.get(rid, 0) + 1
-            sent = [s.strip() for s in re.split(r"[,:]", sent) if s.strip()]
-            if len(sent) > 1:
-                retried += 1
-                example = line.strip()
-                if any(s not in ("0", "-") for s in sent[:-1]):
-                    fails.append(f"{rid}: passed on after reaching an instance: {line.strip()}")
+    by_instance = {}
+    for rid, st, addrs, sent, line in access_log():
+        lines[rid] = lines.get(rid, 0) + 1
+        if len(sent) > 1:
+            retried += 1
+            example = line
+            if any(s not in ("0", "-") for s in sent[:-1]):
+                fails.append(f"{rid}: passed on after reaching an instance: {line}")
+        if st == 200:
+            last = int(addrs.split(",")[-1].strip().split(":")[-1])
+            by_instance[last] = by_instance.get(last, 0) + 1
     for rid in ids:
         if lines.get(rid, 0) != 1 and answers.get(rid, [(0,)])[0][0] != 0:
             fails.append(f"{rid}: {lines.get(rid, 0)} lines in nginx's log")
-    by_instance = {}
-    with open(os.path.join(tmp, "access.log")) as f:
-        for line in f:
-            m = re.match(r'(\S+) 200 "([^"]*)"', line)
-            if m:
-                last = m.group(2).split(",")[-1].strip().split(":")[-1]
-                by_instance[int(last)] = by_instance.get(int(last), 0) + 1
     for p, n in runs_by_survivors.items():
         # Each surviving instance ran exactly the runs it answered: none twice.
         if n is None or int(n) != by_instance.get(p, 0):
@@ -303,23 +335,15 @@ def main():
 
     print(f"{args.requests} requests from {args.clients} clients through nginx to "
           f"{args.instances} instances (--jobs {args.jobs} each); instance :{vport} SIGKILLed "
-          f"after {killed_at} answers")
+          f"after {killed and killed[0]} answers")
     print(f"  answered: {ok} with their own result, {refused} with 502/503 (in flight on the "
           f"killed instance), {len(ids) - ok - refused} otherwise")
     print(f"  passed on to another instance by nginx (never reached the first): {retried}")
     if example:
         print(f"    e.g. (id, status, upstreams, their statuses, bytes sent to each): {example}")
-    print(f"  answered by instance: " + ", ".join(f":{p} {n}" for p, n in sorted(by_instance.items())))
+    print("  answered by instance: " + ", ".join(f":{p} {n}" for p, n in sorted(by_instance.items())))
     print(f"  {elapsed:.2f} s, {len(ids) / elapsed:.0f} requests/s aggregate")
-    if killed_at is None:
-        fails.append("the instance was never killed")
-    for f in fails[:20]:
-        print("FAIL " + f)
-    if fails:
-        print(f"FAIL {len(fails)} problems")
-        return 1
-    print("every request got exactly one answer")
-    return 0
+    return verdict(fails, killed, "every request got exactly one answer")
 
 
 cell_log = []  # (session, epoch, cell, HTTP status, answer, seconds, time answered, request id)
@@ -345,20 +369,8 @@ def session_client(port, names):
             s["sent"] += 1
             rid = f"{n}.{s['epoch']}.{k}.{s['sent']}"
             t0 = time.monotonic()
-            try:
-                conn.request("POST", f"/v1/sessions/{n}/run",
-                             body=json.dumps({"id": rid, "code": code, "cell": k}),
-                             headers={"X-Request-Id": rid, "Content-Type": "application/json"})
-                r = conn.getresponse()
-                data = r.read()
-                status = r.status
-                a = json.loads(data) if r.getheader("Content-Type", "").startswith(
-                    "application/json") else data[:200].decode(errors="replace")
-                if r.will_close:
-                    conn.close()
-            except (OSError, http.client.HTTPException) as e:
-                status, a = 0, repr(e)
-                conn.close()
+            status, a = post(conn, f"/v1/sessions/{n}/run",
+                             json.dumps({"id": rid, "code": code, "cell": k}), rid)
             with lock:
                 cell_log.append((n, s["epoch"], k, status, a, time.monotonic() - t0,
                                  time.monotonic(), rid))
@@ -372,43 +384,21 @@ def session_client(port, names):
 
 
 def main_sessions():
-    global deadline
-    instances = [start_instance() for _ in range(args.instances)]
-    ports = [p for _, p in instances]
-    lb = start_nginx(ports)
     names = [f"s{i:03d}-{os.urandom(2).hex()}" for i in range(args.sessions)]
-    share = [names[i::args.clients] for i in range(args.clients)]
-    victim, vport = instances[1]
     total = args.sessions * args.cells
-    t0 = time.monotonic()
-    deadline = t0 + args.max_seconds
-    threads = [threading.Thread(target=session_client, args=(lb, s)) for s in share]
-    for t in threads:
-        t.start()
-    killed_at = None
-    while any(t.is_alive() for t in threads):
-        if killed_at is None and done >= total * args.kill_at:
-            victim.kill()
-            killed_at = time.monotonic()
-        time.sleep(0.005)
-    elapsed = time.monotonic() - t0
+    ports, vport, elapsed, killed = drive(session_client, names, total)
+    killed_at = killed and killed[1]
     cells_by = {p: scrape_total(p, "pysbx_session_cells_total") for p in ports if p != vport}
 
     fails = []
     # nginx's log: the replica of each answer, by request id.
     upstream = {}
-    with open(os.path.join(tmp, "access.log")) as f:
-        for line in f:
-            m = re.match(r'(\S+) (\d+) "([^"]*)" "([^"]*)" "([^"]*)"', line)
-            if not m:
-                continue
-            rid, st, addrs, sts, sent = m.groups()
-            if rid in upstream:
-                fails.append(f"{rid}: two lines in nginx's log")
-            upstream[rid] = addrs.split(",")[-1].strip()
-            sent = [x.strip() for x in re.split(r"[,:]", sent) if x.strip()]
-            if len(sent) > 1 and any(x not in ("0", "-") for x in sent[:-1]):
-                fails.append(f"{rid}: passed on after reaching a replica: {line.strip()}")
+    for rid, st, addrs, sent, line in access_log():
+        if rid in upstream:
+            fails.append(f"{rid}: two lines in nginx's log")
+        upstream[rid] = addrs.split(",")[-1].strip()
+        if len(sent) > 1 and any(x not in ("0", "-") for x in sent[:-1]):
+            fails.append(f"{rid}: passed on after reaching a replica: {line}")
     by = {}
     for n, epoch, k, status, a, secs, when, rid in cell_log:
         by.setdefault(n, []).append((epoch, k, status, rid, when))
@@ -464,15 +454,8 @@ def main_sessions():
         print(f"  {len(ok_secs)} cells in {elapsed:.2f} s ({len(ok_secs) / elapsed:.0f} cells/s); "
               f"a cell through nginx p50 {ok_secs[len(ok_secs) // 2] * 1000:.1f} ms, p99 "
               f"{ok_secs[min(len(ok_secs) - 1, len(ok_secs) * 99 // 100)] * 1000:.1f} ms")
-    if killed_at is None:
-        fails.append("the replica was never killed")
-    for f in fails[:20]:
-        print("FAIL " + f)
-    if fails:
-        print(f"FAIL {len(fails)} problems")
-        return 1
-    print("every session kept its state on its replica, or was told it was lost once")
-    return 0
+    return verdict(fails, killed,
+                   "every session kept its state on its replica, or was told it was lost once")
 
 
 try:
