@@ -625,6 +625,19 @@ PYSBX_API int sbx_session_run(struct sbx_session *s, const struct sbx_request *r
  * released. NULL is accepted. */
 PYSBX_API void sbx_session_close(struct sbx_session *s);
 
+/* A branch of |from|: a new session (*out; close it as any) that starts as
+ * an exact copy of |from|'s state after its last kept cell, variables,
+ * imports and files, and from then on is a session of its own: its own
+ * uid, workspace, processes and cells (numbered on from |from|'s), nothing
+ * writable shared with |from| either way. It has |from|'s limits (its idle
+ * time and lifetime count from now) and takes a place among max_sessions.
+ * Waits for a cell of |from| in flight. Returns 0, or a negative errno with
+ * |err|: SBX_ERR_SESSION_LOST (-ENOLINK) when |from| is lost, SBX_ERR_BUSY
+ * when max_sessions are open, SBX_ERR_UNAVAILABLE when the copy could not
+ * be made (why says why; |from| goes on as it was). */
+PYSBX_API int sbx_session_fork(struct sbx_session *from, struct sbx_session **out,
+                               struct sbx_error *err);
+
 /* "on_error", "on_stop", "never"; and back (0, or -EINVAL). */
 PYSBX_API const char *sbx_rollback_name(enum sbx_rollback rollback);
 PYSBX_API int sbx_rollback_from_name(const char *name, enum sbx_rollback *out);
@@ -657,6 +670,9 @@ struct sbx_backend {
     int (*session_run)(struct sbx_session *s, const struct sbx_request *req,
                        enum sbx_rollback rollback, struct sbx_result **out, struct sbx_error *err);
     void (*session_close)(struct sbx_session *s);
+    /* As sbx_session_fork; NULL where the backend cannot branch. */
+    int (*session_fork)(struct sbx_session *from, struct sbx_session **out,
+                        struct sbx_error *err);
 };
 
 /* Opens backend |name| ("embedded" or "python3"; NULL is "embedded") with

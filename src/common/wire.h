@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define WIRE_VERSION 6
+#define WIRE_VERSION 7
 
 enum wire_msg_type {
     WIRE_CONFIG = 1,
@@ -123,14 +123,23 @@ struct wire_session_open {
     struct wire_hdr hdr;
     uint64_t idle_ms;
     uint64_t lifetime_ms;
-    uint64_t memory_bytes;
+    uint64_t memory_bytes; /* a branch's is its origin's, whatever this says */
+    /* Not 0: the session is a branch of the one the template calls so
+     * (wire_session.id), which the supervisor keeps from any other call
+     * meanwhile. Its WIRE_SESSION comes once the copy of the state is made,
+     * with WIRE_BRANCH_FDS descriptors: the branch's workspace, its saved
+     * copy, and the origin's saved copy (the supervisor copies the files). */
+    uint64_t branch_of;
 };
 
 struct wire_session {
     struct wire_hdr hdr;
     int32_t pid; /* the session's first state process */
     uint32_t uid, gid;
+    uint32_t reserved;
+    uint64_t id; /* the template's name for it (wire_session_open.branch_of) */
 };
+#define WIRE_BRANCH_FDS 3
 
 struct wire_cell {
     struct wire_hdr hdr;

@@ -45,6 +45,7 @@ int sbx_backend_open(const char *name, const struct sbx_config *cfg, struct sbx_
             .session_open = embedded_session_open,
             .session_run = sbx_session_run,
             .session_close = sbx_session_close,
+            .session_fork = sbx_session_fork,
         };
         return 0;
     }

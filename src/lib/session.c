@@ -39,6 +39,8 @@ struct sbx_session {
     enum sbx_rollback rollback;
     uint64_t cells, max_cells;
     uint64_t memory; /* every cell's memory limit: the session's */
+    uint64_t id;     /* the template's name for it (a branch's origin is named so) */
+    uint64_t idle_ms, lifetime_ms;
     uid_t uid;
     gid_t gid;
     struct ws_index index;     /* the workspace as of the last cell */
@@ -126,14 +128,15 @@ static ssize_t await(struct sbx_session *s, void *buf, size_t cap, int *fds, int
     }
 }
 
+static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t max_cells, int *fds,
+                 int want, struct sbx_session **out, struct sbx_error *err);
+static void look_for_end(struct sbx_session *s);
+
 int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
                      struct sbx_session **out, struct sbx_error *err)
 {
     struct sbx_session_limits l;
     struct sbx_session *s = NULL;
-    int sv[2] = {-1, -1};
-    char why[WIRE_TEXT_MAX];
-    int rc;
 
     *out = NULL;
     if (!sbx)
@@ -150,6 +153,41 @@ int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
                         "least 1, memory 0 or in [%llu, %llu] bytes",
                         SBX_MAX_SECONDS, (unsigned long long)SBX_MIN_MEMORY_BYTES,
                         (unsigned long long)SBX_MAX_MEMORY_BYTES);
+    struct wire_session_open m = {
+        .hdr = {WIRE_SESSION_OPEN, WIRE_VERSION},
+        .idle_ms = (uint64_t)(l.idle_seconds * 1000.0 + 0.5),
+        .lifetime_ms = (uint64_t)(l.lifetime_seconds * 1000.0 + 0.5),
+        .memory_bytes = l.memory_bytes ? l.memory_bytes : SBX_DEFAULT_MEMORY_BYTES,
+    };
+    int rc = start(sbx, &m, l.max_cells, NULL, 0, &s, err);
+    if (rc == 0) {
+        clock_gettime(CLOCK_REALTIME, &s->index.taken); /* an empty workspace */
+        *out = s;
+    }
+    return rc;
+}
+
+static void discard(struct sbx_session *s)
+{
+    close_fd(&s->chan);
+    close_fd(&s->template_pidfd);
+    ws_index_free(&s->index);
+    pthread_mutex_destroy(&s->lock);
+    atomic_fetch_sub(&s->sbx->sessions, 1);
+    free(s);
+}
+
+/* A session's place among max_sessions and its channel, asked for with
+ * |m|: 0 and *out once the template says it is ready (with |want|
+ * descriptors, into |fds|), or -errno with |err|. */
+static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t max_cells, int *fds,
+                 int want, struct sbx_session **out, struct sbx_error *err)
+{
+    struct sbx_session *s = NULL;
+    int sv[2] = {-1, -1};
+    char why[WIRE_TEXT_MAX];
+    int rc, nfds = 0;
+
     /* A place among max_sessions, or busy. */
     unsigned open = atomic_load(&sbx->sessions);
     do {
@@ -161,20 +199,16 @@ int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
 
     s = calloc(1, sizeof(*s));
     if (!s) {
-        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
-        goto fail;
+        atomic_fetch_sub(&sbx->sessions, 1);
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
     }
     s->sbx = sbx;
     s->chan = s->template_pidfd = -1;
-    s->max_cells = l.max_cells;
-    s->memory = l.memory_bytes ? l.memory_bytes : SBX_DEFAULT_MEMORY_BYTES;
+    s->max_cells = max_cells;
+    s->memory = m->memory_bytes;
+    s->idle_ms = m->idle_ms;
+    s->lifetime_ms = m->lifetime_ms;
     pthread_mutex_init(&s->lock, NULL);
-    struct wire_session_open m = {
-        .hdr = {WIRE_SESSION_OPEN, WIRE_VERSION},
-        .idle_ms = (uint64_t)(l.idle_seconds * 1000.0 + 0.5),
-        .lifetime_ms = (uint64_t)(l.lifetime_seconds * 1000.0 + 0.5),
-        .memory_bytes = s->memory,
-    };
     union {
         struct wire_hdr hdr;
         struct wire_session session;
@@ -185,8 +219,9 @@ int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
     ssize_t n = 0;
     /* A template that died just before (its end not yet seen) takes the
      * request with it: the next one is asked, as a run would wait for its
-     * worker. */
-    for (int attempt = 0; n == 0 && attempt < SESSION_OPEN_ATTEMPTS; attempt++) {
+     * worker. (Not for a branch: its origin was in the template that died.) */
+    for (int attempt = 0; n == 0 && attempt < (m->branch_of ? 1 : SESSION_OPEN_ATTEMPTS);
+         attempt++) {
         close_fd(&s->chan);
         close_fd(&s->template_pidfd);
         /* Ours non-blocking: between cells we only look whether the
@@ -196,7 +231,7 @@ int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
             rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -errno, "socketpair: %s", strerror(errno));
             goto fail;
         }
-        rc = control_open_session(sbx, &m, sv[1], &s->template_pidfd, why, sizeof(why));
+        rc = control_open_session(sbx, m, sv[1], &s->template_pidfd, why, sizeof(why));
         close_fd(&sv[1]);
         s->chan = sv[0];
         sv[0] = -1;
@@ -204,8 +239,7 @@ int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
             rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
             goto fail;
         }
-        int nfds = 0;
-        n = await(s, &r, sizeof(r), NULL, 0, &nfds, until);
+        n = await(s, &r, sizeof(r), fds, want, &nfds, until);
     }
     if (n <= 0) {
         rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, n < 0 ? (int)n : -EPIPE,
@@ -214,24 +248,81 @@ int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
         goto fail;
     }
     if ((rc = wire_decode_session(&r, (size_t)n, &ready, why, sizeof(why))) < 0) {
-        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
+        rc = sbx_fail(err, m->branch_of ? SBX_ERR_SESSION_LOST : SBX_ERR_UNAVAILABLE,
+                      m->branch_of ? -ENOLINK : rc, "%s", why);
+        goto fail;
+    }
+    if (nfds != want) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -EPROTO, "the template's answer was cut");
         goto fail;
     }
     s->uid = ready.uid;
     s->gid = ready.gid;
-    clock_gettime(CLOCK_REALTIME, &s->index.taken); /* an empty workspace */
+    s->id = ready.id;
     *out = s;
     return 0;
 
 fail:
     close_fds(sv, 2);
-    if (s) {
-        close_fd(&s->chan);
-        close_fd(&s->template_pidfd);
-        pthread_mutex_destroy(&s->lock);
-        free(s);
+    close_fds(fds, (size_t)nfds);
+    discard(s);
+    return rc;
+}
+
+int sbx_session_fork(struct sbx_session *from, struct sbx_session **out, struct sbx_error *err)
+{
+    struct sbx_session *s = NULL;
+    int fds[WIRE_BRANCH_FDS] = {-1, -1, -1};
+    char why[160];
+    int rc;
+
+    *out = NULL;
+    if (!from)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "no session");
+    /* Behind a cell of the origin's: the copy is of the state it leaves. */
+    pthread_mutex_lock(&from->lock);
+    look_for_end(from);
+    if (from->lost[0]) {
+        rc = sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "%s", from->lost);
+        goto out;
     }
-    atomic_fetch_sub(&sbx->sessions, 1);
+    struct wire_session_open m = {
+        .hdr = {WIRE_SESSION_OPEN, WIRE_VERSION},
+        .idle_ms = from->idle_ms,
+        .lifetime_ms = from->lifetime_ms,
+        .memory_bytes = from->memory,
+        .branch_of = from->id,
+    };
+    rc = start(from->sbx, &m, from->max_cells, fds, WIRE_BRANCH_FDS, &s, err);
+    if (rc < 0)
+        goto out;
+    /* The files as of the origin's last kept cell (its saved copy), into
+     * the branch's workspace and saved copy, as the branch's user (the
+     * capabilities that override modes read the origin's). */
+    bool switched = false;
+    rc = fsid_enter_owner(s->uid, s->gid, &switched);
+    if (rc == 0) {
+        rc = ws_restore_all(fds[0], fds[2]);
+        if (rc == 0)
+            rc = ws_restore_all(fds[1], fds[2]);
+        if (rc == 0)
+            rc = ws_index_build(fds[0], &s->index, why, sizeof(why));
+        else
+            fmt(why, sizeof(why), "%s", strerror(-rc));
+        fsid_leave(switched);
+    } else
+        fmt(why, sizeof(why), "taking the branch's user: %s", strerror(-rc));
+    if (rc < 0) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "copying the session's files: %s", why);
+        sbx_session_close(s);
+        goto out;
+    }
+    s->cells = from->cells;
+    s->rollback = from->rollback;
+    *out = s;
+out:
+    close_fds(fds, WIRE_BRANCH_FDS);
+    pthread_mutex_unlock(&from->lock);
     return rc;
 }
 

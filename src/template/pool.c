@@ -23,6 +23,7 @@
 #include <sys/pidfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -154,6 +155,7 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
              * throughput of a full machine. */
             .hold_exit = t->pid_ns && t->pkg_path && !t->single_run && !sess,
             .session = sess != NULL,
+            .branch = sess && session_is_branch(sess),
             .session_memory = sess ? session_memory(sess) : 0,
             .plan =
                 {
@@ -175,6 +177,10 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
     close_fd(&ws_mount); /* the worker's copy keeps it until it is mounted */
     w->pid = pid;
     w->session = sess;
+    if (sess) {
+        struct stat st;
+        w->chan_ino = fstat(ready[1], &st) == 0 ? st.st_ino : 0;
+    }
     close_fd(&ready[1]);
     w->ready_fd = ready[0];
     if (sess) {

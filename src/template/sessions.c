@@ -58,6 +58,7 @@
  * (sweep_uid).
  */
 #define _GNU_SOURCE
+#include "branch.h"
 #include "pysbx.h"
 #include "sysutil.h"
 #include "template.h"
@@ -109,6 +110,8 @@
 #define CELL_PLAN_MAX_PAGES      1024
 #define CELL_PLAN_MAX_READ_PAGES 8192
 #define CELL_PLAN_EVERY          16
+/* How long a branch may take, from its opening to its copy resumed. */
+#define BRANCH_BUDGET_NS (10000ULL * 1000000ULL)
 /* How long an ended session's uid is looked at for a process left; past
  * it the session goes and its uid is never handed out again. */
 #define SWEEP_GIVE_UP_NS (1000ULL * 1000000ULL)
@@ -132,6 +135,16 @@ enum next_phase {
     NEXT_FAILING, /* no child: |from| is being stopped */
     NEXT_MADE,    /* both seen stopped: a cell can be handed out */
     NEXT_FAILED,  /* tried again when a cell is asked for */
+};
+
+/* A branch being made (OPENING, with branch_of): */
+enum branch_step {
+    BR_NONE,
+    BR_READYING,  /* its first process gets ready, as any session's */
+    BR_ORIGIN,    /* it waits at its import; the origin's state is not idle yet */
+    BR_EXPORTING, /* the origin's state is told to export itself */
+    BR_STOPPING,  /* it said it did: being stopped, then copied (branch.h) */
+    BR_RESUMING,  /* copied: the copy resumes, and says so */
 };
 
 static const char *const sess_names[] = {"opening",  "waiting",  "asked",   "running",
@@ -187,6 +200,12 @@ struct session_rec {
     struct prefault plan;
     struct prefault reads; /* and the pages of code and constants it ran or read */
     uint64_t kept;         /* cells kept */
+    /* A branch: the session it is a copy of, and how far the copy is. */
+    uint64_t branch_of;
+    enum branch_step branch_step;
+    uint64_t branch_by_ns;
+    /* An origin: exports asked of its state and not answered yet. */
+    unsigned exports;
 };
 
 /* Room for the fork command being sent (16 KiB: not on the stack). */
@@ -201,6 +220,19 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why);
 uint64_t session_memory(const struct session_rec *s)
 {
     return s->memory;
+}
+
+bool session_is_branch(const struct session_rec *s)
+{
+    return s->branch_of != 0;
+}
+
+static struct session_rec *find_session(struct tmpl *t, uint64_t id)
+{
+    for (struct session_rec *s = t->sessions; s; s = s->next)
+        if (s->id == id)
+            return s;
+    return NULL;
 }
 
 void session_adopt(struct session_rec *s, struct worker_rec *w, int ws_fd)
@@ -665,6 +697,17 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
     s->lifetime_ns = m->lifetime_ms * 1000000ULL;
     s->opened_ns = s->idle_since_ns = now_ns();
     s->own_uid = t->uids.per_run;
+    if (m->branch_of) {
+        struct session_rec *from = find_session(t, m->branch_of);
+        if (!from || from->phase == SESS_ENDING || from->phase == SESS_OPENING || !from->state) {
+            fmt(why, sizeof(why), "the session to branch from has ended");
+            goto refuse;
+        }
+        s->memory = from->memory;
+        s->branch_of = from->id;
+        s->branch_step = BR_READYING;
+        s->branch_by_ns = s->opened_ns + BRANCH_BUDGET_NS;
+    }
     if (!t->root || !t->seccomp || !t->pid_ns || !t->proc_ok) {
         fmt(why, sizeof(why), "%s",
             !t->root      ? "sessions need the private root (the mount namespace): each keeps a "
@@ -714,14 +757,22 @@ refuse:
 
 /* The first state is confined and hands over its listener. It has run
  * nothing of the tenant's yet: this once, what it sends is taken. */
+static void branch_advance(struct tmpl *t, struct session_rec *b);
+
 static void state_ready(struct tmpl *t, struct session_rec *s, int listener)
 {
     struct wire_session m = {.hdr = {WIRE_SESSION, WIRE_VERSION},
                              .pid = s->state->pid,
                              .uid = t->jail.switch_user ? s->uid : 0,
-                             .gid = t->jail.switch_user ? s->gid : 0};
+                             .gid = t->jail.switch_user ? s->gid : 0,
+                             .id = s->id};
 
     s->listener = listener;
+    if (s->branch_of) {
+        s->branch_step = BR_ORIGIN;
+        branch_advance(t, s);
+        return;
+    }
     if (wire_send(s->chan, &m, sizeof(m), NULL, 0) < 0) {
         end_session(t, s, NULL);
         return;
@@ -1109,11 +1160,114 @@ static void settle(struct tmpl *t, struct session_rec *s, bool keep)
     s->idle_since_ns = now_ns();
 }
 
+/* --- branching ------------------------------------------------------------ */
+
+/* A branch is a session whose first process, once confined, waits at its
+ * import (branch.h) until the origin's state is idle (WAITING, its next
+ * cell made, stopped); the state is then told to export itself, stopped
+ * again once it says it did (the only thing it may say then), and copied.
+ * Its copy says when it has resumed; only then, with the kernel's word that
+ * it has one thread and no descriptor but its own, is the branch ready and
+ * its supervisor told (WIRE_SESSION, with the workspaces whose files it
+ * copies). The origin only ever stops a moment longer than it would. */
+static void branch_advance(struct tmpl *t, struct session_rec *b)
+{
+    struct session_rec *a = find_session(t, b->branch_of);
+    struct branch_stats st;
+    char why[WIRE_TEXT_MAX];
+
+    if (b->phase != SESS_OPENING)
+        return;
+    if (!a || a->phase == SESS_ENDING || !a->state) {
+        end_session(t, b, "the session branched from ended before its copy was made");
+        return;
+    }
+    switch (b->branch_step) {
+    case BR_ORIGIN:
+        if (a->phase != SESS_WAITING || !a->state->stop_seen || a->exports ||
+            (a->making >= NEXT_FORKING && a->making <= NEXT_FAILING)) {
+            b->recheck_ns = now_ns() + RECHECK_NS;
+            return;
+        }
+        char ask = SESSION_EXPORT;
+        if (wire_send(a->state->ready_fd, &ask, 1, NULL, 0) < 0) {
+            end_session(t, b, "the session branched from does not listen");
+            return;
+        }
+        a->exports++;
+        b->branch_step = BR_EXPORTING;
+        proc_continue(a->state);
+        return;
+    case BR_STOPPING:
+        if (!a->state->stop_seen)
+            return;
+        if (branch_copy(t->proc_fd, a->state->pid, b->state->pid, b->state->ready_fd, &st, why,
+                        sizeof(why)) < 0) {
+            end_session(t, b, why);
+            return;
+        }
+        b->branch_step = BR_RESUMING;
+        return;
+    default:
+        return;
+    }
+}
+
+/* The origin's state said it exported itself: stopped again, and copied
+ * once it is seen stopped. */
+static void origin_exported(struct tmpl *t, struct session_rec *a)
+{
+    a->exports--;
+    proc_stop(a->state);
+    for (struct session_rec *b = t->sessions; b; b = b->next)
+        if (b->branch_of == a->id && b->branch_step == BR_EXPORTING) {
+            b->branch_step = BR_STOPPING;
+            if (a->state->stop_seen)
+                branch_advance(t, b);
+        }
+}
+
+/* The copy says it resumed: the branch is a session like any other. */
+static void branch_resumed(struct tmpl *t, struct session_rec *b)
+{
+    struct session_rec *a = find_session(t, b->branch_of);
+    struct wire_session m = {.hdr = {WIRE_SESSION, WIRE_VERSION},
+                             .pid = b->state->pid,
+                             .uid = t->jail.switch_user ? b->uid : 0,
+                             .gid = t->jail.switch_user ? b->gid : 0,
+                             .id = b->id};
+
+    if (!a || a->phase == SESS_ENDING || a->saved_fd < 0) {
+        end_session(t, b, "the session branched from ended before its files were copied");
+        return;
+    }
+    if (status_number(t, b->state->pid, "Threads:") != 1 ||
+        !only_its_own_descriptors(t, b->state)) {
+        end_session(t, b, "the branch's copy of the state holds a thread or a descriptor that a "
+                          "state may not");
+        return;
+    }
+    b->branch_step = BR_NONE;
+    if (wire_send(b->chan, &m, sizeof(m), (const int[]){b->ws_fd, b->saved_fd, a->saved_fd},
+                  WIRE_BRANCH_FDS) < 0) {
+        end_session(t, b, NULL);
+        return;
+    }
+    b->phase = SESS_WAITING;
+    b->idle_since_ns = now_ns();
+    start_making(t, b, b->state);
+}
+
 /* --- what the kernel reports ----------------------------------------------- */
 
 void session_stopped(struct tmpl *t, struct worker_rec *w)
 {
     struct session_rec *s = w->session;
+
+    if (w == s->state && !s->exports)
+        for (struct session_rec *b = t->sessions; b; b = b->next)
+            if (b->branch_of == s->id && b->branch_step == BR_STOPPING)
+                branch_advance(t, b);
 
     if (s->phase == SESS_STOPPING && w == s->cell)
         cell_looked_at(t, s);
@@ -1287,6 +1441,29 @@ void session_said(struct tmpl *t, struct worker_rec *w)
         return;
     }
     close_fd(&fd);
+    /* Asked to export itself (branch_advance), the state says it did: the
+     * worst it can do is say so early (before its mark is set), which makes
+     * a copy that resumes wrongly, in the branch's process alone. */
+    if (w == s->state && s->exports && n == 1 && buf[0] == SESSION_EXPORTED && from == w->pid) {
+        origin_exported(t, s);
+        return;
+    }
+    /* A branch's copy says it resumed, or that its import failed. It is
+     * the tenant's process from its resumption: what it says only chooses
+     * between its branch being ready (then the kernel is asked whether it
+     * may be) and its end. */
+    if (w == s->state && s->phase == SESS_OPENING && s->branch_step == BR_RESUMING &&
+        from == w->pid && n >= 1 && (buf[0] == SESSION_BRANCHED || buf[0] == BRANCH_FAILED)) {
+        char why[WIRE_TEXT_MAX];
+        if (n == 1 && buf[0] == SESSION_BRANCHED) {
+            branch_resumed(t, s);
+            return;
+        }
+        fmt(why, sizeof(why), "the branch could not take the state: %.*s", 200, buf + 1);
+        utf8_terminate(why);
+        end_session(t, s, why);
+        return;
+    }
     if ((w == s->from || w == s->state || w == s->candidate) && n == 1 &&
         buf[0] == SESSION_FORKED && from == w->pid) {
         /* A hint, maybe late (the process may be stopped before it says
@@ -1478,6 +1655,8 @@ static uint64_t next_deadline(const struct session_rec *s)
 
     if (s->lost_track)
         return 1;
+    if (s->phase == SESS_OPENING && s->branch_of)
+        return soonest(d, s->branch_by_ns);
     if (s->phase == SESS_ENDING || s->phase == SESS_OPENING)
         return d;
     if (s->making >= NEXT_FORKING && s->making <= NEXT_FAILING)
@@ -1530,10 +1709,18 @@ void sessions_tick(struct tmpl *t)
             }
             if (s->phase == SESS_STOPPING && s->cell && s->cell->stop_seen)
                 cell_looked_at(t, s);
+            if (s->phase == SESS_OPENING && s->branch_step == BR_ORIGIN)
+                branch_advance(t, s);
             if (s->making == NEXT_FORKED && !look_for_child(t, s))
                 s->recheck_ns = now + LOOK_NS;
         }
         char why[160];
+        if (s->phase == SESS_OPENING && s->branch_of && now >= s->branch_by_ns) {
+            fmt(why, sizeof(why), "the branch was not made within %llu s",
+                (unsigned long long)(BRANCH_BUDGET_NS / 1000000000ULL));
+            end_session(t, s, why);
+            continue;
+        }
         if (s->making >= NEXT_FORKING && s->making <= NEXT_FAILING && now >= s->fork_by_ns) {
             fmt(why, sizeof(why),
                 "the session ended: its process did not fork the next cell within %llu s",

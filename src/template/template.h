@@ -185,6 +185,7 @@ void session_said(struct tmpl *t, struct worker_rec *w);
 /* For spawn_process: the session's memory ceiling; and taking its first
  * state process |w| and workspace |ws_fd| (which becomes the session's). */
 uint64_t session_memory(const struct session_rec *s);
+bool session_is_branch(const struct session_rec *s);
 void session_adopt(struct session_rec *s, struct worker_rec *w, int ws_fd);
 /* Closes what |w| holds and frees it (unlinked already). */
 void forget_worker(struct tmpl *t, struct worker_rec *w);

@@ -12,7 +12,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,7 +25,10 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #ifndef MADV_POPULATE_READ
@@ -34,6 +39,20 @@
 #endif
 
 _Static_assert(FD_READY == POLICY_SESSION_CHANNEL_FD, "the policy lets the channel carry messages");
+
+/* What a fork would carry into a child that a fresh process has not: the
+ * state writes it down when asked (SESSION_EXPORT), and its copy takes it
+ * on once it has the state's memory, where this record is. Nothing here is
+ * the template's concern: what the state writes shapes its copy alone,
+ * which its code could shape anyway. */
+static struct {
+    struct sigaction act[_NSIG];
+    sigset_t mask;
+    stack_t altstack;
+    mode_t umask;
+    char cwd[PATH_MAX];
+    bool chdir_due; /* the copy: its workspace's files come after it resumes */
+} exported;
 
 /* One byte, with |fd| attached. */
 static int send_fd(int sock, char byte, int fd)
@@ -72,8 +91,8 @@ static int recv_command(int sock, char byte, int *fds, int n)
     return 1;
 }
 
-/* SESSION_FORK, with the cell's channel in *chan and its plan in |m|.
- * Returns as recv_command. */
+/* SESSION_FORK, with the cell's channel in *chan and its plan in |m|, or
+ * SESSION_EXPORT alone (m->cmd says which). Returns as recv_command. */
 static int recv_fork(int sock, struct session_fork_msg *m, int *chan)
 {
     int got = 0;
@@ -81,6 +100,8 @@ static int recv_fork(int sock, struct session_fork_msg *m, int *chan)
 
     if (len <= 0)
         return (int)len;
+    if (len == 1 && got == 0 && m->cmd == SESSION_EXPORT)
+        return 1;
     size_t head = offsetof(struct session_fork_msg, ranges);
     if (m->cmd != SESSION_FORK || got != 1 || (size_t)len < head ||
         m->n_ranges > CELL_PLAN_MAX_RANGES ||
@@ -212,6 +233,12 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
         (void)write_full(FD_STDERR, err, strnlen(err, sizeof(err)));
         _exit(125);
     }
+    /* A branch's first cells go where its origin's state was (its files
+     * are in place now); the first one kept took it on. */
+    if (exported.chdir_due) {
+        (void)chdir(exported.cwd);
+        exported.chdir_due = false;
+    }
     /* While the code runs, it holds its three streams and its channel. */
     close(ws);
     close(FD_REQUEST);
@@ -227,8 +254,152 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
         _exit(127);
 }
 
+/* --- branching ----------------------------------------------------------- */
+
+/* Where a copy resumes: in state_loop, as if it had just exported. */
+static jmp_buf branch_point;
+
+static void export_self(void)
+{
+    for (int sig = 1; sig < _NSIG; sig++)
+        if (sigaction(sig, NULL, &exported.act[sig]) < 0)
+            exported.act[sig].sa_handler = SIG_DFL;
+    sigprocmask(SIG_BLOCK, NULL, &exported.mask);
+    if (sigaltstack(NULL, &exported.altstack) < 0)
+        exported.altstack.ss_flags = SS_DISABLE;
+    exported.umask = umask(0);
+    umask(exported.umask);
+    if (!getcwd(exported.cwd, sizeof(exported.cwd)))
+        exported.cwd[0] = '\0';
+}
+
+static void adopt_exported(void)
+{
+    for (int sig = 1; sig < _NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP)
+            (void)sigaction(sig, &exported.act[sig], NULL);
+    if (!(exported.altstack.ss_flags & SS_DISABLE)) {
+        exported.altstack.ss_flags = 0;
+        (void)sigaltstack(&exported.altstack, NULL);
+    }
+    umask(exported.umask);
+    exported.chdir_due = exported.cwd[0] != '\0';
+    sigprocmask(SIG_SETMASK, &exported.mask, NULL);
+}
+
+/* A branch's import, on a stack of its own: from the first page the
+ * template copies, everything this process had in memory is the state's,
+ * so this uses its stack and the system calls alone, and ends in the
+ * state's own branch_point. Nothing of the tenant's has run in this
+ * process: it is confined as its own session already, and what it maps is
+ * what the template (which reads the state's map from the kernel) says. */
+__attribute__((no_sanitize("address", "undefined"), noinline)) static void
+branch_fail(const char *what, uint64_t at, int e)
+{
+    char msg[128];
+    int n = snprintf(msg, sizeof(msg), "%c%s at %#llx: %s", BRANCH_FAILED, what,
+                     (unsigned long long)at, strerror(e));
+    syscall(SYS_write, FD_READY, msg, n > 0 ? (size_t)n : 1);
+    syscall(SYS_exit_group, 127);
+}
+
+__attribute__((no_sanitize("address", "undefined"), noinline)) static void branch_ops(void)
+{
+    for (;;) {
+        struct branch_op o;
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } c;
+        struct iovec iov = {.iov_base = &o, .iov_len = sizeof(o)};
+        struct msghdr m = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf, .msg_controllen = sizeof(c.buf)};
+        long n = syscall(SYS_recvmsg, FD_READY, &m, MSG_CMSG_CLOEXEC);
+        if (n <= 0)
+            syscall(SYS_exit_group, n == 0 ? 0 : 127);
+        int fd = -1;
+        struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+        if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS &&
+            h->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&fd, CMSG_DATA(h), sizeof(int));
+        if (n != sizeof(o) || (o.kind == BRANCH_OP_MMAP_FILE) != (fd >= 0))
+            branch_fail("a message out of turn", 0, EPROTO);
+        long r = 0;
+        size_t len = (size_t)(o.hi - o.lo);
+        switch (o.kind) {
+        case BRANCH_OP_MUNMAP:
+            r = syscall(SYS_munmap, o.lo, len);
+            break;
+        case BRANCH_OP_BRK:
+            r = syscall(SYS_brk, o.lo) == (long)o.lo ? 0 : (errno = ENOMEM, -1);
+            break;
+        case BRANCH_OP_MMAP_ANON:
+        case BRANCH_OP_MMAP_FILE:
+            /* Writable while it is copied into; protected after. */
+            r = syscall(SYS_mmap, o.lo, len, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_FIXED_NOREPLACE |
+                            (o.kind == BRANCH_OP_MMAP_ANON ? MAP_ANONYMOUS : 0),
+                        fd, o.kind == BRANCH_OP_MMAP_FILE ? o.off : 0);
+            r = r == (long)o.lo ? 0 : r == -1 ? -1 : (errno = EEXIST, -1);
+            if (fd >= 0)
+                syscall(SYS_close, fd);
+            break;
+        case BRANCH_OP_PROTECT:
+            r = syscall(SYS_mprotect, o.lo, len, o.prot);
+            break;
+        case BRANCH_OP_GROW:
+            /* The stack grows down to the state's as its pages are touched. */
+            for (uint64_t p = o.hi; p > o.lo; p -= 4096)
+                *(volatile char *)(uintptr_t)(p - 4096) = 0;
+            break;
+        case BRANCH_OP_END:
+            longjmp(branch_point, 1);
+        default:
+            branch_fail("an unknown operation", 0, EPROTO);
+        }
+        if (r < 0)
+            branch_fail(o.kind == BRANCH_OP_MUNMAP ? "munmap"
+                        : o.kind == BRANCH_OP_BRK  ? "brk"
+                        : o.kind == BRANCH_OP_PROTECT ? "mprotect"
+                                                      : "mmap",
+                        o.lo, errno);
+        if (o.kind == BRANCH_OP_GROW) {
+            char said = BRANCH_MAPPED, heard = 0;
+            if (syscall(SYS_write, FD_READY, &said, 1) != 1 ||
+                syscall(SYS_read, FD_READY, &heard, 1) != 1 || heard != BRANCH_COPIED)
+                syscall(SYS_exit_group, 127);
+        }
+    }
+}
+
+/* A branch's first process: its import stack where the template says,
+ * then the import on it. Never returns (the import ends in the state's
+ * loop, or the process ends). */
+_Noreturn static void branch_import(void)
+{
+    static ucontext_t here, there;
+    struct branch_op o;
+    int fd = -1, got = 0;
+
+    if (wire_recv(FD_READY, &o, sizeof(o), &fd, 1, &got) != (ssize_t)sizeof(o) || got ||
+        o.kind != BRANCH_STACK || o.hi <= o.lo)
+        _exit(127);
+    void *stack = mmap((void *)(uintptr_t)o.lo, (size_t)(o.hi - o.lo), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (stack != (void *)(uintptr_t)o.lo)
+        branch_fail("mmap of the import's stack", o.lo, stack == MAP_FAILED ? errno : EEXIST);
+    if (getcontext(&there) < 0)
+        _exit(127);
+    there.uc_stack.ss_sp = stack;
+    there.uc_stack.ss_size = (size_t)(o.hi - o.lo);
+    there.uc_link = NULL;
+    makecontext(&there, branch_ops, 0);
+    swapcontext(&here, &there);
+    _exit(127);
+}
+
 /* The state: nothing runs but this loop, and the template stops it between
- * cells. Each SESSION_FORK makes a cell. */
+ * cells. Each SESSION_FORK makes a cell; SESSION_EXPORT readies a copy. */
 _Noreturn static void state_loop(const struct worker_args *a)
 {
     static struct session_fork_msg fork_msg;
@@ -242,6 +413,17 @@ _Noreturn static void state_loop(const struct worker_args *a)
             continue;
         if (rc < 0)
             _exit(127);
+        if (fork_msg.cmd == SESSION_EXPORT) {
+            export_self();
+            char said = SESSION_EXPORTED;
+            if (setjmp(branch_point) != 0) {
+                /* A copy of the state, in a process of its own session. */
+                adopt_exported();
+                said = SESSION_BRANCHED;
+            }
+            (void)write_full(FD_READY, &said, 1);
+            continue;
+        }
         /* The raw system call: glibc's fork() would run the process's
          * at-fork handlers, and the template allows these flags only. No
          * Python code runs here, and this is the only thread. */
@@ -281,5 +463,7 @@ _Noreturn void session_main(const struct worker_args *a, int listener)
     close(listener);
     close(FD_WORKSPACE);
     close(FD_REQUEST);
+    if (a->branch)
+        branch_import();
     state_loop(a);
 }

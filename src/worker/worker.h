@@ -47,6 +47,39 @@ struct session_fork_msg {
     uint32_t n_ranges;
     uint64_t ranges[CELL_PLAN_MAX_RANGES][2]; /* [start, end), page-aligned; n_ranges of them */
 };
+/* Branching (a copy of a state as a session of its own). The template
+ * tells the state SESSION_EXPORT: it writes down what a fork would carry
+ * into a child and a fresh process lacks (its signal actions, mask and
+ * alternate stack, umask, working directory), marks where a copy resumes,
+ * and answers SESSION_EXPORTED. A branch's first process, made fresh and
+ * confined as its own session, gets BRANCH_STACK (struct branch_op: where
+ * to map the stack it imports on, clear of the state's memory), then
+ * struct branch_op messages that make its memory map the state's; at
+ * BRANCH_OP_GROW it answers BRANCH_MAPPED and waits while the template
+ * copies the state's pages into it; BRANCH_OP_END resumes the copy where
+ * the state marked, and it says SESSION_BRANCHED (from then on it is the
+ * tenant's). BRANCH_FAILED and why, then its exit, if an operation fails. */
+#define SESSION_EXPORT   'X'
+#define SESSION_EXPORTED 'x'
+#define SESSION_BRANCHED 'b'
+#define BRANCH_MAPPED    'M'
+#define BRANCH_FAILED    'E'
+#define BRANCH_COPIED    'C'
+enum branch_op_kind {
+    BRANCH_STACK = 1,
+    BRANCH_OP_MUNMAP,
+    BRANCH_OP_BRK,
+    BRANCH_OP_MMAP_ANON,
+    BRANCH_OP_MMAP_FILE, /* the file attached */
+    BRANCH_OP_PROTECT,
+    BRANCH_OP_GROW, /* the stack, down to |lo| */
+    BRANCH_OP_END,
+};
+struct branch_op {
+    uint32_t kind; /* enum branch_op_kind */
+    int32_t prot;
+    uint64_t lo, hi, off;
+};
 /* ... and the cell, on its channel, when it is handed out: run; its
  * request socket, stdout and stderr are attached. */
 #define CELL_GO  'G'
@@ -95,6 +128,7 @@ struct worker_args {
      * socket, the policy the session's (plan.policy), and instead of one
      * request it serves the session (session.h). */
     bool session;
+    bool branch;              /* ... a branch's: it imports a state (session.h) */
     uint64_t session_memory;  /* the session's address-space ceiling */
     struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };

@@ -1,0 +1,255 @@
+/*
+ * Branches of sessions (sbx_session_fork) through the public API: a branch
+ * starts as an exact copy of its origin's state (variables, imports, a
+ * half-run generator, files), and from then on neither sees anything the
+ * other does; each has its own uid and files; a branch counts among
+ * max_sessions, outlives its origin, is lost with a lost origin, and leaves
+ * no process behind when closed.
+ *
+ * Runs as pid 1 of its own pid namespace (tests/in_pidns.sh), as the other
+ * session tests do.
+ */
+#define _GNU_SOURCE
+#include "session_helpers.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SBX(state) (((struct fixture *)*(state))->sbx)
+
+static struct sbx_session *fork_of(struct sbx_session *from)
+{
+    struct sbx_session *b = NULL;
+    struct sbx_error err = {0};
+
+    if (sbx_session_fork(from, &b, &err) < 0)
+        fail_msg("sbx_session_fork: %s", err.message);
+    return b;
+}
+
+/* A state with more than variables in it: a module the template had not
+ * loaded (an extension's code and data mapped by the state alone), a
+ * generator part-way through, a closure, a class, a large list, files in
+ * a tree. */
+#define RICH_STATE                                                                                 \
+    "import decimal, json, os, collections\n"                                                      \
+    "x = 1\n"                                                                                      \
+    "big = list(range(200000))\n"                                                                  \
+    "d = decimal.Decimal('1.10') * 3\n"                                                            \
+    "def gen():\n"                                                                                 \
+    "    yield from range(100)\n"                                                                  \
+    "g = gen(); next(g); next(g)\n"                                                                \
+    "def counter():\n"                                                                             \
+    "    n = 0\n"                                                                                  \
+    "    def inc():\n"                                                                             \
+    "        nonlocal n; n += 1; return n\n"                                                       \
+    "    return inc\n"                                                                             \
+    "inc = counter(); inc()\n"                                                                     \
+    "class P(collections.namedtuple('P', 'a b')): pass\n"                                          \
+    "p = P(1, 2)\n"                                                                                \
+    "os.makedirs('d/e', exist_ok=True)\n"                                                          \
+    "open('d/e/f.txt', 'w').write('deep')\n"                                                       \
+    "open('top.txt', 'w').write('top')\n"
+#define RICH_CHECK                                                                                 \
+    "import os\n"                                                                                  \
+    "files = sorted(os.path.join(r, f)[2:] for r, ds, fs in os.walk('.') for f in fs + ds)\n"      \
+    "print(x, len(big), big[-1], d, next(g), inc(), p, json.dumps(files),\n"                       \
+    "      open('top.txt').read(), open('d/e/f.txt').read())\n"
+#define RICH_WANT                                                                                  \
+    "1 200000 199999 3.30 2 2 P(a=1, b=2) [\"d\", \"d/e\", \"d/e/f.txt\", \"top.txt\"] top deep\n"
+
+/* The branch is the state, and then each goes its own way: what one does
+ * to its variables and files, the other never sees. */
+static void a_branch_is_a_copy_and_then_its_own(void **state)
+{
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    expect_cell(a, RICH_STATE, "");
+    struct sbx_session *b = fork_of(a);
+    /* Both see the state as the last kept cell left it, and each draws
+     * its own next value of the generator and the closure. */
+    expect_cell(b, RICH_CHECK, RICH_WANT);
+    expect_cell(a, RICH_CHECK, RICH_WANT);
+    /* The branch changes everything; the origin sees none of it. */
+    expect_cell(b, "x = 'b'\nbig.clear()\nopen('top.txt', 'w').write('B')\nos.remove('d/e/f.txt')\n"
+                   "open('b.txt', 'w').write('b')",
+                "");
+    expect_cell(a, "import os\nprint(x, len(big), open('top.txt').read(), sorted(os.listdir('.')))",
+                "1 200000 top ['d', 'top.txt']\n");
+    /* ... and the other way round. */
+    expect_cell(a, "x = 'a'\nopen('top.txt', 'w').write('A')", "");
+    expect_cell(b, "import os\nprint(x, len(big), open('top.txt').read(), sorted(os.listdir('.')))",
+                "b 0 B ['b.txt', 'd', 'top.txt']\n");
+    sbx_session_close(a);
+    sbx_session_close(b);
+}
+
+/* Cells number on from the origin's; a failed cell in the branch rolls back
+ * to the branch's state, not the origin's, and the origin's rollbacks do
+ * not touch the branch. */
+static void a_branch_numbers_on_and_rolls_back_to_itself(void **state)
+{
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    expect_cell(a, "x = 1", "");
+    expect_cell(a, "x += 1", "");
+    struct sbx_session *b = fork_of(a);
+    struct sbx_result *r = cell(b, "x += 10\nprint(x)");
+    assert_int_equal(r->cell, 3);
+    assert_false(r->rolled_back);
+    assert_string_equal(r->stdout_text, "12\n");
+    sbx_result_free(r);
+    r = cell(b, "x = 0\nopen('t', 'w').write('t')\nraise ValueError");
+    assert_true(r->rolled_back);
+    sbx_result_free(r);
+    expect_cell(b, "import os\nprint(x, os.listdir('.'))", "12 []\n");
+    r = cell(a, "x = 0\nraise ValueError");
+    assert_true(r->rolled_back);
+    assert_int_equal(r->cell, 3);
+    sbx_result_free(r);
+    expect_cell(a, "print(x)", "2\n");
+    expect_cell(b, "print(x)", "12\n");
+    sbx_session_close(a);
+    sbx_session_close(b);
+}
+
+/* Each has its own uid (when the sandbox gives each session one): its
+ * files are its own, and closing one leaves no process of it behind while
+ * the other goes on. */
+static void a_branch_has_its_own_uid_and_processes(void **state)
+{
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    expect_cell(a, "open('f', 'w').write('f')", "");
+    uid_t ua = session_uid(a);
+    struct sbx_session *b = fork_of(a);
+    uid_t ub = session_uid(b);
+    if (geteuid() == 0)
+        assert_int_not_equal(ua, ub);
+    char code[128], want[64];
+    snprintf(code, sizeof(code), "import os\nprint(os.stat('f').st_uid == os.getuid())");
+    snprintf(want, sizeof(want), "True\n");
+    expect_cell(b, code, want);
+    sbx_session_close(a);
+    if (geteuid() == 0)
+        assert_int_equal(wait_processes_of(ua, 0), 0);
+    expect_cell(b, "print(open('f').read())", "f\n");
+    /* A branch of the branch, then the branch closed: the grandchild goes on. */
+    struct sbx_session *c = fork_of(b);
+    sbx_session_close(b);
+    if (geteuid() == 0)
+        assert_int_equal(wait_processes_of(ub, 0), 0);
+    expect_cell(c, "print(open('f').read())", "f\n");
+    uid_t uc = session_uid(c);
+    sbx_session_close(c);
+    if (geteuid() == 0)
+        assert_int_equal(wait_processes_of(uc, 0), 0);
+}
+
+/* A branch takes a place among max_sessions like any session: with every
+ * place taken it is refused as busy, and the origin goes on untouched. */
+static void a_branch_counts_among_max_sessions(void **state)
+{
+    struct sbx_config cfg;
+    struct sbx *sbx = NULL;
+    struct sbx_error err = {0};
+
+    test_config_init(&cfg, ((struct fixture *)*state)->root);
+    cfg.max_sessions = 2;
+    assert_int_equal(sbx_open(&cfg, &sbx, &err), 0);
+    struct sbx_session *a = open_session(sbx, NULL);
+    expect_cell(a, "x = 1", "");
+    struct sbx_session *b = fork_of(a);
+    struct sbx_session *c = NULL;
+    assert_int_equal(sbx_session_fork(a, &c, &err), -EBUSY);
+    assert_int_equal(err.code, SBX_ERR_BUSY);
+    assert_null(c);
+    expect_cell(a, "print(x)", "1\n");
+    sbx_session_close(b);
+    c = fork_of(a);
+    expect_cell(c, "print(x)", "1\n");
+    sbx_session_close(c);
+    sbx_session_close(a);
+    sbx_close(sbx);
+}
+
+/* A lost session has no state to copy: the branch is refused as lost. */
+static void a_lost_session_cannot_be_branched(void **state)
+{
+    struct sbx_session_limits l;
+    struct sbx_error err = {0};
+    struct sbx_session *b = NULL;
+
+    sbx_session_limits_init(&l);
+    l.idle_seconds = 0.3;
+    struct sbx_session *a = open_session(SBX(state), &l);
+    expect_cell(a, "x = 1", "");
+    struct timespec pause = {0, 600 * 1000000};
+    nanosleep(&pause, NULL);
+    assert_int_equal(sbx_session_fork(a, &b, &err), -ENOLINK);
+    assert_int_equal(err.code, SBX_ERR_SESSION_LOST);
+    assert_null(b);
+    sbx_session_close(a);
+}
+
+/* The branch copies the state's memory, not its kernel-side leftovers it
+ * may not have: a signal handler the code set, its umask and working
+ * directory carry over, as a fork would carry them. */
+static void what_a_fork_would_carry_carries_over(void **state)
+{
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    expect_cell(a,
+                "import os, signal\nos.makedirs('sub')\nos.chdir('sub')\nos.umask(0o027)\n"
+                "hits = []\nsignal.signal(signal.SIGUSR1, lambda *a: hits.append(1))",
+                "");
+    struct sbx_session *b = fork_of(a);
+    expect_cell(b,
+                "import os, signal\nos.kill(os.getpid(), signal.SIGUSR1)\n"
+                "print(hits, os.path.basename(os.getcwd()), oct(os.umask(0o022)))",
+                "[1] sub 0o27\n");
+    sbx_session_close(b);
+    sbx_session_close(a);
+}
+
+/* Many branches of one state, each its own, none leaking a process. */
+static void many_branches_leak_nothing(void **state)
+{
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    expect_cell(a, "n = 0", "");
+    for (int i = 0; i < 20; i++) {
+        struct sbx_session *b = fork_of(a);
+        char code[64], want[32];
+        snprintf(code, sizeof(code), "n += %d\nprint(n)", i);
+        snprintf(want, sizeof(want), "%d\n", i);
+        expect_cell(b, code, want);
+        uid_t u = session_uid(b);
+        sbx_session_close(b);
+        if (geteuid() == 0)
+            assert_int_equal(wait_processes_of(u, 0), 0);
+    }
+    expect_cell(a, "print(n)", "0\n");
+    sbx_session_close(a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(a_branch_is_a_copy_and_then_its_own),
+        cmocka_unit_test(a_branch_numbers_on_and_rolls_back_to_itself),
+        cmocka_unit_test(a_branch_has_its_own_uid_and_processes),
+        cmocka_unit_test(a_branch_counts_among_max_sessions),
+        cmocka_unit_test(a_lost_session_cannot_be_branched),
+        cmocka_unit_test(what_a_fork_would_carry_carries_over),
+        cmocka_unit_test(many_branches_leak_nothing),
+    };
+    if (getenv("TEST_FILTER"))
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
+    return cmocka_run_group_tests(tests, fixture_open, fixture_close);
+}
