@@ -786,6 +786,30 @@ check("A's session is still listed, with its cells and memory", len(info) == 1
       and info[0]["memory_limit_bytes"] > 0 and not info[0]["running"], data)
 st, a = cell(A, "nb", {"code": "print(x)", "cell": 5})
 check("and runs on", st == 200 and a["stdout"] == "41\n", a)
+# A branch: a copy of the state, then its own; of its origin's family.
+r, data = A.request("POST", "/v1/sessions/nb/fork", {"to": "nb~b"})
+check("a fork over HTTP: 200, numbered on from its origin", r.status == 200 and json.loads(data)
+      == {"session_forked": {"from": "nb", "to": "nb~b", "cell": 5}}, (r.status, data))
+st, a = cell(A, "nb~b", {"code": "x = 7\nopen('f.txt', 'w').write('b')\nprint(x)", "cell": 6})
+check("the branch starts from the state, then goes its own way", st == 200
+      and a["stdout"] == "7\n" and a["session"] == {"name": "nb~b", "cell": 6,
+                                                    "rolled_back": False}, a)
+st, a = cell(A, "nb", {"code": "print(x, open('f.txt').read())", "cell": 6})
+check("the origin sees nothing of its branch", st == 200 and a["stdout"] == "41 kept\n", a)
+st, a = cell(B, "nb~b", {"code": "print(x)", "cell": 7})
+check("another token's cell of A's branch: 410, nothing run", st == 410
+      and "stdout" not in a, (st, a))
+for name, who, body, want in [
+    ("a fork of another token's session", B, {"to": "nb~c"}, 404),
+    ("a fork onto an open session", A, {"to": "nb~b"}, 409),
+    ("a fork outside its family", A, {"to": "other"}, 400),
+    ("a fork without to", A, {"from": "nb"}, 400),
+]:
+    r, data = who.request("POST", "/v1/sessions/nb/fork", body)
+    check(f"{name}: {want}", r.status == want and json.loads(data)["error"]["code"]
+          == "invalid_request", (r.status, data))
+r, data = A.request("DELETE", "/v1/sessions/nb~b")
+check("a branch closes as any session", r.status == 200, (r.status, data))
 st, a = cell(A, "nb", {"code": "print(x)", "cell": 9})
 check("a cell number that is not the next: 410 session_lost, the session ended", st == 410
       and a["error"]["code"] == "session_lost", (st, a))

@@ -188,6 +188,7 @@ enum route {
     ROUTE_SESSIONS,    /* GET /v1/sessions */
     ROUTE_SESSION,     /* DELETE /v1/sessions/NAME */
     ROUTE_SESSION_RUN, /* POST /v1/sessions/NAME/run */
+    ROUTE_SESSION_FORK, /* POST /v1/sessions/NAME/fork */
     ROUTE_HEALTH,
     ROUTE_METRICS
 };
@@ -1052,6 +1053,80 @@ static enum MHD_Result close_session(struct http *h, struct MHD_Connection *conn
     return send_text(conn, MHD_HTTP_OK, text, JSON_TYPE, false);
 }
 
+/* A session's family: its name up to its first '~' (all of it when it has
+ * none). The load balancer pins a session by its family
+ * (deploy/nginx/pysbx.conf), so a branch must be of its origin's, or its
+ * cells would be sent to a replica that does not hold it. */
+static size_t family_len(const char *name)
+{
+    return strcspn(name, "~");
+}
+
+static bool valid_path_name(const char *name)
+{
+    size_t n = strlen(name);
+
+    if (n == 0 || n > SESSION_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)name[i]) && !strchr("._~-", name[i]))
+            return false;
+    return true;
+}
+
+/* POST /v1/sessions/NAME/fork, {"to": "NAME2"}: 200 {"session_forked":
+ * {"from", "to", "cell"}}; 404 when the caller's tenant has no session
+ * NAME, 409 when it has one called NAME2, 410 when NAME is lost. */
+static enum MHD_Result fork_session(struct http *h, struct MHD_Connection *conn,
+                                    struct exchange *x)
+{
+    struct sbx_error err = {0};
+    json_error_t jerr;
+    json_t *o = json_loadb(x->body ? x->body : "", x->len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *to = json_object_get(o, "to");
+    const char *name = json_string_value(to);
+    struct session_cell *cfrom = NULL, *cto = NULL;
+    uint64_t cells = 0;
+    enum MHD_Result ok;
+
+    if (!json_is_object(o) || json_object_size(o) != 1 || !name ||
+        strlen(name) != json_string_length(to) || !valid_path_name(name)) {
+        json_decref(o);
+        return send_error(h, conn, MHD_HTTP_BAD_REQUEST, NULL, SBX_ERR_INVALID_REQUEST,
+                          "a fork's body is {\"to\": NAME}, NAME 1 to %d of A-Z a-z 0-9 . _ ~ -",
+                          SESSION_NAME_MAX);
+    }
+    if (strcmp(name, x->name) == 0 || family_len(name) != family_len(x->name) ||
+        strncmp(name, x->name, family_len(name)) != 0) {
+        ok = send_error(h, conn, MHD_HTTP_BAD_REQUEST, NULL, SBX_ERR_INVALID_REQUEST,
+                        "a branch of \"%s\" is named %.*s~SOMETHING: a session's name up to "
+                        "its first ~ is what pins it to a replica, and a branch lives where its "
+                        "origin does",
+                        x->name, (int)family_len(x->name), x->name);
+        json_decref(o);
+        return ok;
+    }
+    struct session_table *t = h->tables[x->tenant];
+    int rc = session_enter_fork(t, x->name, name, &cfrom, &cto, &err);
+    if (rc == 0)
+        rc = session_fork(cfrom, cto, &cells, &err);
+    if (rc == 0) {
+        json_t *a = json_pack("{s:{s:s,s:s,s:I}}", "session_forked", "from", x->name, "to", name,
+                              "cell", (json_int_t)cells);
+        char *text = a ? json_dumps(a, JSON_COMPACT) : NULL;
+        json_decref(a);
+        ok = send_text(conn, MHD_HTTP_OK, text, JSON_TYPE, false);
+    } else {
+        count_refused(h, err.code);
+        unsigned status = rc == -ENOENT   ? MHD_HTTP_NOT_FOUND
+                          : rc == -EEXIST ? MHD_HTTP_CONFLICT
+                                          : status_for(err.code);
+        ok = send_text(conn, status, json_answer_error(NULL, &err), JSON_TYPE, false);
+    }
+    json_decref(o);
+    return ok;
+}
+
 /* /v1/runs/RUN_ID/tool_results, its id into |id| (RUN_ID_LEN + 1). */
 static bool tool_results_path(const char *url, char *id)
 {
@@ -1210,6 +1285,8 @@ static enum route route_of(const char *url, char *name)
         return ROUTE_SESSIONS;
     if (session_path(url, "/run", name))
         return ROUTE_SESSION_RUN;
+    if (session_path(url, "/fork", name))
+        return ROUTE_SESSION_FORK;
     if (session_path(url, "", name))
         return ROUTE_SESSION;
     if (strcmp(url, "/healthz") == 0)
@@ -1232,7 +1309,8 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
 {
     enum route rt = x->rt;
     bool get = is(method, MHD_HTTP_METHOD_GET) || is(method, MHD_HTTP_METHOD_HEAD);
-    bool post = rt == ROUTE_RUN || rt == ROUTE_TOOL_RESULTS || rt == ROUTE_SESSION_RUN;
+    bool post = rt == ROUTE_RUN || rt == ROUTE_TOOL_RESULTS || rt == ROUTE_SESSION_RUN ||
+                rt == ROUTE_SESSION_FORK;
     bool del = rt == ROUTE_SESSION;
     const char *allow = post ? "POST" : del ? "DELETE" : "GET, HEAD";
     const char *cl, *te;
@@ -1250,7 +1328,8 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
     if (rt == ROUTE_NONE)
         return refuse(h, conn, MHD_HTTP_NOT_FOUND, REF_NOT_FOUND, NULL, false,
                       "no such path: %.100s (POST /v1/run, POST /v1/runs/RUN_ID/tool_results, "
-                      "POST /v1/sessions/NAME/run, DELETE /v1/sessions/NAME, GET /v1/sessions, "
+                      "POST /v1/sessions/NAME/run, POST /v1/sessions/NAME/fork, "
+                      "DELETE /v1/sessions/NAME, GET /v1/sessions, "
                       "GET /healthz, GET /metrics; NAME: 1 to %d of A-Z a-z 0-9 . _ ~ -)",
                       url, SESSION_NAME_MAX);
     if (post ? !is(method, MHD_HTTP_METHOD_POST) : del ? !is(method, MHD_HTTP_METHOD_DELETE) : !get)
@@ -1317,6 +1396,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                           "request body longer than %zu bytes", h->o->max_line_bytes);
     if (x->rt == ROUTE_TOOL_RESULTS)
         return tool_results(h, conn, url, x);
+    if (x->rt == ROUTE_SESSION_FORK)
+        return fork_session(h, conn, x);
     return run(h, conn, x);
 }
 

@@ -630,7 +630,7 @@ int json_session_fields(json_t *o, const char *field, const char **name,
 
 int json_request_no_session(const struct json_request *r, struct sbx_error *err)
 {
-    if (r->session || r->session_close)
+    if (r->session || r->session_close || r->fork_from)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                         "sessions are served over JSON lines and MCP");
     return 0;
@@ -684,6 +684,27 @@ int json_request_parse(const char *text, size_t len, const struct sbx_limits *ce
                                "a session_close message has only id and session_close", err);
         return rc < 0 ? rc : json_session_name(o, "session_close", &r->session_close, err);
     }
+    if (json_object_get(o, "session_fork")) {
+        static const char *const fork_fields[] = {"id", "session_fork"};
+        static const char *const names[] = {"from", "to"};
+        json_t *f = json_object_get(o, "session_fork");
+        int rc = unknown_field(o, fork_fields, ARRAY_SIZE(fork_fields),
+                               "a session_fork message has only id and session_fork", err);
+        if (rc == 0 && !json_is_object(f))
+            rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                          "session_fork is {\"from\": NAME, \"to\": NAME}");
+        if (rc == 0)
+            rc = unknown_field(f, names, ARRAY_SIZE(names),
+                               "session_fork has only from and to", err);
+        if (rc == 0)
+            rc = json_session_name(f, "from", &r->fork_from, err);
+        if (rc == 0)
+            rc = json_session_name(f, "to", &r->fork_to, err);
+        if (rc == 0 && strcmp(r->fork_from, r->fork_to) == 0)
+            rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                          "session_fork's from and to are two sessions: two names");
+        return rc;
+    }
     return json_request_from(o, ceil, r, err);
 }
 
@@ -691,7 +712,8 @@ int json_request_parse_cell(const char *text, size_t len, const char *session,
                             const struct sbx_limits *ceil, struct json_request *r,
                             struct sbx_error *err)
 {
-    static const char *const others[] = {"session", "cancel", "tool_result", "session_close"};
+    static const char *const others[] = {"session", "cancel", "tool_result", "session_close",
+                                         "session_fork"};
     json_t *o = parse_object(text, len, err);
 
     memset(r, 0, sizeof(*r));
@@ -788,6 +810,17 @@ char *json_answer_session(const char *id_text, const struct sbx_result *res, con
     free(head);
     free(stext);
     return out;
+}
+
+char *json_answer_session_forked(const char *id_text, const char *from, const char *to,
+                                 uint64_t cells)
+{
+    json_t *o = json_pack("{s:{s:s,s:s,s:I}}", "session_forked", "from", from, "to", to, "cell",
+                          (json_int_t)cells);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+    json_decref(o);
+    return with_id(id_text, text);
 }
 
 char *json_answer_session_closed(const char *id_text, const char *name)

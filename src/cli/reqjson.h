@@ -7,6 +7,7 @@
  *    "session": "NAME", "rollback": "on_error", "cell": N}  (a session: serve only)
  *   {"cancel": <the id of a request in flight>}          (serve only)
  *   {"id": any, "session_close": "NAME"}                 (serve only)
+ *   {"id": any, "session_fork": {"from": "A", "to": "B"}} (serve only)
  *
  * An answer is the result object with the request's id (and, for a cell of
  * a session, "session": {"name", "cell", "rolled_back"}), or
@@ -41,6 +42,8 @@ struct json_request {
     uint64_t cell; /* "cell": the number the cell says it is; 0: not said */
     /* In |doc|: a session_close message's name (r->req unfilled). */
     const char *session_close;
+    /* In |doc|: a session_fork message's names (r->req unfilled). */
+    const char *fork_from, *fork_to;
     /* "stream": true: the output as events before the answer. */
     bool stream;
     /* "tools": the host tools it declares (names and descriptions in
@@ -111,6 +114,9 @@ char *json_answer_error(const char *id_text, const struct sbx_error *err);
 char *json_answer_session(const char *id_text, const struct sbx_result *res, const char *name);
 /* {"id": ..., "session_closed": |name|}. */
 char *json_answer_session_closed(const char *id_text, const char *name);
+/* {"id": ..., "session_forked": {"from": |from|, "to": |to|, "cell": |cells|}}. */
+char *json_answer_session_forked(const char *id_text, const char *from, const char *to,
+                                 uint64_t cells);
 /* Streaming: {"id": ..., "event": "stdout" | "stderr", "data": |text|}
  * for |stream| 1 or 2 (|text| valid UTF-8, as on_output gives it); and
  * {"id": ..., "event": "dropped", "stdout": N, "stderr": M}, the bytes of

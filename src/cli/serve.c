@@ -86,6 +86,7 @@ struct job {
     struct conn *c;
     struct sbx_cancel *cancel;
     struct session_cell *cell;        /* its place in its session's line, until it runs */
+    struct session_cell *fork_to;     /* a session_fork's place in the branch's line */
     uint64_t seq;                     /* its number among the stream's requests, from 1 */
     struct sbx_tool_answers *answers; /* a run with host tools: where their results go */
     uint64_t dropped[2];              /* bytes of stdout and stderr events not queued */
@@ -264,6 +265,7 @@ static void answer_error(struct conn *c, const char *id_text, const struct sbx_e
 static void job_free(struct job *j)
 {
     session_leave(j->cell);
+    session_leave(j->fork_to);
     sbx_tool_answers_free(j->answers);
     json_request_free(&j->r);
     sbx_cancel_free(j->cancel);
@@ -384,16 +386,20 @@ static struct job *run_one(struct job *j, bool slot)
         j->r.req.tool_answers = j->answers;
     }
     j->r.req.user = j;
-    struct session_cell *cell = j->cell;
-    j->cell = NULL; /* session_run gives its place up */
-    int rc = cell ? session_run(cell, &j->r.req, j->r.rollback, &res, &err)
-                  : s->o->backend->run(s->o->backend->self, &j->r.req, &res, &err);
+    struct session_cell *cell = j->cell, *fork_to = j->fork_to;
+    uint64_t cells = 0;
+    j->cell = j->fork_to = NULL; /* session_run and session_fork give their places up */
+    int rc = fork_to ? session_fork(cell, fork_to, &cells, &err)
+             : cell  ? session_run(cell, &j->r.req, j->r.rollback, &res, &err)
+                     : s->o->backend->run(s->o->backend->self, &j->r.req, &res, &err);
     pthread_mutex_lock(&c->lock);
     c->running--;
     pthread_mutex_unlock(&c->lock);
     efd_notify(s->wake_fd);
     if (rc < 0)
         line = json_answer_error(j->r.id_text, &err);
+    else if (fork_to)
+        line = json_answer_session_forked(j->r.id_text, j->r.fork_from, j->r.fork_to, cells);
     else if (cell)
         line = json_answer_session(j->r.id_text, res, j->r.session);
     else
@@ -595,8 +601,11 @@ static void start_job(struct conn *c, struct job *j)
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
     else if (!(j->cancel = sbx_cancel_new()))
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
-    /* In its session's line now, in the order requests are read. */
+    /* In its session's line now, in the order requests are read (a
+     * branch: in both its sessions' lines). */
     if (!j->cancel ||
+        (j->r.fork_from && session_enter_fork(c->sessions, j->r.fork_from, j->r.fork_to,
+                                              &j->cell, &j->fork_to, &err) < 0) ||
         (j->r.session && session_enter(c->sessions, j->r.session, j->r.cell, &j->cell, &err) < 0)) {
         answer_error(c, j->r.id_text, &err);
         job_free(j);

@@ -103,30 +103,24 @@ void session_table_free(struct session_table *t)
     free(t);
 }
 
-int session_enter(struct session_table *t, const char *name, uint64_t expect,
-                  struct session_cell **out, struct sbx_error *err)
+static struct entry *take_out(struct session_cell *c);
+static void entry_free(struct entry *e, const struct sbx_backend *b);
+
+/* |c| at the end of the line of |name| (made if there is none). Under
+ * t->lock; returns 0, or -ENOMEM (|c| untouched). */
+static int enter_locked(struct session_table *t, const char *name, uint64_t expect,
+                        struct session_cell *c)
 {
-    struct session_cell *c = NULL;
     struct entry *e;
 
-    *out = NULL;
-    if (!t->b->session_open)
-        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EOPNOTSUPP, "the %s backend has no sessions",
-                        t->b->name);
-    if (!(c = calloc(1, sizeof(*c))))
-        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
-    pthread_mutex_lock(&t->lock);
     for (e = t->named; e && strcmp(e->name, name) != 0; e = e->next)
         ;
     if (!e && (e = calloc(1, sizeof(*e))) && !(e->name = strdup(name))) {
         free(e);
         e = NULL;
     }
-    if (!e) {
-        pthread_mutex_unlock(&t->lock);
-        free(c);
-        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
-    }
+    if (!e)
+        return -ENOMEM;
     if (!e->named) {
         e->t = t;
         e->named = true;
@@ -138,8 +132,67 @@ int session_enter(struct session_table *t, const char *name, uint64_t expect,
     c->expect = expect;
     *e->line_tail = c;
     e->line_tail = &c->next;
+    return 0;
+}
+
+int session_enter(struct session_table *t, const char *name, uint64_t expect,
+                  struct session_cell **out, struct sbx_error *err)
+{
+    struct session_cell *c = NULL;
+
+    *out = NULL;
+    if (!t->b->session_open)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EOPNOTSUPP, "the %s backend has no sessions",
+                        t->b->name);
+    if (!(c = calloc(1, sizeof(*c))))
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    pthread_mutex_lock(&t->lock);
+    int rc = enter_locked(t, name, expect, c);
     pthread_mutex_unlock(&t->lock);
+    if (rc < 0) {
+        free(c);
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    }
     *out = c;
+    return 0;
+}
+
+int session_enter_fork(struct session_table *t, const char *from, const char *to,
+                       struct session_cell **cfrom, struct session_cell **cto,
+                       struct sbx_error *err)
+{
+    struct session_cell *a = NULL, *b = NULL;
+    int rc = -ENOMEM;
+
+    *cfrom = *cto = NULL;
+    if (!t->b->session_fork)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EOPNOTSUPP,
+                        "the %s backend cannot branch sessions", t->b->name);
+    if (!(a = calloc(1, sizeof(*a))) || !(b = calloc(1, sizeof(*b)))) {
+        free(a);
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    }
+    /* Both at once: two branches entered in opposite orders could
+     * otherwise each wait for the other's turn. */
+    pthread_mutex_lock(&t->lock);
+    if (enter_locked(t, from, 0, a) == 0 && (rc = enter_locked(t, to, 0, b)) < 0) {
+        struct entry *dead = take_out(a);
+        a = NULL;
+        if (dead) {
+            pthread_mutex_unlock(&t->lock);
+            entry_free(dead, t->b);
+            pthread_mutex_lock(&t->lock);
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (!a || rc < 0) {
+        free(b);
+        if (a && !a->e)
+            free(a);
+        return sbx_fail(err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
+    }
+    *cfrom = a;
+    *cto = b;
     return 0;
 }
 
@@ -261,6 +314,56 @@ int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_
     pthread_mutex_unlock(&t->lock);
     if (dead)
         entry_free(dead, b);
+    return rc;
+}
+
+int session_fork(struct session_cell *cfrom, struct session_cell *cto, uint64_t *cells,
+                 struct sbx_error *err)
+{
+    struct entry *a = cfrom->e, *b = cto->e;
+    struct session_table *t = a->t;
+    const struct sbx_backend *be = t->b;
+    struct sbx_session *s = NULL, *from = NULL;
+    int rc = 0;
+
+    *cells = 0;
+    pthread_mutex_lock(&t->lock);
+    while (a->line != cfrom || b->line != cto)
+        pthread_cond_wait(&t->changed, &t->lock);
+    if (a->gone || !a->s)
+        rc = a->gone ? sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK,
+                                "session \"%s\" was lost before it could be branched", a->name)
+                     : sbx_fail(err, SBX_ERR_INVALID_REQUEST, -ENOENT,
+                                "no open session is called \"%s\"", a->name);
+    else if (b->s)
+        rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EEXIST,
+                      "a session called \"%s\" is open: close it first", b->name);
+    from = a->s;
+    a->busy = b->busy = rc == 0;
+    pthread_mutex_unlock(&t->lock);
+    if (rc == 0)
+        rc = be->session_fork(from, &s, err);
+    pthread_mutex_lock(&t->lock);
+    if (rc == 0) {
+        b->s = s;
+        b->cells = *cells = a->cells;
+        b->memory_bytes = a->memory_bytes;
+        b->max_rss_kb = a->max_rss_kb;
+        b->opened_ns = now_ns();
+        b->gone = false;
+    } else if (err && err->code == SBX_ERR_SESSION_LOST && a->s == from && from) {
+        a->gone = true;
+        if (a->named)
+            unname(t, a);
+    }
+    a->busy = b->busy = false;
+    a->idle_since_ns = b->idle_since_ns = now_ns();
+    struct entry *dead_a = take_out(cfrom), *dead_b = take_out(cto);
+    pthread_mutex_unlock(&t->lock);
+    if (dead_a)
+        entry_free(dead_a, be);
+    if (dead_b)
+        entry_free(dead_b, be);
     return rc;
 }
 

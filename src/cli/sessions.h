@@ -50,6 +50,23 @@ int session_enter(struct session_table *t, const char *name, uint64_t expect,
 int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_rollback rollback,
                 struct sbx_result **out, struct sbx_error *err);
 
+/* A branch: takes the next places in the lines of |from| and |to| at once
+ * (so that requests read after it wait for it in both), into *cfrom and
+ * *cto, to be given to session_fork or session_leave each. Returns as
+ * session_enter. */
+int session_enter_fork(struct session_table *t, const char *from, const char *to,
+                       struct session_cell **cfrom, struct session_cell **cto,
+                       struct sbx_error *err);
+
+/* At the turn of both: |to| becomes a branch of |from| (the backend's
+ * session_fork), numbered on from it (*cells: its last cell's number).
+ * Gives up both places and frees them. Returns 0, or a negative errno with
+ * |err|: invalid_request when |from| holds no session or |to| holds one,
+ * or the backend cannot branch; session_lost when |from| is lost (its name
+ * is then forgotten); what the backend says otherwise. */
+int session_fork(struct session_cell *cfrom, struct session_cell *cto, uint64_t *cells,
+                 struct sbx_error *err);
+
 /* What session_list says of a session. */
 struct session_info {
     char name[129];

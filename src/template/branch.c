@@ -358,7 +358,8 @@ static int copy_region(struct copier *c, const struct region *r, char *why, size
         }
     }
     if (rc == 0) {
-        qsort(v, n, sizeof(*v), cmp_range);
+        if (n > 1)
+            qsort(v, n, sizeof(*v), cmp_range);
         for (size_t i = 0; i < n && rc == 0;) {
             uint64_t lo = v[i][0], hi = v[i][1];
             for (i++; i < n && v[i][0] <= hi; i++)
