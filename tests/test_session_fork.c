@@ -238,6 +238,117 @@ static void many_branches_leak_nothing(void **state)
     sbx_session_close(a);
 }
 
+/* Whatever the branch's code tries against the processes it can see
+ * (every signal to every pid, kill(-1), their memory and files through
+ * /proc), its origin goes on as it was: its processes, its variables, its
+ * files. */
+static void a_branch_cannot_reach_its_origin(void **state)
+{
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    expect_cell(a, "x = 1\nopen('f', 'w').write('mine')", "");
+    uid_t ua = session_uid(a);
+    int before = geteuid() == 0 ? processes_of(ua) : -1;
+    struct sbx_session *b = fork_of(a);
+    expect_cell(b,
+                "import os, signal\n"
+                "me = os.getpid()\n"
+                "read = 0\n"
+                "for p in range(1, 4096):\n"
+                "    if p == me: continue\n"
+                "    for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):\n"
+                "        try: os.kill(p, sig)\n"
+                "        except OSError: pass\n"
+                "    for what in ('mem', 'environ', 'root/f', 'cwd/f', 'maps'):\n"
+                "        try: open(f'/proc/{p}/{what}', 'rb').read(1); read += 1\n"
+                "        except OSError: pass\n"
+                "try: os.kill(-1, signal.SIGKILL)\n"
+                "except OSError: pass\n"
+                "print(read)",
+                "0\n");
+    if (before > 0)
+        assert_int_equal(processes_of(ua), before);
+    expect_cell(a, "print(x, open('f').read())", "1 mine\n");
+    sbx_session_close(b);
+    sbx_session_close(a);
+}
+
+/* A file the state mapped privately (and closed: a kept state holds no
+ * descriptor) is copied into the branch, not shared: what the origin then
+ * writes to the file never shows through the branch's mapping, nor the
+ * other way round. */
+static void a_mapped_file_is_copied_not_shared(void **state)
+{
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    expect_cell(a,
+                "import ctypes, os\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                "libc.mmap.restype = ctypes.c_void_p\n"
+                "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,\n"
+                "                      ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+                "with open('m', 'wb') as f: f.write(b'a' * 8192)\n"
+                "fd = os.open('m', os.O_RDONLY)\n"
+                "p = libc.mmap(None, 8192, 1, 2, fd, 0)  # PROT_READ, MAP_PRIVATE\n"
+                "os.close(fd)\n"
+                "m = lambda: ctypes.string_at(p, 1) + ctypes.string_at(p + 8191, 1)\n"
+                "print(m())",
+                "b'aa'\n");
+    struct sbx_session *b = fork_of(a);
+    expect_cell(a, "with open('m', 'r+b') as f: f.write(b'z' * 8192)\nprint(m())", "b'zz'\n");
+    expect_cell(b, "print(m(), open('m', 'rb').read(1))", "b'aa' b'a'\n");
+    expect_cell(b, "with open('m', 'r+b') as f: f.write(b'y' * 8192)\nprint(m())", "b'aa'\n");
+    expect_cell(a, "print(m(), open('m', 'rb').read(1))", "b'zz' b'z'\n");
+    sbx_session_close(b);
+    sbx_session_close(a);
+}
+
+/* A state that fills its memory limit is branched or refused with a
+ * reason; either way its origin goes on, and nothing of a refused branch
+ * is left. */
+static void a_state_at_its_memory_limit(void **state)
+{
+    struct sbx_session_limits l;
+    struct sbx_error err = {0};
+    struct sbx_session *b = NULL;
+
+    sbx_session_limits_init(&l);
+    l.memory_bytes = 128ULL << 20;
+    struct sbx_session *a = open_session(SBX(state), &l);
+    expect_cell(a,
+                "blocks = []\n"
+                "try:\n"
+                "    while True: blocks.append(bytearray(1 << 20))\n"
+                "except MemoryError: pass\n"
+                "blocks.pop(); blocks.pop()\n"
+                "n = len(blocks)",
+                "");
+    int procs = geteuid() == 0 ? wait_processes_of(session_uid(a), 2) : -1;
+    int rc = sbx_session_fork(a, &b, &err);
+    if (rc == 0) {
+        struct sbx_result *r = cell(b, "print(len(blocks) == n, n > 64)");
+        assert_string_equal(r->stdout_text, "True True\n");
+        sbx_result_free(r);
+        /* Its ceiling is its origin's, and room for the stack it imported
+         * on (which it keeps mapped): the same room for the code. */
+        static const char limit[] = "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[1])";
+        struct sbx_result *ra = cell(a, limit), *rb = cell(b, limit);
+        assert_int_equal(strtoll(rb->stdout_text, NULL, 10) - strtoll(ra->stdout_text, NULL, 10),
+                         256 * 1024);
+        sbx_result_free(ra);
+        sbx_result_free(rb);
+        sbx_session_close(b);
+    } else {
+        fprintf(stderr, "(the branch was refused: %s)\n", err.message);
+        assert_int_equal(err.code, SBX_ERR_UNAVAILABLE);
+        assert_null(b);
+    }
+    expect_cell(a, "print(len(blocks) == n)", "True\n");
+    if (procs > 0)
+        assert_int_equal(wait_processes_of(session_uid(a), procs), procs);
+    sbx_session_close(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -248,6 +359,9 @@ int main(void)
         cmocka_unit_test(a_lost_session_cannot_be_branched),
         cmocka_unit_test(what_a_fork_would_carry_carries_over),
         cmocka_unit_test(many_branches_leak_nothing),
+        cmocka_unit_test(a_branch_cannot_reach_its_origin),
+        cmocka_unit_test(a_mapped_file_is_copied_not_shared),
+        cmocka_unit_test(a_state_at_its_memory_limit),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));

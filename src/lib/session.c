@@ -248,8 +248,7 @@ static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t ma
         goto fail;
     }
     if ((rc = wire_decode_session(&r, (size_t)n, &ready, why, sizeof(why))) < 0) {
-        rc = sbx_fail(err, m->branch_of ? SBX_ERR_SESSION_LOST : SBX_ERR_UNAVAILABLE,
-                      m->branch_of ? -ENOLINK : rc, "%s", why);
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
         goto fail;
     }
     if (nfds != want) {
@@ -294,8 +293,13 @@ int sbx_session_fork(struct sbx_session *from, struct sbx_session **out, struct 
         .branch_of = from->id,
     };
     rc = start(from->sbx, &m, from->max_cells, fds, WIRE_BRANCH_FDS, &s, err);
-    if (rc < 0)
+    if (rc < 0) {
+        /* The branch failed; the origin too, if the template says so. */
+        look_for_end(from);
+        if (from->lost[0])
+            rc = sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "%s", from->lost);
         goto out;
+    }
     /* The files as of the origin's last kept cell (its saved copy), into
      * the branch's workspace and saved copy, as the branch's user (the
      * capabilities that override modes read the origin's). */

@@ -21,8 +21,7 @@
 #include <unistd.h>
 
 #define PAGE 4096ULL
-/* The import's stack in the branch, and the gap kept around it. */
-#define IMPORT_STACK (256 * 1024ULL)
+#define IMPORT_STACK BRANCH_IMPORT_STACK
 /* The kernel keeps 1 MiB free below a stack (stack_guard_gap); more here. */
 #define STACK_GAP (4ULL << 20)
 /* How long the branch's process may take over one step. */

@@ -157,6 +157,7 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
             .session = sess != NULL,
             .branch = sess && session_is_branch(sess),
             .session_memory = sess ? session_memory(sess) : 0,
+            .session_as = sess ? session_as_limit(sess) : 0,
             .plan =
                 {
                     .switch_user = t->jail.switch_user,

@@ -78,6 +78,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -200,8 +201,10 @@ struct session_rec {
     struct prefault plan;
     struct prefault reads; /* and the pages of code and constants it ran or read */
     uint64_t kept;         /* cells kept */
-    /* A branch: the session it is a copy of, and how far the copy is. */
+    /* A branch: the session it is a copy of, and how far the copy is; its
+     * address-space ceiling. */
     uint64_t branch_of;
+    uint64_t as_limit;
     enum branch_step branch_step;
     uint64_t branch_by_ns;
     /* An origin: exports asked of its state and not answered yet. */
@@ -225,6 +228,11 @@ uint64_t session_memory(const struct session_rec *s)
 bool session_is_branch(const struct session_rec *s)
 {
     return s->branch_of != 0;
+}
+
+uint64_t session_as_limit(const struct session_rec *s)
+{
+    return s->as_limit;
 }
 
 static struct session_rec *find_session(struct tmpl *t, uint64_t id)
@@ -304,6 +312,29 @@ static long status_inner(const struct tmpl *t, pid_t pid, const char *field)
     while (p > line && p[-1] >= '0' && p[-1] <= '9')
         p--;
     return *p ? strtol(p, NULL, 10) : -1;
+}
+
+/* The hard RLIMIT_AS of |pid| (/proc/PID/limits, which the kernel writes
+ * and anyone may read), or 0 when it cannot be read or is unlimited. */
+static uint64_t as_hard_limit(const struct tmpl *t, pid_t pid)
+{
+    char path[32], buf[4096];
+    ssize_t got = -1;
+
+    fmt(path, sizeof(path), "%d/limits", (int)pid);
+    int fd = openat(t->proc_fd, path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        got = read_full(fd, buf, sizeof(buf) - 1);
+        close(fd);
+    }
+    if (got <= 0)
+        return 0;
+    buf[got] = '\0';
+    const char *line = strstr(buf, "Max address space");
+    unsigned long long soft, hard;
+    if (!line || sscanf(line + strlen("Max address space"), "%llu %llu", &soft, &hard) != 2)
+        return 0;
+    return hard;
 }
 
 static uint64_t cpu_ns(pid_t pid)
@@ -703,6 +734,14 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
             fmt(why, sizeof(why), "the session to branch from has ended");
             goto refuse;
         }
+        /* The ceiling the origin has (what its code may have lowered it to
+         * included), and room for the import's stack. */
+        uint64_t as = as_hard_limit(t, from->state->pid);
+        if (!as) {
+            fmt(why, sizeof(why), "template: the state's memory limit could not be read");
+            goto refuse;
+        }
+        s->as_limit = as + BRANCH_IMPORT_STACK;
         s->memory = from->memory;
         s->branch_of = from->id;
         s->branch_step = BR_READYING;

@@ -454,8 +454,10 @@ _Noreturn void session_main(const struct worker_args *a, int listener)
      * every process of the session. */
     rlim_t cpu = (rlim_t)SBX_MAX_SECONDS + 2;
     if (worker_set_limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT) < 0 ||
-        worker_set_limit(RLIMIT_AS, worker_memory_limit(a->session_memory),
-                         worker_memory_limit(a->session_memory)) < 0 ||
+        worker_set_limit(RLIMIT_AS,
+                         a->session_as ? a->session_as : worker_memory_limit(a->session_memory),
+                         a->session_as ? a->session_as : worker_memory_limit(a->session_memory)) <
+            0 ||
         worker_set_limit(RLIMIT_CPU, cpu, cpu) < 0 ||
         send_fd(FD_READY, SESSION_READY, listener) < 0)
         _exit(127);

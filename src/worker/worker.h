@@ -75,6 +75,9 @@ enum branch_op_kind {
     BRANCH_OP_GROW, /* the stack, down to |lo| */
     BRANCH_OP_END,
 };
+/* The stack a branch imports on stays mapped in it: its address-space
+ * ceiling is its origin's plus this, so that the code has the room it had. */
+#define BRANCH_IMPORT_STACK (256 * 1024ULL)
 struct branch_op {
     uint32_t kind; /* enum branch_op_kind */
     int32_t prot;
@@ -130,6 +133,7 @@ struct worker_args {
     bool session;
     bool branch;              /* ... a branch's: it imports a state (session.h) */
     uint64_t session_memory;  /* the session's address-space ceiling */
+    uint64_t session_as;      /* a branch's: its RLIMIT_AS, exactly (0: from session_memory) */
     struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };
 
