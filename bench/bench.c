@@ -925,10 +925,12 @@ static double session_cell(struct sbx_session *s, const char *code, bool *ok)
  * replace a tenth of its items (counting the pages each copies). */
 static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
 {
-    enum { SMALL, PLAIN, SMALL_PAUSED, BIG_PAUSED, BIG_BACK, BIG_WRITE, N_S };
+    enum { SMALL, PLAIN, SMALL_PAUSED, BIG_PAUSED, BIG_BACK, BIG_WRITE, FORK_SMALL, FORK_BIG,
+           FORK_BIG_CELL, N_S };
     static const char *const names[N_S] = {
-        "cell, small state",    "plain run (sbx_run)",        "cell, small state, paused",
-        "cell, 200 MB, paused", "cell, 200 MB, back to back", "cell replacing 1/10 of it"};
+        "cell, small state",         "plain run (sbx_run)",        "cell, small state, paused",
+        "cell, 200 MB, paused",      "cell, 200 MB, back to back", "cell replacing 1/10 of it",
+        "branch, small state",       "branch, 200 MB state",       "a 200 MB branch's 1st cell"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
     struct sbx_config cfg;
@@ -1000,6 +1002,32 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         add_sample(&faults[BIG_WRITE], (double)f);
         failures[BIG_WRITE] += !ok;
     }
+    /* Branches (sbx_session_fork) of both states, a pause before each:
+     * the call until the branch is ready; then, of the 200 MB one, its
+     * first cell. Each branch is closed before the next. */
+    for (int i = 0; i < SESSION_CELLS / 5; i++)
+        for (int j = 0; j < 2; j++) {
+            int which = (i + j) % 2 == 0 ? FORK_SMALL : FORK_BIG;
+            struct sbx_session *b = NULL;
+            usleep(THINK_US);
+            t0 = now_ns();
+            int rc = sbx_session_fork(which == FORK_BIG ? big : small, &b, &err);
+            double ms = ms_since(t0);
+            if (rc < 0) {
+                fprintf(stderr, "pysbx-bench: sbx_session_fork: %s\n", err.message);
+                failures[which]++;
+                continue;
+            }
+            add_sample(&lat[which], ms);
+            if (which == FORK_BIG) {
+                usleep(THINK_US);
+                add_sample(&lat[FORK_BIG_CELL],
+                           session_cell_faults(b, "small.append(len(small))", &ok, &f));
+                add_sample(&faults[FORK_BIG_CELL], (double)f);
+                failures[FORK_BIG_CELL] += !ok;
+            }
+            sbx_session_close(b);
+        }
     long state_kb = 0;
     {
         struct sbx_request req;
@@ -1033,8 +1061,10 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
                 "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
                 "of the same code;\nthen a small and a 200 MB state, %d cells each, alternating, "
                 "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
-                "replacing a tenth of its items\n\n",
-                sessions, SESSION_CELLS, SESSION_CELLS, THINK_US / 1000, SESSION_CELLS / 5);
+                "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
+                "alternating, the same pause before each, and the 200 MB branches' first cells\n\n",
+                sessions, SESSION_CELLS, SESSION_CELLS, THINK_US / 1000, SESSION_CELLS / 5,
+                SESSION_CELLS / 5);
         fprintf(out, "%-28s %8s %8s %8s %8s %11s %12s\n", "", "min ms", "p50 ms", "p99 ms", "n",
                 "p50/plain", "faults p50");
         for (int k = 0; k < N_S; k++) {
@@ -1081,7 +1111,8 @@ static void usage(void)
           "interleaved; writes DIR/packages.txt.\n"
           "--sessions runs the session case instead: cells of 100-cell sessions that\n"
           "append to a list, against plain runs, interleaved (N/100 sessions); then\n"
-          "cells in a 200 MB state; writes DIR/sessions.txt.\n",
+          "cells in a 200 MB state, and branches (sbx_session_fork) of a small and of the\n"
+          "200 MB state; writes DIR/sessions.txt.\n",
           stdout);
 }
 

@@ -77,6 +77,10 @@ answers, twice = session([
     call(10, "n = 1", session_id="o"),
     call(11, "import time\ntime.sleep(0.3)\nn += 1", session_id="o"),
     call(12, "n *= 10\nprint(n)", session_id="o"),
+    # A branch of it, its own from then on; the origin as it was.
+    call(19, "n += 1\nprint(n)", session_id="o2", fork_from="o"),
+    call(20, "print(n)", session_id="o"),
+    call(21, "pass", fork_from="o"),
     call(13, "pass", session_id="x" * 129),
     call(14, "pass", rollback="never"),
     tool(15, "reset_session", {}),
@@ -123,6 +127,12 @@ check("the server goes on after a cancel", answers.get(8, {}).get("result") == {
 check("cells of a session sent at once run in order",
       "stdout:\n20\n" in texts(answers[12]) and "session: o, cell 3, kept" in texts(answers[12]),
       answers.get(12))
+check("fork_from: the code runs in a copy of the session, numbered on",
+      "stdout:\n21\n" in texts(answers[19]) and "session: o2, cell 4, kept" in texts(answers[19]),
+      answers.get(19))
+check("fork_from: the origin is as it was", "stdout:\n20\n" in texts(answers[20]), answers.get(20))
+check("fork_from without session_id is invalid params",
+      answers.get(21, {}).get("error", {}).get("code") == -32602, answers.get(21))
 check("a session_id over 128 bytes is invalid params",
       answers.get(13, {}).get("error", {}).get("code") == -32602, answers.get(13))
 check("rollback without session_id is invalid params",

@@ -797,6 +797,45 @@ def sessions_on_standard_input():
     check("serve exits 0 with sessions open at the end of input", rc == 0, rc)
 
 
+def branches_on_standard_input():
+    """session_fork waits for the cells of its origin read before it, and
+    the branch's cells read after it wait for it, whatever --jobs is; the
+    branch starts from the state, then each goes its own way; refusals."""
+    lines = [
+        {"id": "p1", "session": "p", "code": "x = 1\nopen('f', 'w').write('one')"},
+        {"id": "p2", "session": "p", "code": "import time\ntime.sleep(0.3)\nx = 2"},
+        {"id": "fork", "session_fork": {"from": "p", "to": "q"}},
+        {"id": "q1", "session": "q", "code": "print(x, open('f').read())\nx = 10"},
+        {"id": "p3", "session": "p", "code": "print(x)"},
+        {"id": "q2", "session": "q", "code": "print(x)"},
+        {"id": "nofrom", "session_fork": {"from": "nope", "to": "r"}},
+        {"id": "open", "session_fork": {"from": "p", "to": "q"}},
+        {"id": "same", "session_fork": {"from": "p", "to": "p"}},
+        {"id": "notobj", "session_fork": "p"},
+        {"id": "extra", "session_fork": {"from": "p", "to": "s"}, "code": "pass"},
+        {"id": "extra2", "session_fork": {"from": "p", "to": "s", "x": 1}},
+    ]
+    rc, answers = serve([json.dumps(l) for l in lines], "--jobs", "4")
+    by = {a.get("id"): a for a in answers}
+    check("branches: every line answered once", len(answers) == len(lines)
+          and sorted(by) == sorted(l["id"] for l in lines), answers)
+    check("session_fork is answered session_forked, with the origin's last cell",
+          by.get("fork") == {"id": "fork", "session_forked": {"from": "p", "to": "q", "cell": 2}},
+          by.get("fork"))
+    check("the branch starts where its origin's cells read before the fork left it",
+          by.get("q1", {}).get("stdout") == "2 one\n" and cell_of(by.get("q1", {})) == (3, False),
+          by.get("q1"))
+    check("then each goes its own way", by.get("p3", {}).get("stdout") == "2\n"
+          and by.get("q2", {}).get("stdout") == "10\n", (by.get("p3"), by.get("q2")))
+    for k, part in [("nofrom", "nope"), ("open", "is open"), ("same", "two names"),
+                    ("notobj", "from"), ("extra", "only id and session_fork"),
+                    ("extra2", "only from and to")]:
+        e = refusal(by.get(k, {}))
+        check(f"a bad session_fork ({k}): invalid_request", e.get("code") == "invalid_request"
+              and part in e.get("message", ""), by.get(k))
+    check("serve exits 0", rc == 0, rc)
+
+
 def a_sessions_memory_is_its_first_cells():
     """A session's memory limit is fixed when it opens: its first cell's
     (the default when it asks for none); a later cell's figure does not move
@@ -1392,6 +1431,7 @@ section(tools_over_json_lines)
 section(tools_on_a_socket)
 section(code_that_never_reads_its_answers)
 section(sessions_on_standard_input)
+section(branches_on_standard_input)
 section(a_sessions_memory_is_its_first_cells)
 section(sessions_need_the_templates_own_proc)
 section(two_servers_never_share_a_uid)

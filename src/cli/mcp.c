@@ -120,6 +120,11 @@ static const char input_schema[] =
     "\"description\": \"Run the code as the next cell of this session (made on the first call "
     "with this id): variables, imports and files of the cells before it are there. Without it, "
     "the code runs in a fresh interpreter\"},"
+    "\"fork_from\": {\"type\": \"string\", \"minLength\": 1, \"maxLength\": 128, "
+    "\"description\": \"With session_id: first make session_id a copy of this session as its "
+    "last kept cell left it (variables, imports, files), then run the code there. session_id "
+    "must not be open (reset_session it first); from then on each goes its own way, so that "
+    "several continuations can be tried from one state\"},"
     "\"rollback\": {\"type\": \"string\", \"enum\": [\"on_error\", \"on_stop\", \"never\"], "
     "\"default\": \"on_error\", \"description\": \"With session_id: what a cell that fails does "
     "to the session. on_error: an exception or a non-zero exit puts the session back as it was "
@@ -373,12 +378,16 @@ struct call_job {
     const char *session; /* in args, or NULL */
     enum sbx_rollback rollback;
     struct session_cell *cell; /* its place in the session's line, until it runs */
+    const char *fork_from;     /* in args, or NULL */
+    struct session_cell *fork_from_cell, *fork_to_cell; /* the branch's places, until made */
 };
 
 static void call_job_free(struct call_job *j)
 {
     json_decref(j->progress.token);
     free(j->progress.text);
+    session_leave(j->fork_from_cell);
+    session_leave(j->fork_to_cell);
     session_leave(j->cell);
     sbx_cancel_free(j->call.cancel);
     json_decref(j->id);
@@ -531,6 +540,12 @@ static void *run_call(void *p)
         }
         rc = sbx_request_check(&r.req, &err);
     }
+    /* fork_from: the branch first, at its turn; the cell runs in it. */
+    if (rc == 0 && j->fork_to_cell) {
+        uint64_t cells;
+        rc = session_fork(j->fork_from_cell, j->fork_to_cell, &cells, &err);
+        j->fork_from_cell = j->fork_to_cell = NULL; /* given up */
+    }
     if (rc == 0 && j->cell) {
         rc = session_run(j->cell, &r.req, j->rollback, &res, &err);
         j->cell = NULL; /* its place is given up */
@@ -673,6 +688,16 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
         reply_error(s, id, -32602, err.message);
         return;
     }
+    const char *fork_from = NULL;
+    if (json_object_get(args, "fork_from") &&
+        (json_session_name(args, "fork_from", &fork_from, &err) < 0 || !session ||
+         strcmp(fork_from, session) == 0)) {
+        reply_error(s, id, -32602,
+                    err.message[0] ? err.message
+                                   : "fork_from goes with a session_id of another session: the "
+                                     "one made a copy of it");
+        return;
+    }
     struct call_job *j = calloc(1, sizeof(*j));
     if (!j || !(j->call.cancel = sbx_cancel_new())) {
         free(j);
@@ -687,8 +712,12 @@ static void call_tool(struct server *s, json_t *id, json_t *params)
     j->call.id = j->id;
     j->session = session;
     j->rollback = rollback;
-    /* In the session's line now: its cells run in the order called. */
-    if (session && session_enter(s->sessions, session, 0, &j->cell, &err) < 0) {
+    j->fork_from = fork_from;
+    /* In the session's line now: its cells run in the order called (a
+     * branch first takes its places in both lines, then the cell's). */
+    if ((fork_from && session_enter_fork(s->sessions, fork_from, session, &j->fork_from_cell,
+                                         &j->fork_to_cell, &err) < 0) ||
+        (session && session_enter(s->sessions, session, 0, &j->cell, &err) < 0)) {
         reply(s, id, tool_text(err.message, true));
         call_job_free(j);
         return;
