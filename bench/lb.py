@@ -360,7 +360,7 @@ def session_client(port, names):
     while time.monotonic() < deadline:
         todo = [n for n in names if st[n]["ok"] < args.cells]
         if not todo:
-            return
+            break
         for n in todo:
             s = st[n]
             k = s["cell"] + 1
@@ -381,6 +381,21 @@ def session_client(port, names):
             elif status == 410:
                 s["epoch"] += 1
                 s["cell"] = 0
+    # Each session done, a branch of it (of its family, so pinned with it)
+    # and one cell of the branch, which finds the origin's state.
+    for n in names:
+        if st[n]["ok"] < args.cells or time.monotonic() > deadline:
+            continue
+        k = st[n]["cell"] + 1
+        got = [post(conn, f"/v1/sessions/{n}/fork", json.dumps({"to": f"{n}~b"}), f"{n}.fork"),
+               post(conn, f"/v1/sessions/{n}~b/run",
+                    json.dumps({"code": f"assert tag == {n!r} and acc == {k - 2}\nprint('branch')",
+                                "cell": k}), f"{n}.branch")]
+        with lock:
+            branch_log.append((n, k, got))
+
+
+branch_log = []  # (session, the branch's cell number, [(status, answer)] of fork and cell)
 
 
 def main_sessions():
@@ -436,6 +451,27 @@ def main_sessions():
                          f"{len(cut)} 502 (at most 1), {len(homes)} lives")
         moved += on_victim and after_kill
         kept += not on_victim
+    # Branches: made, and their first cell answered, where the origin's
+    # last cells were.
+    home_of = {}
+    for n, epoch, k, status, a, secs, when, rid in cell_log:
+        if status == 200:
+            home_of[n] = upstream.get(rid, "?")
+    for n, k, (fork, cell) in branch_log:
+        where = {upstream.get(f"{n}.fork"), upstream.get(f"{n}.branch"), home_of.get(n)}
+        if not (fork[0] == 200 and isinstance(fork[1], dict)
+                and fork[1].get("session_forked", {}).get("cell") == k - 1):
+            fails.append(f"{n}: fork answered {fork[0]} {str(fork[1])[:200]}")
+        elif not (cell[0] == 200 and isinstance(cell[1], dict)
+                  and cell[1].get("stdout") == "branch\n"):
+            fails.append(f"{n}~b: its first cell answered {cell[0]} {str(cell[1])[:200]}")
+        elif len(where) != 1:
+            fails.append(f"{n}: origin and branch on several replicas: {where}")
+        else:
+            port = int(upstream[f"{n}.branch"].rsplit(":", 1)[1])
+            answered_by[port] = answered_by.get(port, 0) + 1
+    if len(branch_log) != len(names):
+        fails.append(f"{len(branch_log)} branches made, not {len(names)}")
     for p, n in cells_by.items():
         # Each surviving replica ran exactly the cells it answered: none twice.
         if n is None or int(n) != answered_by.get(p, 0):
@@ -448,6 +484,8 @@ def main_sessions():
     print(f"  sessions on the surviving replicas: {kept}, none lost a cell")
     print(f"  sessions of the killed replica: {moved} told session_lost once and started again "
           f"on another ({sum(1 for c in cell_log if c[3] == 502)} cells in flight answered 502)")
+    print(f"  then a branch of each session (POST /v1/sessions/NAME/fork, NAME~b) and its first "
+          f"cell: {len(branch_log)}, each on its origin's replica")
     print("  cells answered by replica: " + ", ".join(f":{p} {n}" for p, n in
                                                        sorted(answered_by.items())))
     if ok_secs:

@@ -251,25 +251,48 @@ static int cmp_range(const void *x, const void *y)
     return a[0] < b[0] ? -1 : a[0] > b[0];
 }
 
+/* Runs copied in one pair of system calls, at most (IOV_MAX is 1024). */
+#define COPY_BATCH 512
+
 struct copier {
     pid_t from, to;
     int pm_from, pm_to;
     char *buf;
+    struct iovec batch[COPY_BATCH]; /* runs waiting, of the state's (and the branch's) */
+    size_t n_batch, batched;        /* how many, and their bytes (in buf) */
     uint64_t *ea, *eb; /* page map entries of a range, for both */
     size_t e_room;
     struct branch_stats *st;
 };
 
+/* The runs batched, copied through our buffer: read from the state, and
+ * written at the same addresses in the branch. */
+static int flush(struct copier *c)
+{
+    struct iovec local = {.iov_base = c->buf, .iov_len = c->batched};
+
+    if (!c->n_batch)
+        return 0;
+    errno = 0;
+    if (process_vm_readv(c->from, &local, 1, c->batch, c->n_batch, 0) != (ssize_t)c->batched)
+        return errno ? -errno : -EFAULT;
+    if (process_vm_writev(c->to, &local, 1, c->batch, c->n_batch, 0) != (ssize_t)c->batched)
+        return errno ? -errno : -EFAULT;
+    c->st->copied += c->batched / PAGE;
+    c->n_batch = c->batched = 0;
+    return 0;
+}
+
+/* [at, at + len) to be copied (len at most COPY_CHUNK). */
 static int copy_run(struct copier *c, uint64_t at, uint64_t len)
 {
-    struct iovec local = {.iov_base = c->buf, .iov_len = len};
-    struct iovec remote = {.iov_base = (void *)(uintptr_t)at, .iov_len = len};
-
-    if (process_vm_readv(c->from, &local, 1, &remote, 1, 0) != (ssize_t)len)
-        return errno ? -errno : -EFAULT;
-    if (process_vm_writev(c->to, &local, 1, &remote, 1, 0) != (ssize_t)len)
-        return errno ? -errno : -EFAULT;
-    c->st->copied += len / PAGE;
+    if (c->n_batch == COPY_BATCH || c->batched + len > COPY_CHUNK) {
+        int rc = flush(c);
+        if (rc < 0)
+            return rc;
+    }
+    c->batch[c->n_batch++] = (struct iovec){.iov_base = (void *)(uintptr_t)at, .iov_len = len};
+    c->batched += len;
     return 0;
 }
 
@@ -498,6 +521,8 @@ int branch_copy(int proc_fd, pid_t from, pid_t to, int sock, struct branch_stats
     for (size_t i = 0; i < a.n && rc == 0; i++)
         if (a.v[i].kind != R_KERNEL)
             rc = copy_region(&c, &a.v[i], why, cap);
+    if (rc == 0 && (rc = flush(&c)) < 0)
+        errmsg(why, cap, rc, "copying the state's pages: %s", strerror(-rc));
     if (rc < 0)
         goto out;
     char copied = BRANCH_COPIED;
