@@ -607,6 +607,23 @@ class HttpSession:
                 self.next_cell = r.session["cell"] + 1
             return r
 
+    def fork(self, name: str) -> "HttpSession":
+        """A branch: the token's session |name| (of this one's family, its
+        name up to the first "~": "nb~2" for a branch of "nb") made an exact
+        copy of this session's state, then a session of its own; returns
+        it. SandboxError when this session is not open here (not_found) or
+        lost (session_lost), or |name| is open (invalid_request, 409)."""
+        name = _http_session_name(name)
+        with self._lock:
+            if self._closed:
+                raise ValueError("the session is closed")
+            answer = self._client._post(json.dumps({"to": name}).encode(),
+                                        path=f"/v1/sessions/{self.name}/fork")
+        forked = answer.get("session_forked") if isinstance(answer, dict) else None
+        if not isinstance(forked, dict) or forked.get("to") != name:
+            raise ProtocolError(f"not an answer to a fork: {answer!r:.200}")
+        return HttpSession(self._client, name, next_cell=forked["cell"] + 1)
+
     def reset(self) -> None:
         """Closes the session on the server: the next run() starts a new one.
         SandboxError (not_found) when it has none open."""

@@ -512,6 +512,22 @@ class OverHttp(Common, AsyncChecks, SessionChecks, unittest.TestCase):
         with self.assertRaises(ValueError):
             self.client.session("a/b")
 
+    def test_a_branch_over_http_is_a_copy_then_its_own(self):
+        with self.client.session("tree") as a:
+            a.run("n = 1")
+            b = a.fork("tree~1")
+            self.assertEqual(b.next_cell, 2)
+            r = b.run("n += 10\nprint(n)")
+            self.assertEqual((r.stdout, r.session["cell"]), ("11\n", 2))
+            self.assertEqual(a.run("print(n)").stdout, "1\n")
+            with self.assertRaises(SandboxError) as e:
+                a.fork("tree~1")  # open already
+            self.assertEqual(e.exception.http_status, 409)
+            with self.assertRaises(SandboxError) as e:
+                a.fork("elsewhere")  # not of its family
+            self.assertEqual(e.exception.http_status, 400)
+            b.close()
+
 
 if __name__ == "__main__":
     if HTTP:
