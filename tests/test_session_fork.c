@@ -13,6 +13,7 @@
 #include "session_helpers.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,6 +350,64 @@ static void a_state_at_its_memory_limit(void **state)
     sbx_session_close(a);
 }
 
+struct killer {
+    uid_t uid;
+    long delay_us;
+};
+
+static void *kill_later(void *p)
+{
+    struct killer *k = p;
+    pid_t pids[16];
+
+    usleep((useconds_t)k->delay_us);
+    int n = pids_of(k->uid, pids, 16);
+    for (int i = 0; i < n; i++)
+        kill(pids[i], SIGKILL);
+    return NULL;
+}
+
+/* The origin's processes killed at any moment of a branch (before it is
+ * asked, while it exports, while it is copied, after): the branch is made
+ * and works on its own, or is refused with a reason; nothing waits for
+ * ever, no process of either is left once both are closed, and the
+ * sandbox goes on. */
+static void killing_the_origin_during_a_branch_leaves_nothing(void **state)
+{
+    int made = 0, refused = 0;
+
+    if (geteuid() != 0)
+        skip(); /* the processes of a uid are told apart only as root */
+    for (int i = 0; i < 24; i++) {
+        struct sbx_session *a = open_session(SBX(state), NULL);
+        struct sbx_session *b = NULL;
+        struct sbx_error err = {0};
+        expect_cell(a, "x = list(range(100000))", "");
+        struct killer k = {.uid = session_uid(a), .delay_us = i * 700};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, kill_later, &k), 0);
+        int rc = sbx_session_fork(a, &b, &err);
+        pthread_join(t, NULL);
+        uid_t ub = (uid_t)-1;
+        made += rc == 0;
+        refused += rc < 0;
+        if (rc == 0) {
+            ub = session_uid(b);
+            expect_cell(b, "print(len(x))", "100000\n");
+        } else if (err.code != SBX_ERR_SESSION_LOST && err.code != SBX_ERR_UNAVAILABLE)
+            fail_msg("refused as %s: %s", sbx_error_code_name(err.code), err.message);
+        sbx_session_close(b);
+        sbx_session_close(a);
+        assert_int_equal(wait_processes_of(k.uid, 0), 0);
+        if (ub != (uid_t)-1)
+            assert_int_equal(wait_processes_of(ub, 0), 0);
+    }
+    fprintf(stderr, "(branches made %d, refused %d)\n", made, refused);
+    struct sbx_session *c = open_session(SBX(state), NULL);
+    expect_cell(c, "print(1)", "1\n");
+    sbx_session_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,6 +421,7 @@ int main(void)
         cmocka_unit_test(a_branch_cannot_reach_its_origin),
         cmocka_unit_test(a_mapped_file_is_copied_not_shared),
         cmocka_unit_test(a_state_at_its_memory_limit),
+        cmocka_unit_test(killing_the_origin_during_a_branch_leaves_nothing),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));
