@@ -925,12 +925,22 @@ static double session_cell(struct sbx_session *s, const char *code, bool *ok)
  * replace a tenth of its items (counting the pages each copies). */
 static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
 {
-    enum { SMALL, PLAIN, SMALL_PAUSED, BIG_PAUSED, BIG_BACK, BIG_WRITE, FORK_SMALL, FORK_BIG,
-           FORK_BIG_CELL, N_S };
+    enum {
+        SMALL,
+        PLAIN,
+        SMALL_PAUSED,
+        BIG_PAUSED,
+        BIG_BACK,
+        BIG_WRITE,
+        FORK_SMALL,
+        FORK_BIG,
+        FORK_BIG_CELL,
+        N_S
+    };
     static const char *const names[N_S] = {
-        "cell, small state",         "plain run (sbx_run)",        "cell, small state, paused",
-        "cell, 200 MB, paused",      "cell, 200 MB, back to back", "cell replacing 1/10 of it",
-        "branch, small state",       "branch, 200 MB state",       "a 200 MB branch's 1st cell"};
+        "cell, small state",    "plain run (sbx_run)",        "cell, small state, paused",
+        "cell, 200 MB, paused", "cell, 200 MB, back to back", "cell replacing 1/10 of it",
+        "branch, small state",  "branch, 200 MB state",       "a 200 MB branch's 1st cell"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
     struct sbx_config cfg;

@@ -671,8 +671,7 @@ struct sbx_backend {
                        enum sbx_rollback rollback, struct sbx_result **out, struct sbx_error *err);
     void (*session_close)(struct sbx_session *s);
     /* As sbx_session_fork; NULL where the backend cannot branch. */
-    int (*session_fork)(struct sbx_session *from, struct sbx_session **out,
-                        struct sbx_error *err);
+    int (*session_fork)(struct sbx_session *from, struct sbx_session **out, struct sbx_error *err);
 };
 
 /* Opens backend |name| ("embedded" or "python3"; NULL is "embedded") with

@@ -77,8 +77,9 @@ static void a_branch_is_a_copy_and_then_its_own(void **state)
     expect_cell(b, RICH_CHECK, RICH_WANT);
     expect_cell(a, RICH_CHECK, RICH_WANT);
     /* The branch changes everything; the origin sees none of it. */
-    expect_cell(b, "x = 'b'\nbig.clear()\nopen('top.txt', 'w').write('B')\nos.remove('d/e/f.txt')\n"
-                   "open('b.txt', 'w').write('b')",
+    expect_cell(b,
+                "x = 'b'\nbig.clear()\nopen('top.txt', 'w').write('B')\nos.remove('d/e/f.txt')\n"
+                "open('b.txt', 'w').write('b')",
                 "");
     expect_cell(a, "import os\nprint(x, len(big), open('top.txt').read(), sorted(os.listdir('.')))",
                 "1 200000 top ['d', 'top.txt']\n");
@@ -332,7 +333,8 @@ static void a_state_at_its_memory_limit(void **state)
         sbx_result_free(r);
         /* Its ceiling is its origin's, and room for the stack it imported
          * on (which it keeps mapped): the same room for the code. */
-        static const char limit[] = "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[1])";
+        static const char limit[] =
+            "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[1])";
         struct sbx_result *ra = cell(a, limit), *rb = cell(b, limit);
         assert_int_equal(strtoll(rb->stdout_text, NULL, 10) - strtoll(ra->stdout_text, NULL, 10),
                          256 * 1024);

@@ -341,9 +341,9 @@ static void a_message_out_of_turn_ends_the_session(void **state)
         "os.write(4, b'H')",                   /* "hello", a new cell's */
         "os.write(4, b'D' + bytes(4) + b'x')", /* "done", the wrong length */
         "os.write(4, b'?' * 100)",
-        "os.write(4, b'x')",        /* "exported", a state's answer to an export */
-        "os.write(4, b'b')",        /* "branched", a branch's copy resumed */
-        "os.write(4, b'Ebroken')",  /* a branch's import failed */
+        "os.write(4, b'x')",       /* "exported", a state's answer to an export */
+        "os.write(4, b'b')",       /* "branched", a branch's copy resumed */
+        "os.write(4, b'Ebroken')", /* a branch's import failed */
     };
 
     for (size_t i = 0; i < sizeof(said) / sizeof(said[0]); i++) {

@@ -185,9 +185,9 @@ enum route {
     ROUTE_NONE,
     ROUTE_RUN,
     ROUTE_TOOL_RESULTS,
-    ROUTE_SESSIONS,    /* GET /v1/sessions */
-    ROUTE_SESSION,     /* DELETE /v1/sessions/NAME */
-    ROUTE_SESSION_RUN, /* POST /v1/sessions/NAME/run */
+    ROUTE_SESSIONS,     /* GET /v1/sessions */
+    ROUTE_SESSION,      /* DELETE /v1/sessions/NAME */
+    ROUTE_SESSION_RUN,  /* POST /v1/sessions/NAME/run */
     ROUTE_SESSION_FORK, /* POST /v1/sessions/NAME/fork */
     ROUTE_HEALTH,
     ROUTE_METRICS
@@ -1077,8 +1077,7 @@ static bool valid_path_name(const char *name)
 /* POST /v1/sessions/NAME/fork, {"to": "NAME2"}: 200 {"session_forked":
  * {"from", "to", "cell"}}; 404 when the caller's tenant has no session
  * NAME, 409 when it has one called NAME2, 410 when NAME is lost. */
-static enum MHD_Result fork_session(struct http *h, struct MHD_Connection *conn,
-                                    struct exchange *x)
+static enum MHD_Result fork_session(struct http *h, struct MHD_Connection *conn, struct exchange *x)
 {
     struct sbx_error err = {0};
     json_error_t jerr;

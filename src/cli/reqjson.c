@@ -694,8 +694,8 @@ int json_request_parse(const char *text, size_t len, const struct sbx_limits *ce
             rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                           "session_fork is {\"from\": NAME, \"to\": NAME}");
         if (rc == 0)
-            rc = unknown_field(f, names, ARRAY_SIZE(names),
-                               "session_fork has only from and to", err);
+            rc = unknown_field(f, names, ARRAY_SIZE(names), "session_fork has only from and to",
+                               err);
         if (rc == 0)
             rc = json_session_name(f, "from", &r->fork_from, err);
         if (rc == 0)

@@ -604,8 +604,8 @@ static void start_job(struct conn *c, struct job *j)
     /* In its session's line now, in the order requests are read (a
      * branch: in both its sessions' lines). */
     if (!j->cancel ||
-        (j->r.fork_from && session_enter_fork(c->sessions, j->r.fork_from, j->r.fork_to,
-                                              &j->cell, &j->fork_to, &err) < 0) ||
+        (j->r.fork_from && session_enter_fork(c->sessions, j->r.fork_from, j->r.fork_to, &j->cell,
+                                              &j->fork_to, &err) < 0) ||
         (j->r.session && session_enter(c->sessions, j->r.session, j->r.cell, &j->cell, &err) < 0)) {
         answer_error(c, j->r.id_text, &err);
         job_free(j);

@@ -20,7 +20,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define PAGE 4096ULL
+#define PAGE         4096ULL
 #define IMPORT_STACK BRANCH_IMPORT_STACK
 /* The kernel keeps 1 MiB free below a stack (stack_guard_gap); more here. */
 #define STACK_GAP (4ULL << 20)
@@ -47,9 +47,9 @@ struct pm_scan {
     uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
     uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
 };
-#define PM_SCAN        _IOWR('f', 16, struct pm_scan)
-#define PM_IS_PRESENT  (1ULL << 3)
-#define PM_IS_SWAPPED  (1ULL << 4)
+#define PM_SCAN       _IOWR('f', 16, struct pm_scan)
+#define PM_IS_PRESENT (1ULL << 3)
+#define PM_IS_SWAPPED (1ULL << 4)
 
 enum region_kind { R_PLAIN, R_STACK, R_HEAP, R_KERNEL /* vdso, vvar, vsyscall */ };
 
@@ -260,7 +260,7 @@ struct copier {
     char *buf;
     struct iovec batch[COPY_BATCH]; /* runs waiting, of the state's (and the branch's) */
     size_t n_batch, batched;        /* how many, and their bytes (in buf) */
-    uint64_t *ea, *eb; /* page map entries of a range, for both */
+    uint64_t *ea, *eb;              /* page map entries of a range, for both */
     size_t e_room;
     struct branch_stats *st;
 };
@@ -366,8 +366,7 @@ static int copy_region(struct copier *c, const struct region *r, char *why, size
             return errmsg(why, cap, -E2BIG,
                           "the state maps %llu MiB at %#llx, more than this kernel lets the "
                           "template look at page by page (PAGEMAP_SCAN is Linux 6.7)",
-                          (unsigned long long)((r->hi - r->lo) >> 20),
-                          (unsigned long long)r->lo);
+                          (unsigned long long)((r->hi - r->lo) >> 20), (unsigned long long)r->lo);
         }
         n = 0;
         rc = 0;

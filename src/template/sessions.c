@@ -1282,8 +1282,9 @@ static void branch_resumed(struct tmpl *t, struct session_rec *b)
     }
     if (status_number(t, b->state->pid, "Threads:") != 1 ||
         !only_its_own_descriptors(t, b->state)) {
-        end_session(t, b, "the branch's copy of the state holds a thread or a descriptor that a "
-                          "state may not");
+        end_session(t, b,
+                    "the branch's copy of the state holds a thread or a descriptor that a "
+                    "state may not");
         return;
     }
     b->branch_step = BR_NONE;

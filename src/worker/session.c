@@ -312,8 +312,10 @@ __attribute__((no_sanitize("address", "undefined"), noinline)) static void branc
             struct cmsghdr align;
         } c;
         struct iovec iov = {.iov_base = &o, .iov_len = sizeof(o)};
-        struct msghdr m = {
-            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf, .msg_controllen = sizeof(c.buf)};
+        struct msghdr m = {.msg_iov = &iov,
+                           .msg_iovlen = 1,
+                           .msg_control = c.buf,
+                           .msg_controllen = sizeof(c.buf)};
         long n = syscall(SYS_recvmsg, FD_READY, &m, MSG_CMSG_CLOEXEC);
         if (n <= 0)
             syscall(SYS_exit_group, n == 0 ? 0 : 127);
@@ -358,8 +360,8 @@ __attribute__((no_sanitize("address", "undefined"), noinline)) static void branc
             branch_fail("an unknown operation", 0, EPROTO);
         }
         if (r < 0)
-            branch_fail(o.kind == BRANCH_OP_MUNMAP ? "munmap"
-                        : o.kind == BRANCH_OP_BRK  ? "brk"
+            branch_fail(o.kind == BRANCH_OP_MUNMAP    ? "munmap"
+                        : o.kind == BRANCH_OP_BRK     ? "brk"
                         : o.kind == BRANCH_OP_PROTECT ? "mprotect"
                                                       : "mmap",
                         o.lo, errno);
@@ -454,10 +456,9 @@ _Noreturn void session_main(const struct worker_args *a, int listener)
      * every process of the session. */
     rlim_t cpu = (rlim_t)SBX_MAX_SECONDS + 2;
     if (worker_set_limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT) < 0 ||
-        worker_set_limit(RLIMIT_AS,
-                         a->session_as ? a->session_as : worker_memory_limit(a->session_memory),
-                         a->session_as ? a->session_as : worker_memory_limit(a->session_memory)) <
-            0 ||
+        worker_set_limit(
+            RLIMIT_AS, a->session_as ? a->session_as : worker_memory_limit(a->session_memory),
+            a->session_as ? a->session_as : worker_memory_limit(a->session_memory)) < 0 ||
         worker_set_limit(RLIMIT_CPU, cpu, cpu) < 0 ||
         send_fd(FD_READY, SESSION_READY, listener) < 0)
         _exit(127);
