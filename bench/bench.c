@@ -24,6 +24,8 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -919,6 +921,26 @@ static double session_cell(struct sbx_session *s, const char *code, bool *ok)
     return session_cell_faults(s, code, ok, NULL);
 }
 
+/* A branch, timed, as a thread of its own may make it. */
+struct fork_job {
+    struct sbx_session *from, *b;
+    int rc;
+    double ms;
+    struct sbx_error err;
+    atomic_bool done;
+};
+
+static void *fork_in_thread(void *p)
+{
+    struct fork_job *j = p;
+    uint64_t t0 = now_ns();
+
+    j->rc = sbx_session_fork(j->from, &j->b, &j->err);
+    j->ms = ms_since(t0);
+    atomic_store(&j->done, true);
+    return NULL;
+}
+
 /* Sessions: cells of a growing list against plain runs of the same code,
  * interleaved; then, with a pause before each cell, cells of a small and a
  * 200 MB state; the 200 MB state's cells back to back; and cells that
@@ -935,12 +957,15 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         FORK_SMALL,
         FORK_BIG,
         FORK_BIG_CELL,
+        FORK_BIG_BUSY,
+        PLAIN_DURING,
         N_S
     };
     static const char *const names[N_S] = {
-        "cell, small state",    "plain run (sbx_run)",        "cell, small state, paused",
-        "cell, 200 MB, paused", "cell, 200 MB, back to back", "cell replacing 1/10 of it",
-        "branch, small state",  "branch, 200 MB state",       "a 200 MB branch's 1st cell"};
+        "cell, small state",       "plain run (sbx_run)",        "cell, small state, paused",
+        "cell, 200 MB, paused",    "cell, 200 MB, back to back", "cell replacing 1/10 of it",
+        "branch, small state",     "branch, 200 MB state",       "a 200 MB branch's 1st cell",
+        "plain run, 200 MB branch"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
     struct sbx_config cfg;
@@ -1018,17 +1043,33 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
     for (int i = 0; i < SESSION_CELLS / 5; i++)
         for (int j = 0; j < 2; j++) {
             int which = (i + j) % 2 == 0 ? FORK_SMALL : FORK_BIG;
-            struct sbx_session *b = NULL;
+            struct fork_job job = {.from = which == FORK_BIG ? big : small};
             usleep(THINK_US);
-            t0 = now_ns();
-            int rc = sbx_session_fork(which == FORK_BIG ? big : small, &b, &err);
-            double ms = ms_since(t0);
+            /* A big branch in a thread of its own, and plain runs meanwhile:
+             * what the others wait while it is copied. */
+            pthread_t thread;
+            bool threaded = which == FORK_BIG && i % 2 &&
+                            pthread_create(&thread, NULL, fork_in_thread, &job) == 0;
+            if (threaded) {
+                while (!atomic_load(&job.done)) {
+                    double run_ms = plain_run(sbx, "pass", &ok);
+                    if (!atomic_load(&job.done))
+                        add_sample(&lat[PLAIN_DURING], run_ms);
+                    failures[PLAIN_DURING] += !ok;
+                }
+                pthread_join(thread, NULL);
+            } else
+                fork_in_thread(&job);
+            struct sbx_session *b = job.b;
+            int rc = job.rc;
+            double ms = job.ms;
+            err = job.err;
             if (rc < 0) {
                 fprintf(stderr, "pysbx-bench: sbx_session_fork: %s\n", err.message);
                 failures[which]++;
                 continue;
             }
-            add_sample(&lat[which], ms);
+            add_sample(&lat[threaded ? FORK_BIG_BUSY : which], ms);
             if (which == FORK_BIG) {
                 usleep(THINK_US);
                 add_sample(&lat[FORK_BIG_CELL],
@@ -1067,14 +1108,16 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         if (!out)
             continue;
         machine(out);
-        fprintf(out,
-                "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
-                "of the same code;\nthen a small and a 200 MB state, %d cells each, alternating, "
-                "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
-                "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
-                "alternating, the same pause before each, and the 200 MB branches' first cells\n\n",
-                sessions, SESSION_CELLS, SESSION_CELLS, THINK_US / 1000, SESSION_CELLS / 5,
-                SESSION_CELLS / 5);
+        fprintf(
+            out,
+            "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
+            "of the same code;\nthen a small and a 200 MB state, %d cells each, alternating, "
+            "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
+            "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
+            "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
+            "half of the 200 MB branches made while plain runs of 'pass' go on back to back\n\n",
+            sessions, SESSION_CELLS, SESSION_CELLS, THINK_US / 1000, SESSION_CELLS / 5,
+            SESSION_CELLS / 5);
         fprintf(out, "%-28s %8s %8s %8s %8s %11s %12s\n", "", "min ms", "p50 ms", "p99 ms", "n",
                 "p50/plain", "faults p50");
         for (int k = 0; k < N_S; k++) {

@@ -318,6 +318,7 @@ static void a_state_at_its_memory_limit(void **state)
     l.memory_bytes = 128ULL << 20;
     struct sbx_session *a = open_session(SBX(state), &l);
     expect_cell(a,
+                "import resource\n"
                 "blocks = []\n"
                 "try:\n"
                 "    while True: blocks.append(bytearray(1 << 20))\n"
@@ -336,8 +337,9 @@ static void a_state_at_its_memory_limit(void **state)
         static const char limit[] =
             "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[1])";
         struct sbx_result *ra = cell(a, limit), *rb = cell(b, limit);
-        assert_int_equal(strtoll(rb->stdout_text, NULL, 10) - strtoll(ra->stdout_text, NULL, 10),
-                         256 * 1024);
+        if (strtoll(rb->stdout_text, NULL, 10) - strtoll(ra->stdout_text, NULL, 10) != 256 * 1024)
+            fail_msg("the branch's RLIMIT_AS is %s (%s), its origin's %s (%s)", rb->stdout_text,
+                     rb->stderr_text, ra->stdout_text, ra->stderr_text);
         sbx_result_free(ra);
         sbx_result_free(rb);
         sbx_session_close(b);

@@ -482,11 +482,12 @@ static int map_like(int proc_fd, pid_t from, int sock, struct map *a, const stru
     return 0;
 }
 
-int branch_copy(int proc_fd, pid_t from, pid_t to, int sock, struct branch_stats *st, char *why,
-                size_t cap)
+int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_stats *st,
+                char *why, size_t cap)
 {
     struct map a = {0}, b = {0};
-    struct copier c = {.from = from, .to = to, .pm_from = -1, .pm_to = -1, .st = st};
+    struct copier c = {.from = p->vm_from, .to = p->vm_to, .pm_from = -1, .pm_to = -1, .st = st};
+    pid_t from = p->from, to = p->to;
     char path[32];
     int rc;
 

@@ -33,12 +33,19 @@ struct branch_stats {
     uint64_t copied;  /* pages copied */
 };
 
+/* Which processes: as /proc (|proc_fd|) numbers them, and as the caller's
+ * own pid namespace does (for process_vm_readv and process_vm_writev). */
+struct branch_pids {
+    pid_t from, to;
+    pid_t vm_from, vm_to;
+};
+
 /* Makes process |to| (a branch's first process, waiting at its import on
  * the channel |sock|) a copy of the memory of |from| (a state that has
  * exported itself and is stopped), reading both under /proc (|proc_fd|).
  * On success the copy resumes where the state exported, and says
  * SESSION_BRANCHED on its channel. Returns 0, or -errno with |why|. */
-int branch_copy(int proc_fd, pid_t from, pid_t to, int sock, struct branch_stats *st, char *why,
-                size_t cap);
+int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_stats *st,
+                char *why, size_t cap);
 
 #endif

@@ -604,7 +604,7 @@ void pool_run(struct tmpl *t)
         pfd[n++] = (struct pollfd){.fd = t->ctl, .events = POLLIN};
         pfd[n++] = (struct pollfd){.fd = t->sigfd, .events = POLLIN};
         for (struct worker_rec *w = t->workers; w && n < cap; w = w->next) {
-            if (w->ready_fd < 0)
+            if (w->ready_fd < 0 || !session_heard(w))
                 continue;
             who[n] = w->id;
             pfd[n++] = (struct pollfd){.fd = w->ready_fd, .events = POLLIN};

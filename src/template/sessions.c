@@ -78,6 +78,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -111,6 +112,10 @@
 #define CELL_PLAN_MAX_PAGES      1024
 #define CELL_PLAN_MAX_READ_PAGES 8192
 #define CELL_PLAN_EVERY          16
+/* A state with less than this resident is copied by the template itself;
+ * a larger one by a process of its own (a copier), so that the template
+ * serves everyone else meanwhile. */
+#define BRANCH_INLINE_BYTES (16ULL << 20)
 /* How long a branch may take, from its opening to its copy resumed. */
 #define BRANCH_BUDGET_NS (10000ULL * 1000000ULL)
 /* How long an ended session's uid is looked at for a process left; past
@@ -145,6 +150,7 @@ enum branch_step {
     BR_ORIGIN,    /* it waits at its import; the origin's state is not idle yet */
     BR_EXPORTING, /* the origin's state is told to export itself */
     BR_STOPPING,  /* it said it did: being stopped, then copied (branch.h) */
+    BR_COPYING,   /* copied by a copier process; its channel is the copier's */
     BR_RESUMING,  /* copied: the copy resumes, and says so */
 };
 
@@ -209,6 +215,9 @@ struct session_rec {
     uint64_t branch_by_ns;
     /* An origin: exports asked of its state and not answered yet. */
     unsigned exports;
+    /* BR_COPYING: the copier, and the pipe its result comes on. */
+    pid_t copier;
+    int copier_fd;
 };
 
 /* Room for the fork command being sent (16 KiB: not on the stack). */
@@ -353,6 +362,9 @@ bool known_child(const struct tmpl *t, pid_t pid)
         return true;
     for (const struct worker_rec *w = t->workers; w; w = w->next)
         if (w->pid == pid)
+            return true;
+    for (const struct session_rec *s = t->sessions; s; s = s->next)
+        if (s->copier == pid)
             return true;
     return false;
 }
@@ -617,6 +629,7 @@ static void free_session(struct tmpl *t, struct session_rec *s, bool release_uid
     close_fd(&s->listener);
     close_fd(&s->ws_fd);
     close_fd(&s->saved_fd);
+    close_fd(&s->copier_fd);
     prefault_free(&s->plan);
     prefault_free(&s->reads);
     if (release_uid)
@@ -650,6 +663,10 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
     s->phase = SESS_ENDING;
     s->ended_ns = now_ns();
     s->recheck_ns = 0;
+    if (s->copier > 0)
+        kill(s->copier, SIGKILL); /* reaped as any child of ours */
+    s->copier = 0;
+    close_fd(&s->copier_fd);
     drop_coming(t, s);
     /* Whatever a fork let through made is of the session's uid: the sweep
      * of the uid finds it (maybe_free). */
@@ -721,7 +738,8 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         close(chan);
         return;
     }
-    *s = (struct session_rec){.chan = chan, .listener = -1, .ws_fd = -1, .saved_fd = -1};
+    *s = (struct session_rec){
+        .chan = chan, .listener = -1, .ws_fd = -1, .saved_fd = -1, .copier_fd = -1};
     s->id = ++t->next_id;
     s->memory = m->memory_bytes;
     s->idle_ns = m->idle_ms * 1000000ULL;
@@ -1209,6 +1227,113 @@ static void settle(struct tmpl *t, struct session_rec *s, bool keep)
  * it has one thread and no descriptor but its own, is the branch ready and
  * its supervisor told (WIRE_SESSION, with the workspaces whose files it
  * copies). The origin only ever stops a moment longer than it would. */
+/* What the copier says when it is done. */
+struct copier_result {
+    int32_t rc;
+    char why[WIRE_TEXT_MAX];
+};
+
+/* The anonymous memory |pid| has resident (/proc/PID/statm: resident less
+ * shared), in bytes, less our own (which it shares but for what it wrote:
+ * what it wrote is what the copy costs); 0 when it cannot be read. */
+static uint64_t anon_bytes(int dir, const char *path)
+{
+    char buf[128];
+    ssize_t got = -1;
+    unsigned long long size, resident, shared;
+
+    int fd = openat(dir, path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        got = read_full(fd, buf, sizeof(buf) - 1);
+        close(fd);
+    }
+    if (got <= 0)
+        return 0;
+    buf[got] = '\0';
+    if (sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3 || shared > resident)
+        return 0;
+    return (resident - shared) * 4096ULL;
+}
+
+static uint64_t written_bytes(const struct tmpl *t, pid_t pid)
+{
+    char path[32];
+
+    fmt(path, sizeof(path), "%d/statm", (int)pid);
+    uint64_t theirs = anon_bytes(t->proc_fd, path), ours = anon_bytes(AT_FDCWD, "/proc/self/statm");
+    return theirs > ours ? theirs - ours : 0;
+}
+
+/* The copy of |from| into |b|'s first process, by a child of ours that
+ * holds nothing but /proc, the branch's channel (which we do not read
+ * meanwhile: session_heard) and the pipe it answers on; it dies with us.
+ * Returns 0 (BR_COPYING), or -errno with |why|. */
+static int start_copier(struct tmpl *t, struct session_rec *b, pid_t from, char *why, size_t cap)
+{
+    int p[2];
+    /* The copier is in the pid namespace of our children (keeper.h): the
+     * two processes by the numbers it sees them by. */
+    struct branch_pids pids = {from, b->state->pid, (pid_t)status_inner(t, from, "NSpid:"),
+                               (pid_t)status_inner(t, b->state->pid, "NSpid:")};
+
+    if (pids.vm_from <= 0 || pids.vm_to <= 0)
+        return errmsg(why, cap, -ESRCH, "template: the state or its branch is gone");
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return errmsg(why, cap, -errno, "template: a pipe for the copy: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close_fds(p, 2);
+        return errmsg(why, cap, -e, "template: fork of the copy: %s", strerror(e));
+    }
+    if (pid == 0) {
+        struct copier_result r = {0};
+        struct branch_stats st;
+        int keep[3] = {t->proc_fd, b->state->ready_fd, p[1]};
+        /* Its three descriptors at 3, 4 and 5; nothing else of ours. */
+        for (int i = 0; i < 3; i++)
+            if ((keep[i] = fcntl(keep[i], F_DUPFD, 64 + i)) < 0)
+                _exit(1);
+        for (int i = 0; i < 3; i++)
+            if (dup2(keep[i], 3 + i) < 0)
+                _exit(1);
+        if (syscall(SYS_close_range, 6, ~0U, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+            _exit(1);
+        r.rc = branch_copy(3, &pids, 4, &st, r.why, sizeof(r.why));
+        _exit(write_full(5, &r, sizeof(r)) < 0);
+    }
+    close(p[1]);
+    b->copier = pid;
+    b->copier_fd = p[0];
+    b->branch_step = BR_COPYING;
+    return 0;
+}
+
+/* The copier's answer (or its end without one). */
+static void on_copier(struct tmpl *t, struct session_rec *b)
+{
+    struct copier_result r;
+    ssize_t got = read_full(b->copier_fd, &r, sizeof(r));
+
+    close_fd(&b->copier_fd);
+    b->copier = 0; /* reaped as any child of ours */
+    if (got != (ssize_t)sizeof(r)) {
+        end_session(t, b, "the branch's copy ended before it was made");
+        return;
+    }
+    r.why[sizeof(r.why) - 1] = '\0';
+    if (r.rc < 0) {
+        end_session(t, b, r.why);
+        return;
+    }
+    b->branch_step = BR_RESUMING;
+}
+
+bool session_heard(const struct worker_rec *w)
+{
+    return !(w->session && w == w->session->state && w->session->branch_step == BR_COPYING);
+}
+
 static void branch_advance(struct tmpl *t, struct session_rec *b)
 {
     struct session_rec *a = find_session(t, b->branch_of);
@@ -1240,8 +1365,13 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
     case BR_STOPPING:
         if (!a->state->stop_seen)
             return;
-        if (branch_copy(t->proc_fd, a->state->pid, b->state->pid, b->state->ready_fd, &st, why,
-                        sizeof(why)) < 0) {
+        if (written_bytes(t, a->state->pid) >= BRANCH_INLINE_BYTES) {
+            if (start_copier(t, b, a->state->pid, why, sizeof(why)) < 0)
+                end_session(t, b, why);
+            return;
+        }
+        struct branch_pids pids = {a->state->pid, b->state->pid, a->state->pid, b->state->pid};
+        if (branch_copy(t->proc_fd, &pids, b->state->ready_fd, &st, why, sizeof(why)) < 0) {
             end_session(t, b, why);
             return;
         }
@@ -1648,18 +1778,20 @@ size_t sessions_fd_count(const struct tmpl *t)
     size_t n = 0;
 
     for (const struct session_rec *s = t->sessions; s; s = s->next)
-        n += 2;
+        n += 3;
     return n;
 }
 
 size_t sessions_poll_fds(struct tmpl *t, struct pollfd *pfd, uint64_t *ids, size_t n, size_t cap)
 {
-    for (struct session_rec *s = t->sessions; s && n + 2 <= cap; s = s->next) {
+    for (struct session_rec *s = t->sessions; s && n + 3 <= cap; s = s->next) {
         bool open = s->phase != SESS_ENDING;
         ids[n] = s->id;
         pfd[n++] = (struct pollfd){.fd = open ? s->chan : -1, .events = POLLIN};
         ids[n] = s->id;
         pfd[n++] = (struct pollfd){.fd = open ? s->listener : -1, .events = POLLIN};
+        ids[n] = s->id;
+        pfd[n++] = (struct pollfd){.fd = open ? s->copier_fd : -1, .events = POLLIN};
     }
     return n;
 }
@@ -1677,10 +1809,12 @@ void sessions_handle(struct tmpl *t, const struct pollfd *pfd, const uint64_t *i
             s = s->next;
         if (!s || s->phase == SESS_ENDING)
             continue;
-        if ((i - from) % 2 == 0 && s->chan == pfd[i].fd)
+        if ((i - from) % 3 == 0 && s->chan == pfd[i].fd)
             on_channel(t, s);
-        else if ((i - from) % 2 == 1 && s->listener == pfd[i].fd && (pfd[i].revents & POLLIN))
+        else if ((i - from) % 3 == 1 && s->listener == pfd[i].fd && (pfd[i].revents & POLLIN))
             on_notification(t, s);
+        else if ((i - from) % 3 == 2 && s->copier_fd == pfd[i].fd)
+            on_copier(t, s);
     }
 }
 

@@ -186,6 +186,9 @@ void session_said(struct tmpl *t, struct worker_rec *w);
  * state process |w| and workspace |ws_fd| (which becomes the session's). */
 uint64_t session_memory(const struct session_rec *s);
 bool session_is_branch(const struct session_rec *s);
+/* Whether the template reads |w|'s channel now (not while a copier of a
+ * branch talks on it). */
+bool session_heard(const struct worker_rec *w);
 /* A branch's RLIMIT_AS (its origin's, and room for its import); 0 else. */
 uint64_t session_as_limit(const struct session_rec *s);
 void session_adopt(struct session_rec *s, struct worker_rec *w, int ws_fd);
