@@ -961,11 +961,12 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         PLAIN_DURING,
         N_S
     };
+    _Static_assert(N_S == 11, "a name for each row");
     static const char *const names[N_S] = {
         "cell, small state",       "plain run (sbx_run)",        "cell, small state, paused",
         "cell, 200 MB, paused",    "cell, 200 MB, back to back", "cell replacing 1/10 of it",
         "branch, small state",     "branch, 200 MB state",       "a 200 MB branch's 1st cell",
-        "plain run, 200 MB branch"};
+        "branch, 200 MB, runs on", "plain run, 200 MB branch"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
     struct sbx_config cfg;
