@@ -1219,14 +1219,6 @@ static void settle(struct tmpl *t, struct session_rec *s, bool keep)
 
 /* --- branching ------------------------------------------------------------ */
 
-/* A branch is a session whose first process, once confined, waits at its
- * import (branch.h) until the origin's state is idle (WAITING, its next
- * cell made, stopped); the state is then told to export itself, stopped
- * again once it says it did (the only thing it may say then), and copied.
- * Its copy says when it has resumed; only then, with the kernel's word that
- * it has one thread and no descriptor but its own, is the branch ready and
- * its supervisor told (WIRE_SESSION, with the workspaces whose files it
- * copies). The origin only ever stops a moment longer than it would. */
 /* What the copier says when it is done. */
 struct copier_result {
     int32_t rc;
@@ -1334,6 +1326,14 @@ bool session_heard(const struct worker_rec *w)
     return !(w->session && w == w->session->state && w->session->branch_step == BR_COPYING);
 }
 
+/* A branch is a session whose first process, once confined, waits at its
+ * import (branch.h) until the origin's state is idle (WAITING, its next
+ * cell made, stopped); the state is then told to export itself, stopped
+ * again once it says it did (the only thing it may say then), and copied.
+ * Its copy says when it has resumed; only then, with the kernel's word that
+ * it has one thread and no descriptor but its own, is the branch ready and
+ * its supervisor told (WIRE_SESSION, with the workspaces whose files it
+ * copies). The origin only ever stops a moment longer than it would. */
 static void branch_advance(struct tmpl *t, struct session_rec *b)
 {
     struct session_rec *a = find_session(t, b->branch_of);

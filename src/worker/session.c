@@ -287,12 +287,7 @@ static void adopt_exported(void)
     sigprocmask(SIG_SETMASK, &exported.mask, NULL);
 }
 
-/* A branch's import, on a stack of its own: from the first page the
- * template copies, everything this process had in memory is the state's,
- * so this uses its stack and the system calls alone, and ends in the
- * state's own branch_point. Nothing of the tenant's has run in this
- * process: it is confined as its own session already, and what it maps is
- * what the template (which reads the state's map from the kernel) says. */
+/* The import failed: the template hears why, and the process ends. */
 __attribute__((no_sanitize("address", "undefined"), noinline)) static void
 branch_fail(const char *what, uint64_t at, int e)
 {
@@ -303,6 +298,12 @@ branch_fail(const char *what, uint64_t at, int e)
     syscall(SYS_exit_group, 127);
 }
 
+/* A branch's import, on a stack of its own: from the first page the
+ * template copies, everything this process had in memory is the state's,
+ * so this uses its stack and the system calls alone, and ends in the
+ * state's own branch_point. Nothing of the tenant's has run in this
+ * process: it is confined as its own session already, and what it maps is
+ * what the template (which reads the state's map from the kernel) says. */
 __attribute__((no_sanitize("address", "undefined"), noinline)) static void branch_ops(void)
 {
     for (;;) {
