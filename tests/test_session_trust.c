@@ -211,7 +211,11 @@ static void a_cell_cannot_claim_limits_of_its_own(void **state)
                            "while True:\n"
                            "    fds = command(4)\n"
                            "    if " SESSION_CLONE " == 0:\n"
-                           "        chan = fds[0]\n"
+                           /* At 4, where the policy lets a session's process
+                            * take messages (elsewhere recvmsg fails, and the
+                            * child would end before it could spin). */
+                           "        os.dup2(fds[0], 4)\n"
+                           "        chan = 4\n"
                            "        os.write(chan, b'H')\n"
                            "        os.write(chan, b'S' + struct.pack('QQQ', 0, 10**18, 0))\n"
                            "        req, out, err = command(chan)[:3]\n"
@@ -233,8 +237,10 @@ static void a_cell_cannot_claim_limits_of_its_own(void **state)
     r = cell_limited(s, "print('asked')", SBX_ROLLBACK_ON_ERROR, 6.0, 1.0, NULL, 0, &rc, &err);
     if (rc == 0) {
         if (r->status == SBX_COMPLETED)
-            fail_msg("the state's own cell completed after %.0f ms: %s", r->wall_ms,
-                     r->stdout_text);
+            fail_msg("the state's own cell completed after %.0f ms: cell %llu, exit %d, rolled "
+                     "back %d, reason %s, stdout '%s', stderr '%s'",
+                     r->wall_ms, (unsigned long long)r->cell, r->exit_code, r->rolled_back,
+                     r->reason ? r->reason : "-", r->stdout_text, r->stderr_text);
         assert_true(r->wall_ms < 3000);
         sbx_result_free(r);
     } else
