@@ -275,22 +275,33 @@ static void send_text(struct session_rec *s, uint32_t type, const char *why)
 
 /* --- what the kernel says of a process ---------------------------------- */
 
-/* The line after |field| in /proc/PID/status (our own pid namespace's, see
- * keeper.h), in |out|; false when there is none. */
-static bool status_line(const struct tmpl *t, pid_t pid, const char *field, char *out, size_t cap)
+/* The file PID/|name| of our /proc (our own pid namespace's, see keeper.h)
+ * in |buf|, NUL-terminated; false when it cannot be read or is empty. */
+static bool read_proc(const struct tmpl *t, pid_t pid, const char *name, char *buf, size_t cap)
 {
-    char path[32], buf[4096];
+    char path[64];
     ssize_t got = -1;
 
-    fmt(path, sizeof(path), "%d/status", (int)pid);
+    fmt(path, sizeof(path), "%d/%s", (int)pid, name);
     int fd = openat(t->proc_fd, path, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-        got = read_full(fd, buf, sizeof(buf) - 1);
+        got = read_full(fd, buf, cap - 1);
         close(fd);
     }
     if (got <= 0)
         return false;
     buf[got] = '\0';
+    return true;
+}
+
+/* The line after |field| in /proc/PID/status, in |out|; false when there
+ * is none. */
+static bool status_line(const struct tmpl *t, pid_t pid, const char *field, char *out, size_t cap)
+{
+    char buf[4096];
+
+    if (!read_proc(t, pid, "status", buf, sizeof(buf)))
+        return false;
     for (char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
         if (strncmp(p, field, strlen(field)) == 0) {
             p += strlen(field);
@@ -327,18 +338,10 @@ static long status_inner(const struct tmpl *t, pid_t pid, const char *field)
  * and anyone may read), or 0 when it cannot be read or is unlimited. */
 static uint64_t as_hard_limit(const struct tmpl *t, pid_t pid)
 {
-    char path[32], buf[4096];
-    ssize_t got = -1;
+    char buf[4096];
 
-    fmt(path, sizeof(path), "%d/limits", (int)pid);
-    int fd = openat(t->proc_fd, path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        got = read_full(fd, buf, sizeof(buf) - 1);
-        close(fd);
-    }
-    if (got <= 0)
+    if (!read_proc(t, pid, "limits", buf, sizeof(buf)))
         return 0;
-    buf[got] = '\0';
     const char *line = strstr(buf, "Max address space");
     unsigned long long soft, hard;
     if (!line || sscanf(line + strlen("Max address space"), "%llu %llu", &soft, &hard) != 2)
@@ -408,18 +411,11 @@ static bool holds_socket(const struct tmpl *t, pid_t pid, ino_t ino)
 static pid_t child_of_fork(const struct tmpl *t, const struct session_rec *s,
                            const struct worker_rec *w)
 {
-    char path[64], buf[8192];
-    ssize_t got = -1;
+    char name[32], buf[8192];
 
-    fmt(path, sizeof(path), "%d/task/%d/children", (int)t->pid, (int)t->pid);
-    int fd = openat(t->proc_fd, path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        got = read_full(fd, buf, sizeof(buf) - 1);
-        close(fd);
-    }
-    if (got <= 0)
+    fmt(name, sizeof(name), "task/%d/children", (int)t->pid);
+    if (!read_proc(t, t->pid, name, buf, sizeof(buf)))
         return 0;
-    buf[got] = '\0';
     for (char *p = buf, *end; *p; p = end) {
         long pid = strtol(p, &end, 10);
         if (end == p)
@@ -1226,33 +1222,23 @@ struct copier_result {
 };
 
 /* The anonymous memory |pid| has resident (/proc/PID/statm: resident less
- * shared), in bytes, less our own (which it shares but for what it wrote:
- * what it wrote is what the copy costs); 0 when it cannot be read. */
-static uint64_t anon_bytes(int dir, const char *path)
+ * shared), in bytes; 0 when it cannot be read. */
+static uint64_t anon_bytes(const struct tmpl *t, pid_t pid)
 {
     char buf[128];
-    ssize_t got = -1;
     unsigned long long size, resident, shared;
 
-    int fd = openat(dir, path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        got = read_full(fd, buf, sizeof(buf) - 1);
-        close(fd);
-    }
-    if (got <= 0)
-        return 0;
-    buf[got] = '\0';
-    if (sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3 || shared > resident)
+    if (!read_proc(t, pid, "statm", buf, sizeof(buf)) ||
+        sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3 || shared > resident)
         return 0;
     return (resident - shared) * 4096ULL;
 }
 
+/* What |pid| wrote beyond what it shares with us, roughly: its anonymous
+ * memory less ours (what it wrote is what the copy costs). */
 static uint64_t written_bytes(const struct tmpl *t, pid_t pid)
 {
-    char path[32];
-
-    fmt(path, sizeof(path), "%d/statm", (int)pid);
-    uint64_t theirs = anon_bytes(t->proc_fd, path), ours = anon_bytes(AT_FDCWD, "/proc/self/statm");
+    uint64_t theirs = anon_bytes(t, pid), ours = anon_bytes(t, t->pid);
     return theirs > ours ? theirs - ours : 0;
 }
 
@@ -1289,7 +1275,8 @@ static int start_copier(struct tmpl *t, struct session_rec *b, pid_t from, char 
         for (int i = 0; i < 3; i++)
             if (dup2(keep[i], 3 + i) < 0)
                 _exit(1);
-        if (syscall(SYS_close_range, 6, ~0U, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+        prctl(PR_SET_NAME, "pysbx-copier");
+        if (close_range(6, ~0U, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
             _exit(1);
         r.rc = branch_copy(3, &pids, 4, &st, r.why, sizeof(r.why));
         _exit(write_full(5, &r, sizeof(r)) < 0);
