@@ -336,6 +336,43 @@ static void a_message_out_of_turn_from_the_state_ends_the_session(void **state)
     }
 }
 
+/* The state, told to export itself for a branch, spins instead of
+ * answering (its fork commands it refuses, keeping what came with them, so
+ * that the session lives until then): the branch is refused, and the state is killed at the fork's
+ * CPU budget, not let run on. */
+static void a_state_that_spins_when_asked_to_export(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    uid_t uid = session_uid(s);
+    struct sbx_session *b = NULL;
+    struct sbx_error err = {0};
+    int rc;
+
+    struct sbx_result *r = cell_limited(s,
+                                        LOOKS_DONE COMMAND "looks_done()\n"
+                                                           "while True:\n"
+                                                           "    fds = command(4)\n"
+                                                           "    if not fds:\n"
+                                                           "        while True:\n"
+                                                           "            pass\n"
+                                                           "    os.write(4, b'Fnot here')\n",
+                                        SBX_ROLLBACK_ON_ERROR, 2.0, 2.0, NULL, 0, &rc, &err);
+    if (rc == 0)
+        sbx_result_free(r);
+    rc = sbx_session_fork(s, &b, &err);
+    if (rc == 0)
+        fail_msg("a branch of a state that never exported itself was made");
+    assert_null(b);
+    if (err.code != SBX_ERR_SESSION_LOST || !strstr(err.message, "export"))
+        fail_msg("refused as %s: %s", sbx_error_code_name(err.code), err.message);
+    /* Nothing of the session runs on. */
+    if (processes_of(uid) >= 0) {
+        assert_int_equal(wait_processes_of(uid, 0), 0);
+        assert_true(cpu_spent_between(uid, 0, 300) < 1.0);
+    }
+    sbx_session_close(s);
+}
+
 /* A message a session's process may not send now ends the session (as a
  * privilege-separation monitor treats an unexpected request), and every
  * process of it goes. */
@@ -527,6 +564,7 @@ int main(void)
         cmocka_unit_test(a_forged_end_with_closed_output_runs_for_a_bounded_moment),
         cmocka_unit_test(a_child_the_state_made_itself_is_held_and_dies_with_the_session),
         cmocka_unit_test(a_cell_cannot_claim_limits_of_its_own),
+        cmocka_unit_test(a_state_that_spins_when_asked_to_export),
         cmocka_unit_test(a_state_that_says_its_fork_failed_and_forks_leaves_no_child),
         cmocka_unit_test(a_message_out_of_turn_from_the_state_ends_the_session),
         cmocka_unit_test(a_message_out_of_turn_ends_the_session),

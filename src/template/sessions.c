@@ -659,6 +659,15 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
     s->phase = SESS_ENDING;
     s->ended_ns = now_ns();
     s->recheck_ns = 0;
+    if (s->branch_step == BR_EXPORTING) {
+        /* Its origin's state was let run to export itself: stopped again
+         * (its answer, if it comes, is taken and dropped). */
+        struct session_rec *a = find_session(t, s->branch_of);
+        if (a && a->state) {
+            disarm_limits(a->state);
+            proc_stop(a->state);
+        }
+    }
     if (s->copier > 0)
         kill(s->copier, SIGKILL); /* reaped as any child of ours */
     s->copier = 0;
@@ -1347,6 +1356,13 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
         }
         a->exports++;
         b->branch_step = BR_EXPORTING;
+        /* It runs for that alone, within the fork's budget (its code may
+         * have made it anything: a state that spins dies of it). */
+        a->state->cont_cpu_ns = cpu_ns(a->state->pid);
+        disarm_limits(a->state);
+        struct wire_started budget = {.cpu_used_ns = a->state->cont_cpu_ns,
+                                      .cpu_limit_ns = FORK_CPU_BUDGET_NS};
+        arm_cpu_limit(a->state, &budget);
         proc_continue(a->state);
         return;
     case BR_STOPPING:
@@ -1374,6 +1390,7 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
 static void origin_exported(struct tmpl *t, struct session_rec *a)
 {
     a->exports--;
+    disarm_limits(a->state);
     proc_stop(a->state);
     for (struct session_rec *b = t->sessions; b; b = b->next)
         if (b->branch_of == a->id && b->branch_step == BR_EXPORTING) {
@@ -1441,6 +1458,12 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
 
     s->procs--;
     w->dead = true;
+    if (w == s->state && s->exports && w->cpu_killed) {
+        fmt(why, sizeof(why),
+            "the session ended: its state did not export itself within %llu ms of CPU",
+            (unsigned long long)(FORK_CPU_BUDGET_NS / 1000000ULL));
+        end = why;
+    }
     if (w == s->from && s->making != NEXT_NONE && w->cpu_killed) {
         fmt(why, sizeof(why),
             "the session ended: its process did not fork the next cell within %llu ms of CPU",
