@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "branch.h"
 
+#include "procmaps.h"
+
 #include "sysutil.h"
 #include "util.h"
 #include "wire.h"
@@ -31,6 +33,8 @@
 /* Without PAGEMAP_SCAN, a mapping is read page by page: one this large is
  * refused rather than read (a sanitizer's shadow is terabytes). */
 #define PLAIN_SCAN_MAX (4ULL << 30)
+/* Page map entries are read for this much of a mapping at a time. */
+#define COPY_SLICE (64ULL << 20)
 
 #define PM_PFN     ((1ULL << 55) - 1)
 #define PM_FILE    (1ULL << 61)
@@ -51,14 +55,12 @@ struct pm_scan {
 #define PM_IS_PRESENT (1ULL << 3)
 #define PM_IS_SWAPPED (1ULL << 4)
 
-enum region_kind { R_PLAIN, R_STACK, R_HEAP, R_KERNEL /* vdso, vvar, vsyscall */ };
+/* The most mappings a state may have for a branch of it (the kernel's
+ * default vm.max_map_count is 65530). */
+#define BRANCH_MAX_REGIONS (1U << 17)
 
 struct region {
-    uint64_t lo, hi, off, ino;
-    unsigned dev_major, dev_minor;
-    int prot;
-    bool shared;
-    enum region_kind kind;
+    struct procmap m;
     /* the state's regions: how the branch has it */
     bool kept;      /* the branch maps it already, the same */
     bool file_same; /* the branch maps the same file there */
@@ -77,71 +79,40 @@ static void map_free(struct map *m)
     m->n = 0;
 }
 
+/* The kernel's map of |pid|, in bounded steps (procmaps.h). */
 static int read_map(int proc_fd, pid_t pid, struct map *m, char *why, size_t cap)
 {
-    char path[32], line[4096 + 128];
-    size_t room = 0;
+    struct procmap *v = NULL;
+    size_t n = 0;
+    int rc = procmaps_read(proc_fd, pid, BRANCH_MAX_REGIONS, &v, &n, why, cap);
 
-    fmt(path, sizeof(path), "%d/maps", (int)pid);
-    int fd = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
-    FILE *f = fd >= 0 ? fdopen(fd, "re") : NULL;
-    if (!f) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        return errmsg(why, cap, -e, "reading the memory map of process %d: %s", (int)pid,
-                      strerror(e));
+    if (rc < 0)
+        return rc;
+    m->v = calloc(n ? n : 1, sizeof(*m->v));
+    if (!m->v) {
+        free(v);
+        return errmsg(why, cap, -ENOMEM, "template: out of memory");
     }
-    while (fgets(line, sizeof(line), f)) {
-        struct region r = {0};
-        char perms[8];
-        int name = 0;
-        unsigned long lo, hi, off, ino;
-        if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu %n", &lo, &hi, perms, &off, &r.dev_major,
-                   &r.dev_minor, &ino, &name) < 7)
-            continue;
-        r.lo = lo;
-        r.hi = hi;
-        r.off = off;
-        r.ino = ino;
-        r.prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
-                 (perms[2] == 'x' ? PROT_EXEC : 0);
-        r.shared = perms[3] == 's';
-        const char *n = name ? line + name : "";
-        r.kind = strncmp(n, "[stack]", 7) == 0  ? R_STACK
-                 : strncmp(n, "[heap]", 6) == 0 ? R_HEAP
-                 : strncmp(n, "[vdso]", 6) == 0 || strncmp(n, "[vvar", 5) == 0 ||
-                         strncmp(n, "[vsyscall]", 10) == 0
-                     ? R_KERNEL
-                     : R_PLAIN;
-        if (m->n == room) {
-            room = room ? room * 2 : 256;
-            struct region *v = realloc(m->v, room * sizeof(*v));
-            if (!v) {
-                fclose(f);
-                return errmsg(why, cap, -ENOMEM, "template: out of memory");
-            }
-            m->v = v;
-        }
-        m->v[m->n++] = r;
-    }
-    fclose(f);
+    for (size_t i = 0; i < n; i++)
+        m->v[i].m = v[i];
+    m->n = n;
+    free(v);
     return 0;
 }
 
-static bool same_mapping(const struct region *a, const struct region *b)
+static bool same_mapping(const struct procmap *a, const struct procmap *b)
 {
     return a->lo == b->lo && a->hi == b->hi && a->ino == b->ino && a->dev_major == b->dev_major &&
            a->dev_minor == b->dev_minor && a->shared == b->shared && (!a->ino || a->off == b->off);
 }
 
-static const struct region *find_kind(const struct map *m, enum region_kind k, bool last)
+static const struct procmap *find_kind(const struct map *m, enum procmap_kind k, bool last)
 {
-    const struct region *found = NULL;
+    const struct procmap *found = NULL;
 
     for (size_t i = 0; i < m->n; i++)
-        if (m->v[i].kind == k && (!found || last))
-            found = &m->v[i];
+        if (m->v[i].m.kind == k && (!found || last))
+            found = &m->v[i].m;
     return found;
 }
 
@@ -178,30 +149,56 @@ static int hear(int sock, char want, char *why, size_t cap)
 
 /* The stack the branch imports on: a gap clear of both maps, below both
  * stacks (so that leaving it for the state's stack is a jump up, as glibc's
- * longjmp checks). */
+ * longjmp checks), the highest such gap. Both maps are in address order:
+ * one pass over them, merged. */
 static uint64_t import_stack_at(const struct map *a, const struct map *b)
 {
-    const struct region *sa = find_kind(a, R_STACK, false), *sb = find_kind(b, R_STACK, false);
-    uint64_t top = sa && sb ? (sa->lo < sb->lo ? sa->lo : sb->lo) : 0;
-    uint64_t want = IMPORT_STACK + 2 * PAGE;
+    const struct procmap *sa = find_kind(a, PROCMAP_STACK, false);
+    const struct procmap *sb = find_kind(b, PROCMAP_STACK, false);
+    uint64_t want = IMPORT_STACK + 2 * PAGE, found = 0;
+    /* Nothing is mapped below the kernel's mmap_min_addr. */
+    uint64_t end = 1ULL << 20;
+    size_t i = 0, j = 0;
 
-    /* Downward from the stacks (past the gap the kernel keeps below a
-     * stack that grows), the first gap both maps leave. */
-    top = top > STACK_GAP ? top - STACK_GAP : 0;
-    for (uint64_t hi = top; hi > want;) {
-        uint64_t lo = hi - want;
-        uint64_t lowest = 0; /* the lowest start of a region in [lo, hi), or 0 */
-        for (int k = 0; k < 2; k++) {
-            const struct map *m = k ? b : a;
-            for (size_t i = 0; i < m->n; i++)
-                if (m->v[i].lo < hi && m->v[i].hi > lo && (!lowest || m->v[i].lo < lowest))
-                    lowest = m->v[i].lo;
-        }
-        if (!lowest)
-            return lo + PAGE;
-        hi = lowest; /* below the lowest region met */
+    if (!sa || !sb)
+        return 0;
+    /* Past the gap the kernel keeps below a stack that grows. */
+    uint64_t top = sa->lo < sb->lo ? sa->lo : sb->lo;
+    if (top <= STACK_GAP)
+        return 0;
+    top -= STACK_GAP;
+    for (;;) {
+        const struct procmap *next = NULL;
+        if (i < a->n && (j >= b->n || a->v[i].m.lo <= b->v[j].m.lo))
+            next = &a->v[i++].m;
+        else if (j < b->n)
+            next = &b->v[j++].m;
+        uint64_t gap_hi = next && next->lo < top ? next->lo : top;
+        if (gap_hi > end && gap_hi - end >= want)
+            found = gap_hi - want + PAGE;
+        if (!next || next->lo >= top)
+            return found;
+        if (next->hi > end)
+            end = next->hi;
     }
-    return 0;
+}
+
+/* The region of |m| that starts at |lo|, or NULL (|m| is in address
+ * order). */
+static struct region *region_at(const struct map *m, uint64_t lo)
+{
+    size_t first = 0, last = m->n;
+
+    while (first < last) {
+        size_t mid = first + (last - first) / 2;
+        if (m->v[mid].m.lo == lo)
+            return &m->v[mid];
+        if (m->v[mid].m.lo < lo)
+            first = mid + 1;
+        else
+            last = mid;
+    }
+    return NULL;
 }
 
 /* --- the pages -------------------------------------------------------------- */
@@ -354,27 +351,28 @@ static int copy_region(struct copier *c, const struct region *r, char *why, size
 {
     uint64_t(*v)[2] = NULL;
     size_t n = 0, room = 0;
-    int rc = scan(c->pm_from, r->lo, r->hi, &v, &n, &room);
+    int rc = scan(c->pm_from, r->m.lo, r->m.hi, &v, &n, &room);
 
     /* The branch's own pages there count too: where the state has none,
      * the branch's go. */
     if (rc == 0)
-        rc = scan(c->pm_to, r->lo, r->hi, &v, &n, &room);
+        rc = scan(c->pm_to, r->m.lo, r->m.hi, &v, &n, &room);
     if (rc == -ENOTTY) {
-        if (r->hi - r->lo > PLAIN_SCAN_MAX) {
+        if (r->m.hi - r->m.lo > PLAIN_SCAN_MAX) {
             free(v);
             return errmsg(why, cap, -E2BIG,
                           "the state maps %llu MiB at %#llx, more than this kernel lets the "
                           "template look at page by page (PAGEMAP_SCAN is Linux 6.7)",
-                          (unsigned long long)((r->hi - r->lo) >> 20), (unsigned long long)r->lo);
+                          (unsigned long long)((r->m.hi - r->m.lo) >> 20),
+                          (unsigned long long)r->m.lo);
         }
         n = 0;
         rc = 0;
         if (room == 0 && !(v = malloc(sizeof(*v))))
             rc = -ENOMEM;
         else {
-            v[0][0] = r->lo;
-            v[0][1] = r->hi;
+            v[0][0] = r->m.lo;
+            v[0][1] = r->m.hi;
             n = 1;
         }
     }
@@ -386,14 +384,16 @@ static int copy_region(struct copier *c, const struct region *r, char *why, size
             for (i++; i < n && v[i][0] <= hi; i++)
                 if (v[i][1] > hi)
                     hi = v[i][1];
-            /* In slices, so that the page map entries stay small. */
-            for (uint64_t at = lo; at < hi && rc == 0; at += 64ULL << 20)
-                rc = copy_range(c, at, hi - at < (64ULL << 20) ? hi : at + (64ULL << 20),
-                                r->file_same);
+            /* In slices, so that the page map entries stay small (no
+             * address is near the top of the space: procmaps.h). */
+            for (uint64_t at = lo, to; at < hi && rc == 0; at = to) {
+                to = hi - at < COPY_SLICE ? hi : at + COPY_SLICE;
+                rc = copy_range(c, at, to, r->file_same);
+            }
         }
         if (rc < 0)
             errmsg(why, cap, rc, "copying the state's pages at %#llx: %s",
-                   (unsigned long long)r->lo, strerror(-rc));
+                   (unsigned long long)r->m.lo, strerror(-rc));
     } else
         errmsg(why, cap, rc, "reading the page map: %s", strerror(-rc));
     free(v);
@@ -411,48 +411,47 @@ static int map_like(int proc_fd, pid_t from, int sock, struct map *a, const stru
 
     /* What the branch maps that the state does not, unmapped. */
     for (size_t j = 0; j < b->n && rc == 0; j++) {
-        const struct region *r = &b->v[j];
-        bool keep = r->kind != R_PLAIN || (r->lo < stack_at + IMPORT_STACK && r->hi > stack_at);
-        for (size_t i = 0; i < a->n && !keep; i++)
-            if (a->v[i].kind == R_PLAIN && same_mapping(&a->v[i], r))
-                keep = a->v[i].kept = true;
+        const struct procmap *r = &b->v[j].m;
+        struct region *same = region_at(a, r->lo);
+        bool keep =
+            r->kind != PROCMAP_PLAIN || (r->lo < stack_at + IMPORT_STACK && r->hi > stack_at);
+        if (!keep && same && same->m.kind == PROCMAP_PLAIN && same_mapping(&same->m, r))
+            keep = same->kept = true;
         if (!keep)
             rc = send_op(sock, BRANCH_OP_MUNMAP, 0, r->lo, r->hi, 0, -1);
     }
     /* The heap where the state's ends. */
-    const struct region *heap = find_kind(a, R_HEAP, true);
-    const struct region *bheap = find_kind(b, R_HEAP, false);
+    const struct procmap *heap = find_kind(a, PROCMAP_HEAP, true);
+    const struct procmap *bheap = find_kind(b, PROCMAP_HEAP, false);
     if (rc == 0 && heap)
         rc = send_op(sock, BRANCH_OP_BRK, 0, heap->hi, 0, 0, -1);
     else if (rc == 0 && bheap)
         return errmsg(why, cap, -ENOTSUP, "the state has given back all of its heap");
     for (size_t i = 0; i < a->n && rc == 0; i++) {
         struct region *r = &a->v[i];
-        if (r->kind == R_HEAP || r->kind == R_STACK) {
+        if (r->m.kind == PROCMAP_HEAP || r->m.kind == PROCMAP_STACK) {
             r->kept = true;
             continue;
         }
-        if (r->kind == R_KERNEL) {
+        if (r->m.kind == PROCMAP_KERNEL) {
             /* The kernel's own pages are where the template's were, in
              * every process of it. */
-            bool there = false;
-            for (size_t j = 0; j < b->n && !there; j++)
-                there = b->v[j].kind == R_KERNEL && b->v[j].lo == r->lo && b->v[j].hi == r->hi;
-            if (!there)
+            const struct region *there = region_at(b, r->m.lo);
+            if (!there || there->m.kind != PROCMAP_KERNEL || there->m.hi != r->m.hi)
                 return errmsg(why, cap, -ENOTSUP, "the state's vDSO is not where the branch's is");
             r->kept = true;
             continue;
         }
         if (r->kept) {
-            r->file_same = r->ino != 0;
+            r->file_same = r->m.ino != 0;
             continue;
         }
-        if (r->shared)
+        if (r->m.shared)
             return errmsg(why, cap, -ENOTSUP, "the state has a shared mapping at %#llx",
-                          (unsigned long long)r->lo);
+                          (unsigned long long)r->m.lo);
         r->fresh = true;
         int fd = -1;
-        if (r->ino) {
+        if (r->m.ino) {
             /* The very file the state maps (the kernel's link to it), if it
              * is on a file system nobody writes: the branch shares its
              * pages, as the state shares them with the template. A file
@@ -460,19 +459,20 @@ static int map_like(int proc_fd, pid_t from, int sock, struct map *a, const stru
              * that no write of the state's reaches the branch. */
             char path[64];
             struct statvfs vfs;
-            fmt(path, sizeof(path), "%d/map_files/%llx-%llx", (int)from, (unsigned long long)r->lo,
-                (unsigned long long)r->hi);
+            fmt(path, sizeof(path), "%d/map_files/%llx-%llx", (int)from,
+                (unsigned long long)r->m.lo, (unsigned long long)r->m.hi);
             fd = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
             if (fd >= 0 && (fstatvfs(fd, &vfs) < 0 || !(vfs.f_flag & ST_RDONLY)))
                 close_fd(&fd);
         }
         r->file_same = fd >= 0;
-        rc = send_op(sock, fd >= 0 ? BRANCH_OP_MMAP_FILE : BRANCH_OP_MMAP_ANON, 0, r->lo, r->hi,
-                     r->off, fd);
+        rc = send_op(sock, fd >= 0 ? BRANCH_OP_MMAP_FILE : BRANCH_OP_MMAP_ANON, 0, r->m.lo, r->m.hi,
+                     r->m.off, fd);
         close_fd(&fd);
     }
     /* The stack, down to where the state's reaches. */
-    const struct region *sa = find_kind(a, R_STACK, false), *sb = find_kind(b, R_STACK, false);
+    const struct procmap *sa = find_kind(a, PROCMAP_STACK, false);
+    const struct procmap *sb = find_kind(b, PROCMAP_STACK, false);
     if (rc == 0 && (!sa || !sb))
         return errmsg(why, cap, -ENOTSUP, "a stack is not in the memory map");
     if (rc == 0)
@@ -519,7 +519,7 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
         goto out;
     }
     for (size_t i = 0; i < a.n && rc == 0; i++)
-        if (a.v[i].kind != R_KERNEL)
+        if (a.v[i].m.kind != PROCMAP_KERNEL)
             rc = copy_region(&c, &a.v[i], why, cap);
     if (rc == 0 && (rc = flush(&c)) < 0)
         errmsg(why, cap, rc, "copying the state's pages: %s", strerror(-rc));
@@ -529,8 +529,8 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
     rc = wire_send(sock, &copied, 1, NULL, 0);
     /* What was mapped for the copy gets the state's protection. */
     for (size_t i = 0; i < a.n && rc == 0; i++)
-        if (a.v[i].fresh && a.v[i].prot != (PROT_READ | PROT_WRITE))
-            rc = send_op(sock, BRANCH_OP_PROTECT, a.v[i].prot, a.v[i].lo, a.v[i].hi, 0, -1);
+        if (a.v[i].fresh && a.v[i].m.prot != (PROT_READ | PROT_WRITE))
+            rc = send_op(sock, BRANCH_OP_PROTECT, a.v[i].m.prot, a.v[i].m.lo, a.v[i].m.hi, 0, -1);
     if (rc == 0)
         rc = send_op(sock, BRANCH_OP_END, 0, 0, 0, 0, -1);
     if (rc < 0)
