@@ -112,10 +112,9 @@
 #define CELL_PLAN_MAX_PAGES      1024
 #define CELL_PLAN_MAX_READ_PAGES 8192
 #define CELL_PLAN_EVERY          16
-/* A state with less than this resident is copied by the template itself;
- * a larger one by a process of its own (a copier), so that the template
- * serves everyone else meanwhile. */
-#define BRANCH_INLINE_BYTES (16ULL << 20)
+/* The CPU a branch's copier may use (it copies a state of at most the
+ * session's memory limit; past it, it is killed and the branch refused). */
+#define BRANCH_COPY_CPU_S 10
 /* How long a branch may take, from its opening to its copy resumed. */
 #define BRANCH_BUDGET_NS (10000ULL * 1000000ULL)
 /* How long an ended session's uid is looked at for a process left; past
@@ -1230,27 +1229,6 @@ struct copier_result {
     char why[WIRE_TEXT_MAX];
 };
 
-/* The anonymous memory |pid| has resident (/proc/PID/statm: resident less
- * shared), in bytes; 0 when it cannot be read. */
-static uint64_t anon_bytes(const struct tmpl *t, pid_t pid)
-{
-    char buf[128];
-    unsigned long long size, resident, shared;
-
-    if (!read_proc(t, pid, "statm", buf, sizeof(buf)) ||
-        sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3 || shared > resident)
-        return 0;
-    return (resident - shared) * 4096ULL;
-}
-
-/* What |pid| wrote beyond what it shares with us, roughly: its anonymous
- * memory less ours (what it wrote is what the copy costs). */
-static uint64_t written_bytes(const struct tmpl *t, pid_t pid)
-{
-    uint64_t theirs = anon_bytes(t, pid), ours = anon_bytes(t, t->pid);
-    return theirs > ours ? theirs - ours : 0;
-}
-
 /* The copy of |from| into |b|'s first process, by a child of ours that
  * holds nothing but /proc, the branch's channel (which we do not read
  * meanwhile: session_heard) and the pipe it answers on; it dies with us.
@@ -1285,7 +1263,9 @@ static int start_copier(struct tmpl *t, struct session_rec *b, pid_t from, char 
             if (dup2(keep[i], 3 + i) < 0)
                 _exit(1);
         prctl(PR_SET_NAME, "pysbx-copier");
-        if (close_range(6, ~0U, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+        struct rlimit cpu = {BRANCH_COPY_CPU_S, BRANCH_COPY_CPU_S};
+        if (close_range(6, ~0U, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 ||
+            setrlimit(RLIMIT_CPU, &cpu) < 0)
             _exit(1);
         r.rc = branch_copy(3, &pids, 4, &st, r.why, sizeof(r.why));
         _exit(write_full(5, &r, sizeof(r)) < 0);
@@ -1333,7 +1313,6 @@ bool session_heard(const struct worker_rec *w)
 static void branch_advance(struct tmpl *t, struct session_rec *b)
 {
     struct session_rec *a = find_session(t, b->branch_of);
-    struct branch_stats st;
     char why[WIRE_TEXT_MAX];
 
     if (b->phase != SESS_OPENING)
@@ -1368,17 +1347,10 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
     case BR_STOPPING:
         if (!a->state->stop_seen)
             return;
-        if (written_bytes(t, a->state->pid) >= BRANCH_INLINE_BYTES) {
-            if (start_copier(t, b, a->state->pid, why, sizeof(why)) < 0)
-                end_session(t, b, why);
-            return;
-        }
-        struct branch_pids pids = {a->state->pid, b->state->pid, a->state->pid, b->state->pid};
-        if (branch_copy(t->proc_fd, &pids, b->state->ready_fd, &st, why, sizeof(why)) < 0) {
+        /* What the copy costs is the tenant's to size (its mappings, its
+         * pages): never the loop's. */
+        if (start_copier(t, b, a->state->pid, why, sizeof(why)) < 0)
             end_session(t, b, why);
-            return;
-        }
-        b->branch_step = BR_RESUMING;
         return;
     default:
         return;
