@@ -212,8 +212,16 @@ struct session_rec {
     uint64_t as_limit;
     enum branch_step branch_step;
     uint64_t branch_by_ns;
-    /* An origin: exports asked of its state and not answered yet. */
-    unsigned exports;
+    /* An origin whose state a branch holds (its id; 0: none), from the
+     * export asked until the branch has its copy or has ended and the
+     * state has answered: meanwhile no cell is handed out and the state
+     * is let run for nothing else (a next cell asked for is made after:
+     * make_due). The export is owed until the state answers, or by
+     * export_by_ns the session ends. */
+    uint64_t held_by;
+    bool export_owed;
+    bool make_due;
+    uint64_t export_by_ns;
     /* BR_COPYING: the copier, and the pipe its result comes on. */
     pid_t copier;
     int copier_fd;
@@ -227,6 +235,7 @@ static struct seccomp_notif_resp *notif_resp;
 
 static void start_making(struct tmpl *t, struct session_rec *s, struct worker_rec *from);
 static void end_session(struct tmpl *t, struct session_rec *s, const char *why);
+static void release_hold(struct tmpl *t, struct session_rec *a);
 
 uint64_t session_memory(const struct session_rec *s)
 {
@@ -658,15 +667,13 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
     s->phase = SESS_ENDING;
     s->ended_ns = now_ns();
     s->recheck_ns = 0;
-    if (s->branch_step == BR_EXPORTING) {
-        /* Its origin's state was let run to export itself: stopped again
-         * (its answer, if it comes, is taken and dropped). */
-        struct session_rec *a = find_session(t, s->branch_of);
-        if (a && a->state) {
-            disarm_limits(a->state);
-            proc_stop(a->state);
-        }
-    }
+    s->export_owed = false;
+    /* Its origin goes on once its state has answered an export owed (it
+     * runs for that within the fork's budget, and is stopped when it
+     * answers). */
+    struct session_rec *a = s->branch_of ? find_session(t, s->branch_of) : NULL;
+    if (a && a->held_by == s->id)
+        release_hold(t, a);
     if (s->copier > 0)
         kill(s->copier, SIGKILL); /* reaped as any child of ours */
     s->copier = 0;
@@ -1027,7 +1034,7 @@ static void made(struct tmpl *t, struct session_rec *s)
         return;
     }
     s->making = NEXT_MADE;
-    if (s->phase == SESS_ASKED)
+    if (s->phase == SESS_ASKED && !s->held_by)
         announce(t, s);
 }
 
@@ -1125,6 +1132,11 @@ static void cell_asked(struct tmpl *t, struct session_rec *s, const struct wire_
     s->cpu_ms = c->cpu_ms ? c->cpu_ms : 1;
     s->wall_ms = c->wall_ms ? c->wall_ms : 1;
     s->phase = SESS_ASKED;
+    if (s->held_by) {
+        /* A branch is being made of the state: the cell comes after. */
+        s->make_due = s->making == NEXT_FAILED || s->making == NEXT_NONE;
+        return;
+    }
     if (s->making == NEXT_MADE)
         announce(t, s);
     else if (s->making == NEXT_HOLDING)
@@ -1323,7 +1335,7 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
     }
     switch (b->branch_step) {
     case BR_ORIGIN:
-        if (a->phase != SESS_WAITING || !a->state->stop_seen || a->exports ||
+        if (a->phase != SESS_WAITING || !a->state->stop_seen || a->held_by ||
             (a->making >= NEXT_FORKING && a->making <= NEXT_FAILING)) {
             b->recheck_ns = now_ns() + RECHECK_NS;
             return;
@@ -1333,7 +1345,9 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
             end_session(t, b, "the session branched from does not listen");
             return;
         }
-        a->exports++;
+        a->held_by = b->id;
+        a->export_owed = true;
+        a->export_by_ns = now_ns() + FORK_WALL_BUDGET_NS;
         b->branch_step = BR_EXPORTING;
         /* It runs for that alone, within the fork's budget (its code may
          * have made it anything: a state that spins dies of it). */
@@ -1357,19 +1371,39 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
     }
 }
 
-/* The origin's state said it exported itself: stopped again, and copied
- * once it is seen stopped. */
+/* The branch holding |a| is done with it (it has its copy, or ended), or
+ * the state answered the export of a branch that has ended: unless the
+ * export is still owed, |a| goes on with what waited for it. */
+static void release_hold(struct tmpl *t, struct session_rec *a)
+{
+    if (a->export_owed || !a->held_by)
+        return;
+    a->held_by = 0;
+    if (a->phase == SESS_ENDING || !a->state)
+        return;
+    if (a->make_due) {
+        a->make_due = false;
+        start_making(t, a, a->state);
+    } else if (a->phase == SESS_ASKED && a->making == NEXT_MADE)
+        announce(t, a);
+}
+
+/* The origin's state said it exported itself (as it was asked to): it is
+ * stopped again, and copied once it is seen stopped, if its branch still
+ * waits for it. */
 static void origin_exported(struct tmpl *t, struct session_rec *a)
 {
-    a->exports--;
+    struct session_rec *b = find_session(t, a->held_by);
+
+    a->export_owed = false;
     disarm_limits(a->state);
     proc_stop(a->state);
-    for (struct session_rec *b = t->sessions; b; b = b->next)
-        if (b->branch_of == a->id && b->branch_step == BR_EXPORTING) {
-            b->branch_step = BR_STOPPING;
-            if (a->state->stop_seen)
-                branch_advance(t, b);
-        }
+    if (b && b->phase == SESS_OPENING && b->branch_step == BR_EXPORTING) {
+        b->branch_step = BR_STOPPING;
+        if (a->state->stop_seen)
+            branch_advance(t, b);
+    } else
+        release_hold(t, a);
 }
 
 /* The copy says it resumed: the branch is a session like any other. */
@@ -1394,6 +1428,7 @@ static void branch_resumed(struct tmpl *t, struct session_rec *b)
         return;
     }
     b->branch_step = BR_NONE;
+    release_hold(t, a);
     if (wire_send(b->chan, &m, sizeof(m), (const int[]){b->ws_fd, b->saved_fd, a->saved_fd},
                   WIRE_BRANCH_FDS) < 0) {
         end_session(t, b, NULL);
@@ -1410,7 +1445,7 @@ void session_stopped(struct tmpl *t, struct worker_rec *w)
 {
     struct session_rec *s = w->session;
 
-    if (w == s->state && !s->exports)
+    if (w == s->state && !s->export_owed)
         for (struct session_rec *b = t->sessions; b; b = b->next)
             if (b->branch_of == s->id && b->branch_step == BR_STOPPING)
                 branch_advance(t, b);
@@ -1430,7 +1465,7 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
 
     s->procs--;
     w->dead = true;
-    if (w == s->state && s->exports && w->cpu_killed) {
+    if (w == s->state && s->export_owed && w->cpu_killed) {
         fmt(why, sizeof(why),
             "the session ended: its state did not export itself within %llu ms of CPU",
             (unsigned long long)(FORK_CPU_BUDGET_NS / 1000000ULL));
@@ -1596,7 +1631,7 @@ void session_said(struct tmpl *t, struct worker_rec *w)
     /* Asked to export itself (branch_advance), the state says it did: the
      * worst it can do is say so early (before its mark is set), which makes
      * a copy that resumes wrongly, in the branch's process alone. */
-    if (w == s->state && s->exports && n == 1 && buf[0] == SESSION_EXPORTED && from == w->pid) {
+    if (w == s->state && s->export_owed && n == 1 && buf[0] == SESSION_EXPORTED && from == w->pid) {
         origin_exported(t, s);
         return;
     }
@@ -1811,6 +1846,8 @@ static uint64_t next_deadline(const struct session_rec *s)
 
     if (s->lost_track)
         return 1;
+    if (s->export_owed)
+        d = soonest(d, s->export_by_ns);
     if (s->phase == SESS_OPENING && s->branch_of)
         return soonest(d, s->branch_by_ns);
     if (s->phase == SESS_ENDING || s->phase == SESS_OPENING)
@@ -1877,7 +1914,12 @@ void sessions_tick(struct tmpl *t)
             end_session(t, s, why);
             continue;
         }
-        if (s->making >= NEXT_FORKING && s->making <= NEXT_FAILING && now >= s->fork_by_ns) {
+        if (s->export_owed && now >= s->export_by_ns) {
+            fmt(why, sizeof(why),
+                "the session ended: its state did not export itself within %llu s",
+                (unsigned long long)(FORK_WALL_BUDGET_NS / 1000000000ULL));
+            end_session(t, s, why);
+        } else if (s->making >= NEXT_FORKING && s->making <= NEXT_FAILING && now >= s->fork_by_ns) {
             fmt(why, sizeof(why),
                 "the session ended: its process did not fork the next cell within %llu s",
                 (unsigned long long)(FORK_WALL_BUDGET_NS / 1000000000ULL));
