@@ -37,6 +37,13 @@ out=$("$P/bin/pysbx" run "$T/six.py") || fail "the moved install's pysbx run fai
 [ "$out" = 42 ] || fail "the moved install's pysbx run printed '$out'"
 echo "ok   the moved install runs without LD_LIBRARY_PATH or PYSBX_TEMPLATE"
 
+# Full RELRO on what is installed: no relocation left writable after start.
+for f in "$P/bin/pysbx" "$HELPER" "$LIBDIR"/libpysbx.so.*.*.*; do
+    readelf -d "$f" | grep -q 'FLAGS.*BIND_NOW' || fail "$f is not linked with -z now"
+    readelf -lW "$f" | grep -q 'GNU_RELRO' || fail "$f has no RELRO segment"
+done
+echo "ok   the command, the helper and the library have full RELRO"
+
 # pkg-config: the .pc file describes the prefix it is in. A prefix the
 # dynamic linker does not search needs a run path (or LD_LIBRARY_PATH).
 export PKG_CONFIG_PATH="$(dirname "$PC")"
