@@ -42,8 +42,8 @@
  * structs are allocated by the caller and initialised with the library's
  * sizeof (sbx_config_init, sbx_request_init), and a release may add fields to
  * them, so a program runs only against the 0.y it was built with: the SONAME
- * carries the minor version (libpysbx.so.0.5, PYSBX_SONAME), the CMake
- * package accepts only the same 0.y (find_package(pysbx 0.5)), and a 0.y.z
+ * carries the minor version (libpysbx.so.0.6, PYSBX_SONAME), the CMake
+ * package accepts only the same 0.y (find_package(pysbx 0.6)), and a 0.y.z
  * release changes no struct and removes no function. From 1.0 the SONAME is
  * the major version and structs only grow under a new major.
  */
@@ -58,13 +58,13 @@
 extern "C" {
 #endif
 
-#define PYSBX_VERSION "0.5.0"
+#define PYSBX_VERSION "0.6.0"
 
 #define PYSBX_VERSION_MAJOR 0
-#define PYSBX_VERSION_MINOR 5
+#define PYSBX_VERSION_MINOR 6
 #define PYSBX_VERSION_PATCH 0
 /* The shared library this header describes (see the ABI rule above). */
-#define PYSBX_SONAME "libpysbx.so.0.5"
+#define PYSBX_SONAME "libpysbx.so.0.6"
 
 #if defined(__GNUC__)
 #define PYSBX_API __attribute__((visibility("default")))
@@ -114,8 +114,9 @@ enum sbx_layer {
     SBX_LAYER_CAPS = 1u << 8,     /* "caps": no capabilities, no_new_privs */
     SBX_LAYER_ROOT = 1u << 9,     /* "root": a private, read-only view of the machine */
     SBX_LAYER_UIDRUN = 1u << 10,  /* "uidrun": each run its own uid and gid */
+    SBX_LAYER_FREEZE = 1u << 11,  /* "freeze": a session's stopped processes frozen */
 };
-#define SBX_LAYER_COUNT 11
+#define SBX_LAYER_COUNT 12
 /* In required_layers: the default set. seccomp; file-system confinement
  * (landlock or root, either one); and, when the caller is root, uidrun. */
 #define SBX_LAYERS_DEFAULT (1u << 31)

@@ -25,7 +25,7 @@ done
 echo "$depends" | grep -Eq '(^|, )libpython3\.[0-9]+ \(' || fail "Depends lacks the shared libpython"
 dpkg-deb -c "$DEB" | awk '{print $6}' >"$T/files"
 for f in ./usr/bin/pysbx ./usr/libexec/pysbx/pysbx-template ./usr/include/pysbx.h \
-         ./usr/lib/libpysbx.a ./usr/lib/libpysbx.so ./usr/lib/libpysbx.so.0.5 \
+         ./usr/lib/libpysbx.a ./usr/lib/libpysbx.so ./usr/lib/libpysbx.so.0.6 \
          ./usr/lib/pkgconfig/pysbx.pc ./usr/lib/cmake/pysbx/pysbx-config.cmake \
          ./usr/lib/cmake/pysbx/pysbx-config-version.cmake ./usr/share/man/man1/pysbx.1.gz \
          ./usr/share/man/man3/libpysbx.3.gz; do

@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define WIRE_VERSION 7
+#define WIRE_VERSION 8
 
 enum wire_msg_type {
     WIRE_CONFIG = 1,
@@ -73,7 +73,7 @@ struct wire_hdr {
     uint32_t version;
 };
 
-#define WIRE_LAYERS           11  /* SBX_LAYER_COUNT */
+#define WIRE_LAYERS           12  /* SBX_LAYER_COUNT */
 #define WIRE_LAYER_DETAIL_MAX 192 /* struct sbx_layer_info's detail */
 
 struct wire_layer {

@@ -35,7 +35,7 @@ _Static_assert(SBX_LAYER_COUNT == WIRE_LAYERS, "the wire carries every layer");
 
 static const char *const layer_names[SBX_LAYER_COUNT] = {
     "seccomp", "landlock", "netns", "mountns", "ipcns",  "utsns",
-    "user",    "rlimits",  "caps",  "root",    "uidrun",
+    "user",    "rlimits",  "caps",  "root",    "uidrun", "freeze",
 };
 
 const char *sbx_layer_name(enum sbx_layer layer)

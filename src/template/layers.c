@@ -75,4 +75,5 @@ void layers_describe(const struct tmpl *t, struct wire_hello *h)
     fmt(run, sizeof(run), "%s, %s; %s%s", j->uidrun_why, t->claim.why,
         t->pid_ns ? "" : "no pid namespace: ", t->pidns_why);
     layer(h, SBX_LAYER_UIDRUN, j->uid_per_run, run);
+    layer(h, SBX_LAYER_FREEZE, t->freeze, t->freeze_why);
 }

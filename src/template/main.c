@@ -172,7 +172,8 @@ int main(void)
                      .font_tree = -1,
                      .keeper = {.pid = -1, .life = -1},
                      .claim = {.holder = -1},
-                     .sweeper = {.fd = -1, .pid = -1}};
+                     .sweeper = {.fd = -1, .pid = -1},
+                     .freezer = {.dir = -1, .home = -1, .frozen = -1}};
     char err[WIRE_TEXT_MAX];
     sigset_t chld;
     struct rlimit no_core = {0, 0};
@@ -216,6 +217,11 @@ int main(void)
      * another's numbers name other processes. */
     t.proc_fd = proc_open_own(t.proc_why, sizeof(t.proc_why));
     t.proc_ok = t.proc_fd >= 0;
+    /* The freezer's cgroup, while /sys is in view (freezer.h). */
+    if (t.jc.disable & SBX_LAYER_FREEZE)
+        fmt(t.freeze_why, sizeof(t.freeze_why), "turned off by the configuration");
+    else
+        t.freeze = freezer_open(&t.freezer, t.freeze_why, sizeof(t.freeze_why)) > 0;
     if (t.font_cache)
         packages_font_cache(&t);
     if (enter_root(&t, err, sizeof(err)) < 0)
@@ -316,6 +322,7 @@ int main(void)
     if (wire_send(t.ctl, &hello, sizeof(hello), NULL, 0) < 0)
         return 1;
     pool_run(&t);
+    freezer_close(&t.freezer);
     sweeper_stop(&t.sweeper);
     /* Nothing of ours outlives us, and the range is free for the next
      * sandbox, once we have returned. */
@@ -328,6 +335,7 @@ fail:
      * hears why we failed. */
     ids_release(&t.claim);
     keeper_stop(&t.keeper);
+    freezer_close(&t.freezer);
     template_send_fail(&t, err);
     return 1;
 }

@@ -117,6 +117,12 @@
 #define BRANCH_COPY_CPU_S 10
 /* How long a branch may take, from its opening to its copy resumed. */
 #define BRANCH_BUDGET_NS (10000ULL * 1000000ULL)
+/* A process seen stopped may use this much CPU, and 1% of the time since,
+ * before it counts as having run (the kernel's own work of waking it into
+ * the freezer for a signal, a few microseconds each); its session ends.
+ * Stopped processes are looked at every STOPPED_WATCH_NS. */
+#define STOPPED_CPU_SLACK_NS (1ULL * 1000000ULL)
+#define STOPPED_WATCH_NS     (100ULL * 1000000ULL)
 /* How long an ended session's uid is looked at for a process left; past
  * it the session goes and its uid is never handed out again. */
 #define SWEEP_GIVE_UP_NS (1000ULL * 1000000ULL)
@@ -486,10 +492,36 @@ static void proc_stop(struct worker_rec *w)
     }
 }
 
-static void proc_continue(struct worker_rec *w)
+/* Let run again: out of the frozen cgroup first, or SIGCONT would only
+ * wake it into the freezer. */
+static void proc_continue(struct tmpl *t, struct worker_rec *w)
 {
-    w->stop_sent = w->stop_seen = false;
+    if (w->frozen)
+        (void)freezer_release(&t->freezer, w->pid);
+    w->stop_sent = w->stop_seen = w->frozen = false;
     kill(w->pid, SIGCONT);
+}
+
+/* Seen stopped: frozen where the kernel has a freezer, and its CPU clock
+ * noted, to hold it to having stopped. */
+static void hold_stopped(struct tmpl *t, struct worker_rec *w)
+{
+    w->frozen = t->freeze && freezer_hold(&t->freezer, w->pid) == 0;
+    w->stop_cpu_ns = cpu_ns(w->pid);
+    w->stop_ns = now_ns();
+}
+
+/* The CPU |w| used since it was seen stopped, in ns, if that is more than
+ * the kernel spends waking a frozen process for the signals it gets (a
+ * moment each, never the code's: STOPPED_CPU_SLACK_NS and 1% of the time);
+ * else 0. */
+static uint64_t ran_while_stopped(const struct worker_rec *w)
+{
+    if (!w || !w->stop_seen || w->dead || !w->pid)
+        return 0;
+    uint64_t cpu = cpu_ns(w->pid), now = now_ns();
+    uint64_t used = cpu > w->stop_cpu_ns ? cpu - w->stop_cpu_ns : 0;
+    return used > STOPPED_CPU_SLACK_NS + (now - w->stop_ns) / 100 ? used : 0;
 }
 
 /* Kills the process in |*role| and takes it out of the role: it is counted
@@ -951,7 +983,7 @@ static void start_making(struct tmpl *t, struct session_rec *s, struct worker_re
     struct wire_started budget = {.cpu_used_ns = from->cont_cpu_ns,
                                   .cpu_limit_ns = FORK_CPU_BUDGET_NS};
     arm_cpu_limit(from, &budget);
-    proc_continue(from);
+    proc_continue(t, from);
     /* Its channel alone goes through |from|; its pipes are made when it is
      * handed out and go to the cell itself (announce). */
     struct session_fork_msg *m = &fork_msg;
@@ -1123,7 +1155,7 @@ static void announce(struct tmpl *t, struct session_rec *s)
      * code lowered its own RLIMIT_NICE, which slows it alone). */
     if (t->idle_warm)
         (void)sched_setscheduler(w->pid, SCHED_OTHER, &(struct sched_param){0});
-    proc_continue(w);
+    proc_continue(t, w);
 }
 
 static void cell_asked(struct tmpl *t, struct session_rec *s, const struct wire_cell *c)
@@ -1356,7 +1388,7 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
         struct wire_started budget = {.cpu_used_ns = a->state->cont_cpu_ns,
                                       .cpu_limit_ns = FORK_CPU_BUDGET_NS};
         arm_cpu_limit(a->state, &budget);
-        proc_continue(a->state);
+        proc_continue(t, a->state);
         return;
     case BR_STOPPING:
         if (!a->state->stop_seen)
@@ -1445,6 +1477,7 @@ void session_stopped(struct tmpl *t, struct worker_rec *w)
 {
     struct session_rec *s = w->session;
 
+    hold_stopped(t, w);
     if (w == s->state && !s->export_owed)
         for (struct session_rec *b = t->sessions; b; b = b->next)
             if (b->branch_of == s->id && b->branch_step == BR_STOPPING)
@@ -1863,7 +1896,7 @@ static uint64_t next_deadline(const struct session_rec *s)
 
 int sessions_timeout_ms(struct tmpl *t)
 {
-    uint64_t first = 0, now = now_ns();
+    uint64_t first = t->sessions ? t->watch_ns : 0, now = now_ns();
 
     for (struct session_rec *s = t->sessions; s; s = s->next)
         first = soonest(first, next_deadline(s));
@@ -1875,9 +1908,42 @@ int sessions_timeout_ms(struct tmpl *t)
     return ms > 60000 ? 60000 : (int)ms;
 }
 
+/* Every process of every session that the kernel said was stopped, held
+ * to it: one that ran since (resumed by a signal it arranged for itself,
+ * where there is no freezer; or anything the freezer missed) ends its
+ * session. All sessions at once, every STOPPED_WATCH_NS. */
+static void watch_stopped(struct tmpl *t)
+{
+    for (struct session_rec *s = t->sessions, *next; s; s = next) {
+        next = s->next;
+        static const char *const roles[] = {"state", "kept cell", "next cell's process", "process"};
+        struct worker_rec *procs[] = {s->state, s->candidate, s->coming, s->from};
+        for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]) && s->phase != SESS_ENDING; i++) {
+            uint64_t used = ran_while_stopped(procs[i]);
+            if (!used)
+                continue;
+            char why[WIRE_TEXT_MAX];
+            fmt(why, sizeof(why),
+                "the session ended: its %s ran while it was stopped between cells (%.1f ms of "
+                "CPU)",
+                roles[i], (double)used / 1e6);
+            end_session(t, s, why); /* may free it */
+            break;
+        }
+    }
+    t->watch_ns = now_ns() + STOPPED_WATCH_NS;
+}
+
 void sessions_tick(struct tmpl *t)
 {
     uint64_t now = now_ns();
+
+    if (!t->sessions)
+        t->watch_ns = 0;
+    else if (!t->watch_ns)
+        t->watch_ns = now + STOPPED_WATCH_NS;
+    else if (now >= t->watch_ns)
+        watch_stopped(t); /* may free sessions: the loop below looks again */
 
     for (struct session_rec *s = t->sessions, *next; s; s = next) {
         next = s->next;

@@ -6,6 +6,7 @@
 #define PYSBX_TEMPLATE_H
 
 #include "claim.h"
+#include "freezer.h"
 #include "jail.h"
 #include "keeper.h"
 #include "landlock.h"
@@ -71,6 +72,9 @@ struct worker_rec {
     ino_t chan_ino;       /* its end of its channel, the one socket it may keep */
     int out_watch[2];     /* a cell out: read ends of its stdout and stderr, to see them hang up */
     uint64_t cont_cpu_ns; /* its CPU clock when it was last let run to fork */
+    bool frozen;          /* in the frozen cgroup (freezer.h) */
+    uint64_t stop_cpu_ns; /* its CPU clock when it was seen stopped */
+    uint64_t stop_ns;     /* ... and the time */
 };
 
 struct tmpl {
@@ -130,6 +134,11 @@ struct tmpl {
     struct policy session_policy;
     bool session_policy_built;
     bool idle_warm; /* cells made ahead wait at SCHED_IDLE (sessions.c) */
+    /* Stopped session processes frozen (freezer.h), when there is one. */
+    struct freezer freezer;
+    bool freeze;
+    char freeze_why[WIRE_LAYER_DETAIL_MAX];
+    uint64_t watch_ns; /* stopped processes are looked at again then */
 };
 
 /* Tells the supervisor that a worker could not be made (or the template
