@@ -939,6 +939,76 @@ if re.search(r"^\s*(127\.\d+\.\d+\.\d+|::1)\s.*\blocalhost\b", hosts, re.M):
     check("and exits 0", p.wait(30) == 0, p.returncode)
 else:
     print("skip --http localhost:0: /etc/hosts does not name localhost")
+# --- answers nobody reads: held within the client's and the server's bounds -------------
+# A tenant POSTs runs whose answers are megabytes and never reads them. Each
+# answer is held for its client only within the tenant's allowance
+# (--max-pending-bytes; one alone may pass it) and the server's
+# (--max-held-bytes); past them the connection is cut and the answer is not
+# kept, so the server's memory does not grow with unread answers, and another
+# tenant is answered meanwhile.
+def vm_rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(l for l in f if l.startswith("VmRSS:")).split()[1])
+
+
+def metric(client, name):
+    r, text = client.request("GET", "/metrics", check_doc=False)
+    m = re.search(r"^%s (\d+)" % re.escape(name), text, re.M)
+    return int(m.group(1)) if m else -1
+
+
+def wait_metric(client, name, ok, seconds=60):
+    end = time.monotonic() + seconds
+    while True:
+        v = metric(client, name)
+        if ok(v) or time.monotonic() > end:
+            return v
+        time.sleep(0.1)
+
+
+hp, hport = start("--max-pending-bytes", "4M", "--max-held-bytes", "6M", "--max-output",
+                  "2097152", "--jobs", "2", tokens=(TOKEN, TOKEN_B))
+ha, hb = Client(hport), Client(hport, token=TOKEN_B)
+ha.run({"code": "print(1)"})
+rss0 = vm_rss_kb(hp.pid)
+BIG = {"code": "import sys\nsys.stdout.write('a' * 2097152); sys.stderr.write('b' * 2097152)",
+       "limits": {"max_output_chars": 2097152}}
+body = json.dumps(BIG).encode()
+unread = []
+for i in range(8):
+    s = socket.create_connection(("127.0.0.1", hport))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(b"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
+              b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+              + body)
+    unread.append(s)
+wait_metric(ha, 'pysbx_runs_total{status="completed"}', lambda v: v == 9)
+time.sleep(0.5)
+held = metric(ha, "pysbx_answer_bytes_held")
+grown = vm_rss_kb(hp.pid) - rss0
+check("unread answers: held within the tenant's allowance, the rest cut",
+      4 << 20 <= held <= 6 << 20 and metric(ha, "pysbx_answers_not_held_total") >= 6,
+      (held, metric(ha, "pysbx_answers_not_held_total")))
+check("unread answers: the server grew by what it holds, not by what it was asked",
+      grown < (6 << 10) + (16 << 10), f"{grown} KiB more for 8 unread answers of 4 MiB")
+st, b = hb.run({"code": "print('b' * 999999)", "limits": {"max_output_chars": 1000000}})
+check("unread answers: another tenant's answer of 1 MB is given meanwhile",
+      st == 200 and len(b.get("stdout", "")) == 1000000, st)
+cut = 0
+for s in unread:
+    s.settimeout(0.5)
+    try:
+        cut += s.recv(64) == b""
+    except (socket.timeout, ConnectionError):
+        pass
+check("unread answers: the connections whose answer was not kept are closed", cut >= 6, cut)
+for s in unread:
+    s.close()
+check("unread answers: nothing held once their clients are gone",
+      wait_metric(ha, "pysbx_answer_bytes_held", lambda v: v == 0, 30) == 0)
+hp.send_signal(signal.SIGTERM)
+check("unread answers: the server exits 0", hp.wait(30) == 0, hp.returncode)
+
 # --- --metrics-http: a scraper's address, /metrics alone and no token ------------------
 # What a Prometheus configured by the manifest's annotations does: GET /metrics
 # on the metrics port, no Authorization. Parsed with Prometheus' own Python

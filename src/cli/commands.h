@@ -21,6 +21,7 @@ struct serve_opts {
     struct sbx_limits ceilings;      /* the most a request may ask for */
     double grace_seconds;            /* at SIGTERM: how long runs in flight may finish */
     size_t max_pending_bytes;        /* answers a client leaves unread, before it is dropped */
+    size_t max_held_bytes;           /* HTTP: answers held for all clients at once */
     const char *http_addr;           /* ADDR:PORT: HTTP instead of JSON lines (http.c) */
     const char *token_file;          /* HTTP: the bearer token clients must send */
     const char *metrics_addr;        /* HTTP: ADDR:PORT serving /metrics alone, no token */

@@ -179,6 +179,11 @@ struct http {
     struct conn *conns, *conns_tail; /* open connections, oldest first */
     struct live *tooled;             /* streamed runs with host tools, in flight */
     unsigned unauthed;               /* of them, not authed and not cut */
+    /* Answers held for their clients until taken (hold_answer), in bytes:
+     * in all, and by tenant. Under held_lock, which is taken alone. */
+    pthread_mutex_t held_lock;
+    size_t held, *tenant_held;
+    uint64_t not_held; /* answers cut off, and event bytes dropped, for want of room */
 };
 
 enum route {
@@ -248,6 +253,94 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, c
                                  const char *type, bool close_after)
 {
     return send_text_allow(conn, status, text, type, close_after, NULL);
+}
+
+/* |n| bytes of an answer (or of its events), to be held until |tenant|'s
+ * client takes them: only within the tenant's allowance (--max-pending-bytes;
+ * one exchange alone may pass it: |own| is what the exchange holds already)
+ * and the server's (--max-held-bytes), so that clients that do not read
+ * cannot grow the server. Returns whether they are held. */
+static bool hold_answer(struct http *h, int tenant, size_t own, size_t n)
+{
+    pthread_mutex_lock(&h->held_lock);
+    size_t *mine = &h->tenant_held[tenant];
+    bool ok = (*mine == own || *mine + n <= h->o->max_pending_bytes) &&
+              h->held + n <= h->o->max_held_bytes;
+    if (ok) {
+        *mine += n;
+        h->held += n;
+    } else
+        h->not_held++;
+    pthread_mutex_unlock(&h->held_lock);
+    return ok;
+}
+
+static void unhold_answer(struct http *h, int tenant, size_t n)
+{
+    pthread_mutex_lock(&h->held_lock);
+    h->tenant_held[tenant] -= n;
+    h->held -= n;
+    pthread_mutex_unlock(&h->held_lock);
+}
+
+/* A run's answer, held (above) while libmicrohttpd sends it. */
+struct held {
+    struct http *h;
+    int tenant;
+    char *text;
+    size_t len;
+};
+
+static ssize_t held_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct held *a = cls;
+
+    if (pos >= a->len)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    size_t n = a->len - (size_t)pos < max ? a->len - (size_t)pos : max;
+    memcpy(buf, a->text + pos, n);
+    return (ssize_t)n;
+}
+
+/* Taken, or the client went away (libmicrohttpd's idle timeout included):
+ * the room is given back. */
+static void held_free(void *cls)
+{
+    struct held *a = cls;
+
+    unhold_answer(a->h, a->tenant, a->len);
+    free(a->text);
+    free(a);
+}
+
+/* A 200 with |text| (taken) as a held answer; a client past its allowance,
+ * or a server past its own, is cut off and the answer not kept. */
+static enum MHD_Result send_held(struct http *h, struct MHD_Connection *conn, int tenant,
+                                 char *text)
+{
+    struct held *a = text ? calloc(1, sizeof(*a)) : NULL;
+    struct MHD_Response *r = NULL;
+
+    if (a) {
+        *a = (struct held){.h = h, .tenant = tenant, .text = text, .len = strlen(text)};
+        if (!hold_answer(h, tenant, 0, a->len)) {
+            free(a);
+            a = NULL;
+        }
+    }
+    if (!a) {
+        free(text);
+        return MHD_NO; /* the connection is cut */
+    }
+    r = mhd.create_response_from_callback(a->len, 64 << 10, held_read, a, held_free);
+    if (!r) {
+        held_free(a);
+        return MHD_NO;
+    }
+    mhd.add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, JSON_TYPE);
+    enum MHD_Result ok = mhd.queue_response(conn, MHD_HTTP_OK, r);
+    mhd.destroy_response(r);
+    return ok;
 }
 
 static unsigned status_for(enum sbx_error_code code)
@@ -553,6 +646,10 @@ static enum MHD_Result metrics(struct http *h, struct MHD_Connection *conn)
     pthread_mutex_lock(&h->lock);
     m = h->m;
     pthread_mutex_unlock(&h->lock);
+    pthread_mutex_lock(&h->held_lock);
+    size_t held = h->held;
+    uint64_t not_held = h->not_held;
+    pthread_mutex_unlock(&h->held_lock);
 
     add_metric(&b, "pysbx_runs_total", "counter", "Runs answered with a result, by status.");
     for (unsigned i = 0; i < N_STATUS; i++)
@@ -572,6 +669,13 @@ static enum MHD_Result metrics(struct http *h, struct MHD_Connection *conn)
     add(&b, "pysbx_connections_cut_total{why=\"slow\"} %llu\n", (unsigned long long)m.cut_off[0]);
     add(&b, "pysbx_connections_cut_total{why=\"evicted\"} %llu\n",
         (unsigned long long)m.cut_off[1]);
+    add_metric(&b, "pysbx_answer_bytes_held", "gauge",
+               "Bytes of answers and events held for clients that have not taken them yet.");
+    add(&b, "pysbx_answer_bytes_held %zu\n", held);
+    add_metric(&b, "pysbx_answers_not_held_total", "counter",
+               "Answers (their connection then cut) and events not held: past the client's "
+               "--max-pending-bytes or the server's --max-held-bytes.");
+    add(&b, "pysbx_answers_not_held_total %llu\n", (unsigned long long)not_held);
     add_metric(&b, "pysbx_run_duration_seconds", "histogram",
                "Wall time of runs answered with a result, from the request read to its result.");
     for (unsigned i = 0; i <= N_BUCKETS; i++) {
@@ -669,7 +773,9 @@ struct live {
     size_t max;          /* --max-pending-bytes: events past it are dropped */
     uint64_t dropped[2]; /* bytes of stdout and stderr events dropped */
     bool done;           /* the answer is queued: nothing more comes */
+    bool cut;            /* ... or found no room: the connection is cut */
     bool gone;           /* libmicrohttpd let go: the client is gone or served */
+    size_t reserved;     /* held for the lines that end the run, not yet queued */
     unsigned refs;
     /* A run with host tools: on h->tooled while it runs, found by run_id. */
     struct live *tnext;
@@ -698,18 +804,24 @@ static void live_unref(struct live *l)
     free(l);
 }
 
-/* Appends |line| (taken), unless |optional| and there is no room: the
- * answer always goes, an event only within the allowance. Under l->lock;
- * returns whether it went. */
-static bool live_put(struct live *l, char *line, bool optional)
+/* Appends |line| (taken), held for the client (hold_answer) unless it is
+ * |reserved| already. An |optional| line (an event) goes only within the
+ * stream's allowance and the held bytes', else it is dropped; another line
+ * that finds no room cuts the connection. Under l->lock; returns whether
+ * it went. */
+static bool live_put(struct live *l, char *line, bool optional, bool reserved)
 {
     size_t n = line ? strlen(line) : 0;
-    bool ok = line != NULL;
+    bool ok = line != NULL && !l->gone;
 
     if (l->off == l->len)
         l->off = l->len = 0;
     if (ok && optional && l->len > l->off && l->len - l->off + n > l->max)
         ok = false; /* as for answers, one alone may pass the allowance */
+    if (ok && !reserved && !hold_answer(l->h, l->tenant, l->len - l->off, n)) {
+        ok = false;
+        l->cut |= !optional;
+    }
     if (ok && l->len + n > l->cap) {
         size_t cap = l->cap ? l->cap : 4096;
         while (cap < l->len + n)
@@ -725,7 +837,8 @@ static bool live_put(struct live *l, char *line, bool optional)
         memcpy(l->buf + l->len, line, n);
         l->len += n;
         pthread_cond_broadcast(&l->more);
-    }
+    } else if (reserved)
+        unhold_answer(l->h, l->tenant, n);
     free(line);
     return ok;
 }
@@ -736,7 +849,7 @@ static void live_output(void *user, int stream, const char *text, size_t len)
     struct live *l = user;
 
     pthread_mutex_lock(&l->lock);
-    if (l->gone || !live_put(l, json_event_output(l->r.id_text, stream, text, len), true))
+    if (l->gone || !live_put(l, json_event_output(l->r.id_text, stream, text, len), true, false))
         l->dropped[stream - 1] += len;
     pthread_mutex_unlock(&l->lock);
 }
@@ -750,8 +863,8 @@ static void live_tool_call(void *user, uint64_t call, const char *name, const ch
     struct live *l = user;
 
     pthread_mutex_lock(&l->lock);
-    bool asked =
-        !l->gone && live_put(l, json_event_tool_call(l->r.id_text, call, name, args, len), true);
+    bool asked = !l->gone && live_put(l, json_event_tool_call(l->r.id_text, call, name, args, len),
+                                      true, false);
     pthread_mutex_unlock(&l->lock);
     if (!asked)
         (void)sbx_tool_fail(l->answers, call,
@@ -787,17 +900,33 @@ static void *live_main(void *p)
         untool(h, l);
     if (rc < 0)
         count_refused(h, err.code);
-    job_done(h, &l->j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9, cell);
     answer = rc < 0 ? json_answer_error(l->r.id_text, &err)
              : cell ? json_answer_session(l->r.id_text, res, l->r.session)
                     : json_answer_result(l->r.id_text, res);
+    /* The room for the last lines is taken while |h| is sure to be there:
+     * once the run is done (job_done), the drain may end the server. */
+    pthread_mutex_lock(&l->lock);
+    char *dropped =
+        l->dropped[0] || l->dropped[1] ? json_event_dropped(l->r.id_text, l->dropped) : NULL;
+    size_t last = (dropped ? strlen(dropped) : 0) + (answer ? strlen(answer) : 0);
+    bool room = !l->gone && answer && hold_answer(h, l->tenant, l->len - l->off, last);
+    l->reserved = room ? last : 0;
+    l->cut = !room;
+    pthread_mutex_unlock(&l->lock);
+    job_done(h, &l->j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9, cell);
     sbx_result_free(res);
     /* From here on |h| may be gone: the drain waits for this exchange only
      * until its answer has been taken. */
     pthread_mutex_lock(&l->lock);
-    if (l->dropped[0] || l->dropped[1])
-        live_put(l, json_event_dropped(l->r.id_text, l->dropped), false);
-    live_put(l, answer, false);
+    if (l->reserved) {
+        l->reserved = 0;
+        if (dropped)
+            live_put(l, dropped, false, true);
+        live_put(l, answer, false, true);
+    } else {
+        free(dropped);
+        free(answer);
+    }
     l->done = true;
     pthread_cond_broadcast(&l->more);
     pthread_mutex_unlock(&l->lock);
@@ -817,12 +946,13 @@ static ssize_t live_read(void *cls, uint64_t pos, char *buf, size_t max)
     while (l->off == l->len && !l->done)
         pthread_cond_wait(&l->more, &l->lock);
     if (l->off == l->len)
-        n = l->len == 0 && !l->buf ? MHD_CONTENT_READER_END_WITH_ERROR
-                                   : MHD_CONTENT_READER_END_OF_STREAM;
+        n = l->cut || (l->len == 0 && !l->buf) ? MHD_CONTENT_READER_END_WITH_ERROR
+                                               : MHD_CONTENT_READER_END_OF_STREAM;
     else {
         n = (ssize_t)(l->len - l->off < max ? l->len - l->off : max);
         memcpy(buf, l->buf + l->off, (size_t)n);
         l->off += (size_t)n;
+        unhold_answer(l->h, l->tenant, (size_t)n);
     }
     pthread_mutex_unlock(&l->lock);
     return n;
@@ -838,6 +968,10 @@ static void live_release(void *cls)
     l->gone = true;
     if (!l->done)
         sbx_cancel_fire(l->j.cancel);
+    /* What nobody will take now is not held. */
+    unhold_answer(l->h, l->tenant, l->len - l->off + l->reserved);
+    l->off = l->len;
+    l->reserved = 0;
     pthread_mutex_unlock(&l->lock);
     live_unref(l);
 }
@@ -884,7 +1018,7 @@ static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
         l->r.req.on_tool_call = live_tool_call;
         l->r.req.tool_answers = l->answers;
         /* The first line names the run, for its tool results. */
-        live_put(l, json_event_started(l->r.id_text, l->run_id), false);
+        live_put(l, json_event_started(l->r.id_text, l->run_id), false, false);
         pthread_mutex_lock(&h->lock);
         l->tnext = h->tooled;
         h->tooled = l;
@@ -908,7 +1042,7 @@ static enum MHD_Result run_streamed(struct http *h, struct MHD_Connection *conn,
         if (l->answers)
             untool(h, l);
         pthread_mutex_lock(&l->lock);
-        live_put(l, json_answer_error(l->r.id_text, &err), false);
+        live_put(l, json_answer_error(l->r.id_text, &err), false, false);
         l->done = true;
         pthread_mutex_unlock(&l->lock);
         live_unref(l);
@@ -988,7 +1122,9 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     if (rc == 0) {
         text = is_cell ? json_answer_session(r.id_text, res, x->name)
                        : json_answer_result(r.id_text, res);
-        ok = send_text(conn, MHD_HTTP_OK, text, JSON_TYPE, false);
+        sbx_result_free(res);
+        res = NULL;
+        ok = send_held(h, conn, x->tenant, text);
     } else {
         text = json_answer_error(r.id_text, &err);
         count_refused(h, err.code);
@@ -1698,6 +1834,7 @@ int http_main(const struct serve_opts *o)
     int sfd = -1, lfd = -1, mfd = -1, rc = EXIT_USAGE;
 
     pthread_mutex_init(&h.lock, NULL);
+    pthread_mutex_init(&h.held_lock, NULL);
     sfd = stop_signals_open();
     h.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     h.watch_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -1709,7 +1846,8 @@ int http_main(const struct serve_opts *o)
     if (o->token_file && load_tokens(&h, o->token_file) < 0)
         goto out;
     h.n_tables = h.n_tokens ? h.n_tokens : 1;
-    if (!(h.tables = calloc(h.n_tables, sizeof(*h.tables)))) {
+    if (!(h.tables = calloc(h.n_tables, sizeof(*h.tables))) ||
+        !(h.tenant_held = calloc(h.n_tables, sizeof(*h.tenant_held)))) {
         fputs("pysbx serve: out of memory\n", stderr);
         rc = 1;
         goto out;
@@ -1820,10 +1958,12 @@ out:
     for (unsigned i = 0; h.tables && i < h.n_tables; i++)
         session_table_free(h.tables[i]);
     free(h.tables);
+    free(h.tenant_held);
     for (unsigned i = 0; i < h.n_tokens; i++)
         free(h.tokens[i]);
     free(h.tokens);
     free(h.token_lens);
     pthread_mutex_destroy(&h.lock);
+    pthread_mutex_destroy(&h.held_lock);
     return rc;
 }

@@ -4,10 +4,13 @@
 #include "options.h"
 #include "stopper.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#define SERVER_MMAP_THRESHOLD (1 << 20)
 
 static unsigned cores(void)
 {
@@ -28,6 +31,11 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
     }
     if (!o.jobs)
         o.jobs = 2 * cores();
+    /* A run's output and its answer are megabytes at a time, freed once
+     * sent: mapped and unmapped whole, so that the server's memory is what
+     * it holds now, not what it held at its busiest (glibc's threshold
+     * would otherwise rise, and freed answers stay in its arenas). */
+    mallopt(M_MMAP_THRESHOLD, SERVER_MMAP_THRESHOLD);
     /* run, mcp and batch turn SIGINT/SIGTERM/SIGHUP into a cancellation
      * (stopper.h) from before their sandbox exists; serve has its own. */
     if (cmd != CMD_SERVE)
@@ -51,6 +59,7 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .ceilings = o.ceilings,
                                 .grace_seconds = o.grace,
                                 .max_pending_bytes = o.max_pending,
+                                .max_held_bytes = o.max_held,
                                 .http_addr = o.http,
                                 .token_file = o.token_file,
                                 .metrics_addr = o.metrics_http,

@@ -22,6 +22,7 @@
  * bytes of answers a client may leave unread before it is dropped. */
 #define DEFAULT_GRACE_SECONDS 10.0
 #define DEFAULT_MAX_PENDING   (64u << 20)
+#define DEFAULT_MAX_HELD      (256u << 20)
 #define MIN_MAX_PENDING       4096u
 
 static const char limits_help[] =
@@ -164,7 +165,10 @@ static const char serve_usage[] =
     "  --max-pending-bytes N   answers a client has not read, in bytes, past which it\n"
     "                          is disconnected and its runs cancelled (default 64M;\n"
     "                          one answer alone may exceed it); on standard output,\n"
-    "                          the server waits instead\n"
+    "                          the server waits instead; over HTTP, per tenant\n"
+    "  --max-held-bytes N      HTTP: answers held for all clients at once, in bytes,\n"
+    "                          past which an answer is not kept and its connection\n"
+    "                          is cut (default 256M)\n"
     "  --grace SECONDS         at SIGINT or SIGTERM, how long runs in flight may still\n"
     "                          finish before they are cancelled (default 10; 0: at once)\n";
 
@@ -469,6 +473,7 @@ enum {
     O_OUTFILE,
     O_GRACE,
     O_PENDING,
+    O_HELD,
     O_MAXWALL,
     O_MAXCPU,
     O_MAXMEM,
@@ -507,6 +512,7 @@ static const struct {
     {{"max-memory", required_argument, NULL, O_MAXMEM}, CMD_SERVE},
     {{"grace", required_argument, NULL, O_GRACE}, CMD_SERVE},
     {{"max-pending-bytes", required_argument, NULL, O_PENDING}, CMD_SERVE},
+    {{"max-held-bytes", required_argument, NULL, O_HELD}, CMD_SERVE},
     {{"file", required_argument, NULL, O_FILE}, CMD_RUN},
     {{"artifacts-dir", required_argument, NULL, O_DIR}, CMD_RUN},
     {{"stdin", required_argument, NULL, O_STDIN}, CMD_RUN},
@@ -556,6 +562,7 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
     json_ceilings_init(&o->ceilings);
     o->grace = DEFAULT_GRACE_SECONDS;
     o->max_pending = DEFAULT_MAX_PENDING;
+    o->max_held = DEFAULT_MAX_HELD;
     o->required = SBX_LAYERS_DEFAULT;
     o->max_line = DEFAULT_MAX_LINE;
     o->socket_mode = 0600;
@@ -625,10 +632,12 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                 o->grace = 0;
             break;
         case O_PENDING:
+        case O_HELD:
             if (parse_size(optarg, &n) < 0 || n < MIN_MAX_PENDING || n > SIZE_MAX / 2)
-                return usage_error(cmd, "--max-pending-bytes wants a size of at least %u, not '%s'",
+                return usage_error(cmd, "--%s wants a size of at least %u, not '%s'",
+                                   c == O_HELD ? "max-held-bytes" : "max-pending-bytes",
                                    MIN_MAX_PENDING, optarg);
-            o->max_pending = (size_t)n;
+            *(c == O_HELD ? &o->max_held : &o->max_pending) = (size_t)n;
             break;
         case O_FILE:
             if ((rc = add_file(o, optarg)) != 0)

@@ -56,6 +56,7 @@ struct opts {
     struct sbx_limits ceilings; /* serve: the most a request may ask */
     double grace;               /* serve: seconds to drain at SIGTERM */
     size_t max_pending;         /* serve: unsent answer bytes per client */
+    size_t max_held;            /* serve --http: unsent answer bytes in all */
     const char *http;           /* serve: ADDR:PORT */
     const char *token_file;     /* serve --http: the bearer token */
     const char *metrics_http;   /* serve --http: a /metrics-only listener */
