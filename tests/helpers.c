@@ -52,6 +52,16 @@ void test_config_init(struct sbx_config *cfg, const char *work_root)
     }
     if (packages[0])
         cfg->packages = packages;
+    /* PYSBX_TEST_DISABLE_LAYERS=freeze,...: a suite again on a machine as
+     * one without those layers would be (as the command takes it). */
+    const char *off = getenv("PYSBX_TEST_DISABLE_LAYERS");
+    for (unsigned i = 0; off && i < SBX_LAYER_COUNT; i++) {
+        const char *name = sbx_layer_name(1u << i);
+        const char *at = name ? strstr(off, name) : NULL;
+        size_t len = name ? strlen(name) : 0;
+        if (at && (at == off || at[-1] == ',') && (at[len] == '\0' || at[len] == ','))
+            cfg->disable_layers |= 1u << i;
+    }
 }
 
 int fixture_open(void **state)

@@ -54,6 +54,7 @@ struct pm_scan {
 #define PM_SCAN       _IOWR('f', 16, struct pm_scan)
 #define PM_IS_PRESENT (1ULL << 3)
 #define PM_IS_SWAPPED (1ULL << 4)
+#define PM_IS_PFNZERO (1ULL << 5)
 
 /* The most mappings a state may have for a branch of it (the kernel's
  * default vm.max_map_count is 65530). */
@@ -204,7 +205,9 @@ static struct region *region_at(const struct map *m, uint64_t lo)
 /* --- the pages -------------------------------------------------------------- */
 
 /* The ranges of [lo, hi) in which |pm| (a page map) has pages present or
- * swapped, added to *v (growing it); -ENOTTY where the kernel cannot say. */
+ * swapped, added to *v (growing it); -ENOTTY where the kernel cannot say.
+ * The zero page is not among them: it reads as the zeros a page the branch
+ * lacks reads as (a state that only read a GiB has nothing to copy). */
 static int scan(int pm, uint64_t lo, uint64_t hi, uint64_t (**v)[2], size_t *n, size_t *room)
 {
     struct pm_region got[256];
@@ -216,6 +219,8 @@ static int scan(int pm, uint64_t lo, uint64_t hi, uint64_t (**v)[2], size_t *n, 
             .end = hi,
             .vec = (uint64_t)(uintptr_t)got,
             .vec_len = sizeof(got) / sizeof(got[0]),
+            .category_inverted = PM_IS_PFNZERO,
+            .category_mask = PM_IS_PFNZERO,
             .category_anyof_mask = PM_IS_PRESENT | PM_IS_SWAPPED,
             .return_mask = PM_IS_PRESENT | PM_IS_SWAPPED,
         };

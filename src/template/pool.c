@@ -445,7 +445,9 @@ struct wire_status status_of(const struct worker_rec *w, int wait_status, const 
 
 /* The session's processes the kernel now reports stopped (waitid with
  * WSTOPPED consumes the report: what it said is kept in stop_seen until
- * the process is let run again). */
+ * the process is let run again), or continued while we hold them stopped
+ * (by a SIGCONT of their own making: the template's own continue is taken
+ * as it is sent). */
 static void sessions_seen_stopped(struct tmpl *t)
 {
     bool again = true;
@@ -453,16 +455,21 @@ static void sessions_seen_stopped(struct tmpl *t)
     while (again) {
         again = false;
         for (struct worker_rec *w = t->workers; w; w = w->next) {
-            if (!w->session || !w->stop_sent || w->stop_seen || w->dead || !w->pid)
+            if (!w->session || !w->stop_sent || w->dead || !w->pid)
                 continue;
             siginfo_t si = {0};
-            if (waitid(P_PID, (id_t)w->pid, &si, WSTOPPED | WNOHANG) == 0 && si.si_pid == w->pid &&
-                si.si_code == CLD_STOPPED) {
+            if (waitid(P_PID, (id_t)w->pid, &si, WSTOPPED | WCONTINUED | WNOHANG) < 0 ||
+                si.si_pid != w->pid)
+                continue;
+            if (si.si_code == CLD_STOPPED && !w->stop_seen) {
                 w->stop_seen = true;
                 session_stopped(t, w); /* may change the list: start over */
-                again = true;
-                break;
-            }
+            } else if (si.si_code == CLD_CONTINUED)
+                session_continued(t, w);
+            else
+                continue;
+            again = true;
+            break;
         }
     }
 }

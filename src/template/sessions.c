@@ -123,6 +123,9 @@
  * Stopped processes are looked at every STOPPED_WATCH_NS. */
 #define STOPPED_CPU_SLACK_NS (1ULL * 1000000ULL)
 #define STOPPED_WATCH_NS     (100ULL * 1000000ULL)
+/* A stop not seen this long after it was sent (a SIGCONT discarded it
+ * before it took) is sent again. */
+#define STOP_AGAIN_NS (10ULL * 1000000ULL)
 /* How long an ended session's uid is looked at for a process left; past
  * it the session goes and its uid is never handed out again. */
 #define SWEEP_GIVE_UP_NS (1000ULL * 1000000ULL)
@@ -484,10 +487,17 @@ static bool only_its_own_descriptors(const struct tmpl *t, const struct worker_r
 
 /* --- processes ------------------------------------------------------------ */
 
+/* Stopped by SIGSTOP, whose stop the kernel reports (waitid); frozen once
+ * it is seen stopped (hold_stopped: a frozen process does not take a stop
+ * signal). A SIGCONT it arranged for itself, from then on, only wakes it
+ * into the freezer; one before that is reported too (CLD_CONTINUED), and
+ * ends its session (session_continued); one that came before the stop
+ * discarded it, and it is sent again (watch_stopped). */
 static void proc_stop(struct worker_rec *w)
 {
     if (w && w->pid && !w->dead && !w->stop_sent) {
         w->stop_sent = true;
+        w->stop_sent_ns = now_ns();
         kill(w->pid, SIGSTOP);
     }
 }
@@ -496,10 +506,15 @@ static void proc_stop(struct worker_rec *w)
  * wake it into the freezer. */
 static void proc_continue(struct tmpl *t, struct worker_rec *w)
 {
+    siginfo_t si;
+
     if (w->frozen)
         (void)freezer_release(&t->freezer, w->pid);
     w->stop_sent = w->stop_seen = w->frozen = false;
     kill(w->pid, SIGCONT);
+    /* Our own continue is not reported as another's (the kernel notes it
+     * as SIGCONT is sent). */
+    (void)waitid(P_PID, (id_t)w->pid, &si, WCONTINUED | WNOHANG);
 }
 
 /* Seen stopped: frozen where the kernel has a freezer, and its CPU clock
@@ -1490,6 +1505,26 @@ void session_stopped(struct tmpl *t, struct worker_rec *w)
         made(t, s);
 }
 
+void session_continued(struct tmpl *t, struct worker_rec *w)
+{
+    struct session_rec *s = w->session;
+    char why[WIRE_TEXT_MAX];
+
+    /* Frozen already: it only woke into the freezer (the CPU watch holds
+     * it to that). */
+    if (w->frozen || s->phase == SESS_ENDING)
+        return;
+    fmt(why, sizeof(why),
+        "the session ended: its %s was let run while the sandbox held it stopped (a SIGCONT "
+        "its code arranged)",
+        w == s->state       ? "state"
+        : w == s->cell      ? "cell"
+        : w == s->candidate ? "kept cell"
+        : w == s->coming    ? "next cell's process"
+                            : "process");
+    end_session(t, s, why);
+}
+
 void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const struct rusage *ru)
 {
     struct session_rec *s = w->session;
@@ -1916,10 +1951,17 @@ static void watch_stopped(struct tmpl *t)
 {
     for (struct session_rec *s = t->sessions, *next; s; s = next) {
         next = s->next;
-        static const char *const roles[] = {"state", "kept cell", "next cell's process", "process"};
-        struct worker_rec *procs[] = {s->state, s->candidate, s->coming, s->from};
+        static const char *const roles[] = {"state", "kept cell", "next cell's process", "process",
+                                            "cell"};
+        struct worker_rec *procs[] = {s->state, s->candidate, s->coming, s->from, s->cell};
         for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]) && s->phase != SESS_ENDING; i++) {
-            uint64_t used = ran_while_stopped(procs[i]);
+            struct worker_rec *w = procs[i];
+            if (w && w->stop_sent && !w->stop_seen && !w->dead && w->pid &&
+                now_ns() > w->stop_sent_ns + STOP_AGAIN_NS) {
+                w->stop_sent_ns = now_ns();
+                kill(w->pid, SIGSTOP);
+            }
+            uint64_t used = ran_while_stopped(w);
             if (!used)
                 continue;
             char why[WIRE_TEXT_MAX];

@@ -66,15 +66,16 @@ struct worker_rec {
      * it says comes over a socket that sessions.c reads. What sessions.c
      * records of it is what the kernel said, never what it said itself. */
     struct session_rec *session;
-    bool stop_sent;       /* SIGSTOP sent since it was last let run */
-    bool stop_seen;       /* ... and the kernel has reported it stopped */
-    bool hello;           /* it said hello (once, a new cell's first word) */
-    ino_t chan_ino;       /* its end of its channel, the one socket it may keep */
-    int out_watch[2];     /* a cell out: read ends of its stdout and stderr, to see them hang up */
-    uint64_t cont_cpu_ns; /* its CPU clock when it was last let run to fork */
-    bool frozen;          /* in the frozen cgroup (freezer.h) */
-    uint64_t stop_cpu_ns; /* its CPU clock when it was seen stopped */
-    uint64_t stop_ns;     /* ... and the time */
+    bool stop_sent;        /* SIGSTOP sent since it was last let run */
+    bool stop_seen;        /* ... and the kernel has reported it stopped */
+    bool hello;            /* it said hello (once, a new cell's first word) */
+    ino_t chan_ino;        /* its end of its channel, the one socket it may keep */
+    int out_watch[2];      /* a cell out: read ends of its stdout and stderr, to see them hang up */
+    uint64_t cont_cpu_ns;  /* its CPU clock when it was last let run to fork */
+    bool frozen;           /* in the frozen cgroup (freezer.h) */
+    uint64_t stop_sent_ns; /* when SIGSTOP was last sent */
+    uint64_t stop_cpu_ns;  /* its CPU clock when it was seen stopped */
+    uint64_t stop_ns;      /* ... and the time */
 };
 
 struct tmpl {
@@ -186,6 +187,9 @@ void sessions_tick(struct tmpl *t);
 void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const struct rusage *ru);
 /* |w|, a session's process, is stopped: the kernel said so. */
 void session_stopped(struct tmpl *t, struct worker_rec *w);
+/* |w|, a session's process told to stop, was continued by another than the
+ * template: the kernel said so. */
+void session_continued(struct tmpl *t, struct worker_rec *w);
 /* The number of sessions' descriptors poll may need. */
 size_t sessions_fd_count(const struct tmpl *t);
 void sessions_shutdown(struct tmpl *t);
