@@ -373,6 +373,48 @@ static void a_state_that_spins_when_asked_to_export(void **state)
     sbx_session_close(s);
 }
 
+/* The state, told to export itself, sleeps instead, and answers only
+ * after its branch has been given up: the answer is never taken out of
+ * turn (before, the count of exports asked stayed up: the late answer was
+ * taken whenever it came, stopping the state mid-fork, and the session
+ * could never be branched again). The session ends once the state has not
+ * answered within the fork's wall budget, and nothing of it runs on. */
+static void a_state_that_answers_its_export_late(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    uid_t uid = session_uid(s);
+    struct sbx_session *b = NULL;
+    struct sbx_error err = {0};
+    int rc;
+
+    struct sbx_result *r = cell_limited(s,
+                                        LOOKS_DONE COMMAND "looks_done()\n"
+                                                           "while True:\n"
+                                                           "    fds = command(4)\n"
+                                                           "    if not fds:\n"
+                                                           "        time.sleep(12)\n"
+                                                           "        os.write(4, b'x')\n"
+                                                           "        continue\n"
+                                                           "    os.write(4, b'Fnot here')\n",
+                                        SBX_ROLLBACK_ON_ERROR, 2.0, 2.0, NULL, 0, &rc, &err);
+    if (rc == 0)
+        sbx_result_free(r);
+    rc = sbx_session_fork(s, &b, &err);
+    if (rc == 0)
+        fail_msg("a branch of a state that never exported itself was made");
+    assert_null(b);
+    /* The session ended, saying why; nothing of it is left. */
+    r = cell_full(s, "print(1)", SBX_ROLLBACK_ON_ERROR, 0, NULL, 0, &rc, &err);
+    if (rc == 0)
+        fail_msg("the session still runs cells: %s", r->stdout_text);
+    assert_int_equal(err.code, SBX_ERR_SESSION_LOST);
+    if (!strstr(err.message, "export"))
+        fail_msg("lost: %s", err.message);
+    if (processes_of(uid) >= 0)
+        assert_int_equal(wait_processes_of(uid, 0), 0);
+    sbx_session_close(s);
+}
+
 /* A message a session's process may not send now ends the session (as a
  * privilege-separation monitor treats an unexpected request), and every
  * process of it goes. */
@@ -565,6 +607,7 @@ int main(void)
         cmocka_unit_test(a_child_the_state_made_itself_is_held_and_dies_with_the_session),
         cmocka_unit_test(a_cell_cannot_claim_limits_of_its_own),
         cmocka_unit_test(a_state_that_spins_when_asked_to_export),
+        cmocka_unit_test(a_state_that_answers_its_export_late),
         cmocka_unit_test(a_state_that_says_its_fork_failed_and_forks_leaves_no_child),
         cmocka_unit_test(a_message_out_of_turn_from_the_state_ends_the_session),
         cmocka_unit_test(a_message_out_of_turn_ends_the_session),
