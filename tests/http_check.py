@@ -825,6 +825,16 @@ for name, path, method, want in [
     r, data = A.request(method, path, {"code": "print(1)"} if method == "POST" else None)
     check(f"sessions: {name} is {want}", r.status == want and "stdout" not in data,
           (r.status, data))
+# Objects past what the parser holds (a number past a double's range,
+# nesting deeper than 2,048): refused, with their ids, a run as a cell.
+for name, body in [
+        ("a number past a double's range",
+         '{"id": "big", "code": "pass", "limits": {"wall_seconds": 1e400}}'),
+        ("nesting 3,000 deep", '{"code": "pass", "x": ' + "[" * 3000 + "]" * 3000 + ', "id": "big"}')]:
+    for path in ("/v1/run", "/v1/sessions/nb/run"):
+        r, data = A.request("POST", path, body)
+        check(f"{path}, {name}: 400 invalid_request, with the id", r.status == 400
+              and data.startswith('{"id":"big","error":{"code":"invalid_request"'), data[:200])
 # A front end that escapes the names its users choose passes on what they
 # wrote: an escaped NUL cuts no name (the session called "victim" stays
 # open), and a path whose bytes are not UTF-8 is answered like any other.

@@ -331,6 +331,35 @@ def the_id_comes_back_as_written():
     check("no other answers", len(out) == len(raw), out)
 
 
+# --- ids of objects past what the parser holds -------------------------------
+
+
+def ids_of_objects_past_what_the_parser_holds():
+    """jansson reads no number past a double's range and nothing nested deeper
+    than 2,048: such an object is refused, and its answer still carries its
+    id, as written, found wherever it stands."""
+    deep = "[" * 3000 + "]" * 3000
+    big = "9" * 400  # a Python int as json.dumps writes it
+    raw = [
+        ('"big"', '{"id": "big", "code": "pass", "limits": {"wall_seconds": 1e400}}'),
+        ('"after"', '{"code": "pass", "limits": {"wall_seconds": 1e400}, "id": "after"}'),
+        ('"deep"', '{"code": "pass", "x": ' + deep + ', "id": "deep"}'),
+        ('"deep first"', '{"id": "deep first", "x": {"y": ' + deep + '}}'),
+        ('{"a": ["}", 1]}', '{"x": [' + deep + ', "]"], "\\u0069d": {"a": ["}", 1]}}'),
+        ('1e400', '{"id": 1e400, "code": "pass"}'),
+        ("-" + big, '{"code": "pass", "id": -' + big + ', "n": 1e999}'),
+    ]
+    p = subprocess.run([PYSBX, "serve"], input="".join(l + "\n" for _, l in raw).encode(),
+                       capture_output=True, timeout=120)
+    out = p.stdout.decode().split("\n")[:-1]
+    for text, _ in raw:
+        got = [l for l in out if l.startswith('{"id":' + text + ',"error":')]
+        check(f"id {text[:20]} of an object past the parser's limits: echoed once, refused",
+              len(got) == 1 and json.loads(got[0])["error"]["code"] == "invalid_request",
+              [l[:200] for l in out])
+    check("no other answers", len(out) == len(raw), len(out))
+
+
 # --- the id scanner, on many generated objects --------------------------------
 
 
@@ -1440,6 +1469,7 @@ section(sessions_are_the_connections)
 section(session_lost_and_cancelled)
 section(sessions_need_a_backend_that_has_them)
 section(the_id_comes_back_as_written)
+section(ids_of_objects_past_what_the_parser_holds)
 section(generated_ids)
 section(unknown_fields)
 section(messages_cut_inside_a_character_still_make_an_answer_with_the_id)
