@@ -1439,6 +1439,29 @@ def code_that_never_reads_its_answers():
     check("serve ends at the end of input", srv.wait(timeout=60) == 0)
 
 
+def a_deep_call_is_refused_to_the_code():
+    """Arguments nested past the bound are refused to the code, as an
+    oversized call is: the host never gets a line its JSON reader cannot
+    take (Python's stops at about 1,000 levels)."""
+    srv = start(stdin=subprocess.PIPE)
+    lines = Lines(srv.stdout.fileno())
+    code = ("import os, struct, pysbx\nres = []\n"
+            "for depth in (63, 64, 1200):\n"
+            "    f = b'{\"name\": \"lookup\", \"arguments\": {\"q\": ' + b'[' * depth"
+            " + b']' * depth + b'}}'\n"
+            "    os.write(3, struct.pack('<I', len(f)) + f)\n"
+            "    n = struct.unpack('<I', os.read(3, 4))[0]\n"
+            "    res.append(os.read(3, n).decode())\n"
+            "print('\\n'.join(res))")
+    send(srv.stdin, {"id": "deep", "code": code, "tools": TOOLS})
+    calls, refusals, a = serve_tools(lines, srv.stdin, "deep", lambda m: {"content": 0})
+    out = a.get("stdout", "").splitlines()
+    check("arguments 64 deep reach the host; 65 or 1,201 deep are refused to the code alone",
+          len(calls) == 1 and len(out) == 3 and '"content":0' in out[0].replace(" ", "")
+          and all('"error"' in l and "nested deeper than 64" in l for l in out[1:]),
+          (len(calls), out))
+
+
 def tools_on_a_socket():
     srv, path, log = listening()
     sock, lines = connect(path)
@@ -1458,6 +1481,7 @@ section(streaming_on_a_socket)
 section(a_stream_nobody_reads)
 section(tools_over_json_lines)
 section(tools_on_a_socket)
+section(a_deep_call_is_refused_to_the_code)
 section(code_that_never_reads_its_answers)
 section(sessions_on_standard_input)
 section(branches_on_standard_input)

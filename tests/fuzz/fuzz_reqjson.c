@@ -32,8 +32,7 @@ static json_t *check_answer(char *line, const char *id_text)
     if (!id) {
         /* Only a lone number past a double's range, which no jansson reads:
          * the rest of the answer is read with a 0 in its place. */
-        CHECK(json_error_code(&jerr) == json_error_numeric_overflow &&
-              jerr.position == (int)idlen);
+        CHECK(json_error_code(&jerr) == json_error_numeric_overflow && jerr.position == (int)idlen);
         memset(line + 6, ' ', idlen);
         line[6] = '0';
     }
