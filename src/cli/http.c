@@ -1833,14 +1833,9 @@ int http_main(const struct serve_opts *o)
                        .cancel_all = cancel_all,
                        .drop_all = drop_none};
     int r = drain_run(&dr, sfd);
-    if (r < 0 || (r == 0 && !reached(&h, NO_RUNS))) {
-        /* Threads still hold runs: end the process here rather than free
-         * what they use. */
-        if (r < 0)
-            fputs("pysbx serve: a second signal: exiting now\n", stderr);
-        fflush(stderr);
-        _exit(r < 0 ? 1 : 0);
-    }
+    /* Threads still holding runs: the process ends rather than free what
+     * they use. */
+    drain_exit_if_held(r, r == 0 && !reached(&h, NO_RUNS));
     rc = 0;
 out:
     if (md)
