@@ -497,8 +497,9 @@ def _http_error(status: int, text: bytes, reason: str) -> SandboxError:
         answer = json.loads(text)
     except (ValueError, RecursionError):
         answer = None
-    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-        return _refusal(answer["error"], status)
+    err = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(err, dict) and all(isinstance(err.get(k), str) for k in ("code", "message")):
+        return _refusal(err, status)
     return SandboxError(f"http_{status}", text.decode("utf-8", "replace")[:500] or reason, status)
 
 

@@ -641,7 +641,10 @@ async function httpRequest(
   } catch {
     answer = undefined;
   }
-  if (isObject(answer) && isObject(answer.error)) throw refusal(answer.error, status);
+  const err = isObject(answer) ? answer.error : undefined;
+  if (isObject(err) && typeof err.code === "string" && typeof err.message === "string") {
+    throw refusal(err, status);
+  }
   throw new SandboxError(`http_${status}`, text.toString("utf8").slice(0, 500) || statusText, status);
 }
 
