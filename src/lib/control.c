@@ -238,18 +238,21 @@ static ino_t pid_ns_of(pid_t pid)
 static void reap_orphans(pid_t tpl)
 {
     uint64_t until = now_ns() + ORPHANS_WAIT_NS;
-    ino_t own = pid_ns_of(getpid()), theirs = 0;
+    ino_t own, theirs = 0;
     pid_t *kids = NULL;
     int cap = 0;
 
-    if (!own || !reaper_of_orphans())
+    if (!reaper_of_orphans() || !(own = pid_ns_of(getpid())))
         return;
     for (;;) {
         int n = proc_children(getpid(), NULL, kids, cap, NULL);
         if (n > cap) {
+            /* Room for more than counted: children come and go between scans. */
             pid_t *more = realloc(kids, (size_t)n * 2 * sizeof(*kids));
-            if (!more)
-                break;
+            if (!more || now_ns() >= until) {
+                free(more ? more : kids);
+                return;
+            }
             kids = more;
             cap = n * 2;
             continue;
