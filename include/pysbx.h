@@ -250,6 +250,9 @@ struct sbx_tool {
 #define SBX_DEFAULT_MAX_TOOL_BYTES (1ULL << 20)
 #define SBX_MAX_TOOL_BYTES_LIMIT   (16ULL << 20)
 #define SBX_MIN_TOOL_BYTES         1024u
+/* How deep a call's arguments may nest (an empty object is 1): readers
+ * that recurse (Python's json stops at about 1,000) can take every call. */
+#define SBX_MAX_TOOL_DEPTH 64u
 
 /* Where a run's tool calls are answered, owned by the caller: made with
  * sbx_tool_answers_new, given in the request, answered from any thread with
@@ -301,7 +304,8 @@ struct sbx_request {
      * another thread while the code waits, its wall and CPU limits running.
      * A call the code makes past |max_tool_calls| (default 64), or with
      * arguments longer than |max_tool_bytes| (default 1 MiB; also the most a
-     * result may be), or naming no declared tool, is refused to the code
+     * result may be) or nested deeper than SBX_MAX_TOOL_DEPTH, or naming no
+     * declared tool, is refused to the code
      * (pysbx.ToolError) without reaching on_tool_call (a frame written past
      * max_tool_bytes by the code itself closes the channel). A call never
      * answered waits until the run's limits end it. |tool_answers| serves

@@ -825,6 +825,53 @@ for name, path, method, want in [
     r, data = A.request(method, path, {"code": "print(1)"} if method == "POST" else None)
     check(f"sessions: {name} is {want}", r.status == want and "stdout" not in data,
           (r.status, data))
+# Objects past what the parser holds (a number past a double's range,
+# nesting deeper than 2,048): refused, with their ids, a run as a cell.
+for name, body in [
+        ("a number past a double's range",
+         '{"id": "big", "code": "pass", "limits": {"wall_seconds": 1e400}}'),
+        ("nesting 3,000 deep", '{"code": "pass", "x": ' + "[" * 3000 + "]" * 3000 + ', "id": "big"}')]:
+    for path in ("/v1/run", "/v1/sessions/nb/run"):
+        r, data = A.request("POST", path, body)
+        check(f"{path}, {name}: 400 invalid_request, with the id", r.status == 400
+              and data.startswith('{"id":"big","error":{"code":"invalid_request"'), data[:200])
+# A front end that escapes the names its users choose passes on what they
+# wrote: an escaped NUL cuts no name (the session called "victim" stays
+# open), and a path whose bytes are not UTF-8 is answered like any other.
+st, a = cell(A, "victim", {"code": "v = 1", "cell": 1})
+for name, method, path in [
+    ("a name with an escaped NUL", "DELETE", "/v1/sessions/victim%00-of-someone-else"),
+    ("a cell of a name with an escaped NUL", "POST", "/v1/sessions/victim%00x/run"),
+    ("a fork of a name with an escaped NUL", "POST", "/v1/sessions/victim%00x/fork"),
+    ("a run's path with an escaped NUL", "POST", "/v1/run%00"),
+    ("a name escaped as bytes that are not UTF-8", "POST", "/v1/sessions/%ff/run"),
+    ("an overlong encoding of a slash", "GET", "/%c0%af"),
+]:
+    for who, tag in [(A, ""), (Client(sport, token=None), ", without a token")]:
+        r, data = who.request(method, path, {"code": "print(1)"} if method == "POST" else None)
+        body = json.loads(data) if data.startswith("{") else {}
+        check(f"{name}{tag}: 404 not_found, a JSON body", r.status == 404
+              and body.get("error", {}).get("code") == "not_found" and "stdout" not in data,
+              (r.status, data))
+st, a = cell(A, "victim", {"code": "print(v)", "cell": 2})
+check("the session whose name came before the NUL is still open", st == 200
+      and a["stdout"] == "1\n", (st, a))
+A.request("DELETE", "/v1/sessions/victim")
+for name, data in [("a raw byte that is not UTF-8 in the path", b"GET /\xff HTTP/1.1\r\n"),
+                   ("one in a session's name", b"POST /v1/sessions/\xc0\xaf/run HTTP/1.1\r\n"),
+                   ("one in the method", b"G\xffT /healthz HTTP/1.1\r\n")]:
+    for auth, tag in [(b"Authorization: Bearer " + TOKEN.encode() + b"\r\n", ""),
+                      (b"", ", without a token")]:
+        got = raw(sport, data + b"Host: x\r\nConnection: close\r\n" + auth
+                  + b"Content-Length: 0\r\n\r\n")
+        head, _, body = got.partition(b"\r\n\r\n")
+        try:
+            err = json.loads(body)["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            err = None
+        check(f"{name}{tag}: an answer, its body the JSON error",
+              head.startswith((b"HTTP/1.1 404", b"HTTP/1.1 405"))
+              and err in ("not_found", "method_not_allowed"), got[:300])
 for name, req in [("session in the body", {"code": "1", "session": "other"}),
                   ("tools", {"code": "1", "tools": [{"name": "t"}]}),
                   ("a session_close message", {"session_close": "nb"})]:

@@ -331,6 +331,35 @@ def the_id_comes_back_as_written():
     check("no other answers", len(out) == len(raw), out)
 
 
+# --- ids of objects past what the parser holds -------------------------------
+
+
+def ids_of_objects_past_what_the_parser_holds():
+    """jansson reads no number past a double's range and nothing nested deeper
+    than 2,048: such an object is refused, and its answer still carries its
+    id, as written, found wherever it stands."""
+    deep = "[" * 3000 + "]" * 3000
+    big = "9" * 400  # a Python int as json.dumps writes it
+    raw = [
+        ('"big"', '{"id": "big", "code": "pass", "limits": {"wall_seconds": 1e400}}'),
+        ('"after"', '{"code": "pass", "limits": {"wall_seconds": 1e400}, "id": "after"}'),
+        ('"deep"', '{"code": "pass", "x": ' + deep + ', "id": "deep"}'),
+        ('"deep first"', '{"id": "deep first", "x": {"y": ' + deep + '}}'),
+        ('{"a": ["}", 1]}', '{"x": [' + deep + ', "]"], "\\u0069d": {"a": ["}", 1]}}'),
+        ('1e400', '{"id": 1e400, "code": "pass"}'),
+        ("-" + big, '{"code": "pass", "id": -' + big + ', "n": 1e999}'),
+    ]
+    p = subprocess.run([PYSBX, "serve"], input="".join(l + "\n" for _, l in raw).encode(),
+                       capture_output=True, timeout=120)
+    out = p.stdout.decode().split("\n")[:-1]
+    for text, _ in raw:
+        got = [l for l in out if l.startswith('{"id":' + text + ',"error":')]
+        check(f"id {text[:20]} of an object past the parser's limits: echoed once, refused",
+              len(got) == 1 and json.loads(got[0])["error"]["code"] == "invalid_request",
+              [l[:200] for l in out])
+    check("no other answers", len(out) == len(raw), len(out))
+
+
 # --- the id scanner, on many generated objects --------------------------------
 
 
@@ -1410,6 +1439,29 @@ def code_that_never_reads_its_answers():
     check("serve ends at the end of input", srv.wait(timeout=60) == 0)
 
 
+def a_deep_call_is_refused_to_the_code():
+    """Arguments nested past the bound are refused to the code, as an
+    oversized call is: the host never gets a line its JSON reader cannot
+    take (Python's stops at about 1,000 levels)."""
+    srv = start(stdin=subprocess.PIPE)
+    lines = Lines(srv.stdout.fileno())
+    code = ("import os, struct, pysbx\nres = []\n"
+            "for depth in (63, 64, 1200):\n"
+            "    f = b'{\"name\": \"lookup\", \"arguments\": {\"q\": ' + b'[' * depth"
+            " + b']' * depth + b'}}'\n"
+            "    os.write(3, struct.pack('<I', len(f)) + f)\n"
+            "    n = struct.unpack('<I', os.read(3, 4))[0]\n"
+            "    res.append(os.read(3, n).decode())\n"
+            "print('\\n'.join(res))")
+    send(srv.stdin, {"id": "deep", "code": code, "tools": TOOLS})
+    calls, refusals, a = serve_tools(lines, srv.stdin, "deep", lambda m: {"content": 0})
+    out = a.get("stdout", "").splitlines()
+    check("arguments 64 deep reach the host; 65 or 1,201 deep are refused to the code alone",
+          len(calls) == 1 and len(out) == 3 and '"content":0' in out[0].replace(" ", "")
+          and all('"error"' in l and "nested deeper than 64" in l for l in out[1:]),
+          (len(calls), out))
+
+
 def tools_on_a_socket():
     srv, path, log = listening()
     sock, lines = connect(path)
@@ -1429,6 +1481,7 @@ section(streaming_on_a_socket)
 section(a_stream_nobody_reads)
 section(tools_over_json_lines)
 section(tools_on_a_socket)
+section(a_deep_call_is_refused_to_the_code)
 section(code_that_never_reads_its_answers)
 section(sessions_on_standard_input)
 section(branches_on_standard_input)
@@ -1440,6 +1493,7 @@ section(sessions_are_the_connections)
 section(session_lost_and_cancelled)
 section(sessions_need_a_backend_that_has_them)
 section(the_id_comes_back_as_written)
+section(ids_of_objects_past_what_the_parser_holds)
 section(generated_ids)
 section(unknown_fields)
 section(messages_cut_inside_a_character_still_make_an_answer_with_the_id)

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -419,6 +420,72 @@ static void waiting_callers_are_served_in_order(void **state)
     no_template_left("waiting_callers_are_served_in_order");
 }
 
+/* Our children that are not in |before| (|n| of them). */
+static int new_children(const pid_t *before, int n)
+{
+    pid_t now[64];
+    int m = proc_children(getpid(), NULL, now, 64, NULL), fresh = 0;
+
+    for (int i = 0; i < m && i < 64; i++) {
+        bool old = false;
+        for (int k = 0; k < n && !old; k++)
+            old = now[i] == before[k];
+        fresh += !old;
+    }
+    return fresh;
+}
+
+/* Opens a sandbox, kills its template and looks at the sandbox once (as a
+ * host's health check does): within a few seconds nothing of the template
+ * is left among this process's children, alive or not. Returns how many
+ * are left. */
+static int leftovers_of_a_killed_template(void)
+{
+    pid_t before[64];
+    int n = proc_children(getpid(), NULL, before, 64, NULL), left = 0;
+    struct sbx *sbx = open_sbx(2, 2);
+    struct sbx_health h;
+
+    expect_stdout(sbx, "print(1)\n", "1\n");
+    kill_template();
+    sbx_health(sbx, &h);
+    for (int i = 0; i < 500 && (left = new_children(before, n)) > 0; i++)
+        usleep(10000);
+    sbx_close(sbx);
+    return left;
+}
+
+/* Here the host is pid 1 of its pid namespace: what a killed template
+ * leaves (its keeper, its helpers, its namespace's processes) is
+ * reparented to it, and the keeper, its namespace's init, ends only once
+ * every process of the namespace is reaped. The library reaps them. */
+static void a_killed_templates_processes_end_when_the_host_is_pid_1(void **state)
+{
+    (void)state;
+    assert_int_equal(getpid(), 1);
+    int left = leftovers_of_a_killed_template();
+    if (left)
+        fail_msg("%d processes of a killed template are left", left);
+}
+
+/* The same in a host that is a subreaper (below pid 1). */
+static void a_killed_templates_processes_end_when_the_host_is_a_subreaper(void **state)
+{
+    (void)state;
+    pid_t child = fork();
+    if (child == 0) {
+        if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+            _exit(2);
+        _exit(leftovers_of_a_killed_template() == 0 ? 0 : 1);
+    }
+    assert_true(child > 0);
+    int st = 0;
+    assert_int_equal(waitpid(child, &st, 0), child);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("the subreaper host: %s %d", WIFEXITED(st) ? "exit" : "signal",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -447,6 +514,8 @@ int main(void)
         cmocka_unit_test(opening_survives_the_hosts_signals),
         cmocka_unit_test(cancelling_while_waiting_for_a_worker_returns_at_once),
         cmocka_unit_test(waiting_callers_are_served_in_order),
+        cmocka_unit_test(a_killed_templates_processes_end_when_the_host_is_pid_1),
+        cmocka_unit_test(a_killed_templates_processes_end_when_the_host_is_a_subreaper),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

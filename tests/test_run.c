@@ -306,6 +306,33 @@ static void an_exception_comes_back_typed(void **state)
     }
 }
 
+/* A message longer than the reader would take of the whole report comes
+ * back cut, never dropped: the run does not read as sys.exit(1). */
+static void a_long_exception_message_is_cut_not_dropped(void **state)
+{
+    static const uint64_t limits[] = {SBX_DEFAULT_MAX_OUTPUT_CHARS, 10};
+
+    for (size_t i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
+        struct sbx_limits l = {0};
+        sbx_limits_init(&l);
+        l.max_output_chars = limits[i];
+        struct sbx_result *r =
+            run_with(SBX(state), "raise ValueError('A' * 1_000_000)\n", &l, NULL, 0);
+        expect_completed(r, 1);
+        assert_non_null(r->error_type);
+        assert_string_equal(r->error_type, "ValueError");
+        assert_non_null(r->error_message);
+        assert_int_equal(strlen(r->error_message), limits[i]);
+        assert_int_equal(strspn(r->error_message, "A"), limits[i]);
+        assert_non_null(r->error_traceback);
+        /* The traceback's first characters, whatever the limit. */
+        size_t n = strlen(r->error_traceback);
+        assert_int_equal(n, limits[i] < 100 ? limits[i] : n);
+        assert_memory_equal(r->error_traceback, "Traceback (most", n < 15 ? n : 15);
+        sbx_result_free(r);
+    }
+}
+
 /* A request's stdin and arguments reach the program; without stdin,
  * input() meets the end of its input. */
 /* The program's name, as python3 FILE has it: sys.argv[0], __file__ and
@@ -1237,6 +1264,7 @@ int main(void)
         cmocka_unit_test(flood_that_ends_completes_with_a_bounded_result),
         cmocka_unit_test(invalid_utf8_output_is_replaced),
         cmocka_unit_test(an_exception_comes_back_typed),
+        cmocka_unit_test(a_long_exception_message_is_cut_not_dropped),
         cmocka_unit_test(stdin_and_arguments_reach_the_program),
         cmocka_unit_test(the_program_has_its_name),
         cmocka_unit_test(the_host_name_is_one),

@@ -175,6 +175,44 @@ static void sys_exit_zero_ends_the_cell_only(void **state)
     sbx_session_close(s);
 }
 
+/* sys.exit's value is judged as Python holds it: any but 0 rolls back,
+ * whatever its low bits; the exit status is python3's for it, and the
+ * reason says what the value was. */
+static void exit_values_are_judged_as_python_holds_them(void **state)
+{
+    static const struct {
+        const char *value;
+        int exit_code;
+        const char *reason;
+    } cases[] = {
+        {"2 ** 32", 0, "sys.exit(4294967296) (exit status 0 to the system"},
+        {"256", 0, "sys.exit(256) (exit status 0 to the system"},
+        {"-2 ** 63", 0, "sys.exit(-9223372036854775808) (exit status 0 to the system"},
+        {"2 ** 63 - 1", 255, "sys.exit(9223372036854775807) (exit status 255 to the system"},
+        {"-2 ** 64", 255,
+         "sys.exit() of a number below -9223372036854775808 (exit status 255 to the system"},
+        {"2 ** 64", 255,
+         "sys.exit() of a number above 9223372036854775807 (exit status 255 to the system"},
+        {"-3", 253, "exit status 253"},
+    };
+    struct sbx_session *s = open_session(SBX(state), NULL);
+
+    expect_cell(s, "x = 1", "");
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char code[128];
+        snprintf(code, sizeof(code), "import sys\nx = 2\nsys.exit(%s)\n", cases[i].value);
+        struct sbx_result *r = cell(s, code);
+        if (r->status != SBX_COMPLETED || r->exit_code != cases[i].exit_code || !r->rolled_back ||
+            !r->reason || !strstr(r->reason, cases[i].reason))
+            fail_msg("sys.exit(%s): %s, exit %d, rolled back %d: %s", cases[i].value,
+                     sbx_status_name(r->status), r->exit_code, r->rolled_back,
+                     r->reason ? r->reason : "(no reason)");
+        sbx_result_free(r);
+        expect_cell(s, "print(x)", "1\n");
+    }
+    sbx_session_close(s);
+}
+
 static void on_stop_keeps_an_exception(void **state)
 {
     struct sbx_session *s = open_session(SBX(state), NULL);
@@ -670,6 +708,7 @@ int main(void)
         cmocka_unit_test(os_exit_rolls_back),
         cmocka_unit_test(thread_left_running_rolls_back),
         cmocka_unit_test(sys_exit_zero_ends_the_cell_only),
+        cmocka_unit_test(exit_values_are_judged_as_python_holds_them),
         cmocka_unit_test(on_stop_keeps_an_exception),
         cmocka_unit_test(never_keeps_the_files_of_a_stopped_cell),
         cmocka_unit_test(a_cell_cannot_fork),

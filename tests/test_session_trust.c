@@ -40,7 +40,7 @@ static void pause_ms(int ms)
     "    os.dup2(null, 1)\n"                                                                       \
     "    os.dup2(null, 2)\n"                                                                       \
     "    os.close(null)\n"                                                                         \
-    "    os.write(4, b'D' + bytes(4))\n"
+    "    os.write(4, b'D' + bytes(9))\n"
 
 /* A command of the template's on |sock|, as the state's loop reads it:
  * the descriptors attached (SESSION_FORK: the next cell's channel; on
@@ -90,7 +90,7 @@ static void a_forged_end_is_a_rollback_and_nothing_runs_after_it(void **state)
     expect_cell(s, "x = 1", "");
     struct sbx_result *r = cell_limited(s,
                                         "import os\n"
-                                        "os.write(4, b'D' + bytes(4))\n"
+                                        "os.write(4, b'D' + bytes(9))\n"
                                         "while True:\n"
                                         "    open('after.txt', 'a').write('.')\n"
                                         "    sum(range(10000))\n",
@@ -225,7 +225,7 @@ static void a_cell_cannot_claim_limits_of_its_own(void **state)
                            "            pass\n"
                            "        os.close(out)\n"
                            "        os.close(err)\n"
-                           "        os.write(chan, b'D' + bytes(4))\n"
+                           "        os.write(chan, b'D' + bytes(9))\n"
                            "        while True:\n"
                            "            time.sleep(1)\n"
                            "    for f in fds:\n"
@@ -302,7 +302,7 @@ static void a_message_out_of_turn_from_the_state_ends_the_session(void **state)
 {
     static const char *const said[] = {
         "b'R'",            /* "ready": the first state's word, once */
-        "b'D' + bytes(4)", /* "done": a cell's */
+        "b'D' + bytes(9)", /* "done": a cell's */
         "b'H'",            /* "hello": the next cell's */
         "b'?' * 100",
     };
@@ -421,10 +421,11 @@ static void a_state_that_answers_its_export_late(void **state)
 static void a_message_out_of_turn_ends_the_session(void **state)
 {
     static const char *const said[] = {
-        "os.write(4, b'S' + bytes(24))",       /* "started", with limits */
-        "os.write(4, b'R')",                   /* "ready", the first state's word */
-        "os.write(4, b'H')",                   /* "hello", a new cell's */
-        "os.write(4, b'D' + bytes(4) + b'x')", /* "done", the wrong length */
+        "os.write(4, b'S' + bytes(24))",         /* "started", with limits */
+        "os.write(4, b'R')",                     /* "ready", the first state's word */
+        "os.write(4, b'H')",                     /* "hello", a new cell's */
+        "os.write(4, b'D' + bytes(10))",         /* "done", the wrong length */
+        "os.write(4, b'D' + bytes(8) + b'\\2')", /* "done", past neither 0 nor 1 */
         "os.write(4, b'?' * 100)",
         "os.write(4, b'x')",       /* "exported", a state's answer to an export */
         "os.write(4, b'b')",       /* "branched", a branch's copy resumed */
@@ -506,6 +507,56 @@ static void a_cells_limits_are_the_requests(void **state)
         fail_msg("the reason names another limit: %s", r->reason ? r->reason : "(none)");
     sbx_result_free(r);
     sbx_session_close(s);
+}
+
+/* What a cell says of its end (a value and whether it was past 64 bits)
+ * only chooses between keep and roll back, as its own exit could, and
+ * describes its own cell: a value the code could not have exited with is
+ * no more. */
+static void a_forged_status_only_keeps_or_rolls_back(void **state)
+{
+    static const struct {
+        const char *said;
+        bool kept;
+        int exit_code;
+        const char *reason;
+    } cases[] = {
+        {"struct.pack('<qB', 7, 0)", false, 7, "exit status 7"},
+        {"struct.pack('<qB', -2 ** 63, 0)", false, 0, "sys.exit(-9223372036854775808)"},
+        {"struct.pack('<qB', 5, 1)", false, 5, "a number above 9223372036854775807"},
+        {"struct.pack('<qB', 0, 1)", true, 0, NULL},
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct sbx_session *s = open_session(SBX(state), NULL);
+        uid_t uid = session_uid(s);
+        struct sbx_error err = {0};
+        char code[4096];
+        int rc;
+
+        expect_cell(s, "x = 1", "");
+        snprintf(code, sizeof(code),
+                 LOOKS_DONE "null = os.open('/dev/null', os.O_RDWR)\n"
+                            "os.dup2(null, 1)\n"
+                            "os.dup2(null, 2)\n"
+                            "os.close(null)\n"
+                            "os.write(4, b'D' + %s)\n"
+                            "time.sleep(60)\n",
+                 cases[i].said);
+        struct sbx_result *r =
+            cell_limited(s, code, SBX_ROLLBACK_ON_ERROR, 5.0, 2.0, NULL, 0, &rc, &err);
+        if (rc != 0)
+            fail_msg("%s: refused: %s", cases[i].said, err.message);
+        if (r->status != SBX_COMPLETED || r->rolled_back == cases[i].kept ||
+            r->exit_code != cases[i].exit_code ||
+            (cases[i].reason && (!r->reason || !strstr(r->reason, cases[i].reason))))
+            fail_msg("%s: %s, exit %d, rolled back %d: %s", cases[i].said,
+                     sbx_status_name(r->status), r->exit_code, r->rolled_back,
+                     r->reason ? r->reason : "(no reason)");
+        sbx_result_free(r);
+        sbx_session_close(s);
+        assert_int_equal(processes_of(uid) > 0, 0);
+    }
 }
 
 /* sys.exit(256) is 0 to the kernel's eight bits, and an error to the
@@ -613,6 +664,7 @@ int main(void)
         cmocka_unit_test(a_message_out_of_turn_ends_the_session),
         cmocka_unit_test(a_cells_limits_are_the_requests),
         cmocka_unit_test(a_nonzero_exit_rolls_back_whatever_its_low_bits),
+        cmocka_unit_test(a_forged_status_only_keeps_or_rolls_back),
         cmocka_unit_test(shared_mappings_are_refused_in_a_session),
         cmocka_unit_test(a_later_cells_input_replaces_an_earlier_one),
         cmocka_unit_test(a_session_opens_right_after_the_template_died),

@@ -71,6 +71,7 @@ import itertools
 import json
 import os
 import re
+import reprlib
 import socket
 import ssl
 import threading
@@ -86,6 +87,15 @@ __all__ = ["Client", "Session", "Result", "Artifact", "SandboxError", "ProtocolE
 
 # The most bytes an answer may have before the client gives up on it.
 MAX_ANSWER_BYTES = 1 << 30
+
+# What a server sent, shown in a message: a few levels and characters of it
+# (repr() of whatever nests deep would raise RecursionError).
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother = 3, 80, 80
+
+
+def _shown(value: Any) -> str:
+    return _SHOW.repr(value)[:200]
 
 
 class SandboxError(Exception):
@@ -175,7 +185,7 @@ def _code_error(err: Any) -> Optional[CodeError]:
         return None
     if not isinstance(err, dict) or not all(isinstance(err.get(k), str)
                                             for k in ("type", "message", "traceback")):
-        raise ProtocolError(f"a malformed error of the code: {err!r:.200}")
+        raise ProtocolError(f"a malformed error of the code: {_shown(err)}")
     return CodeError(err["type"], err["message"], err["traceback"])
 
 
@@ -192,9 +202,10 @@ def _result(answer: Dict[str, Any]) -> Result:
     err = answer.get("error")
     # A refusal has an error and no status; a result's error is its code's.
     if err is not None and "status" not in answer:
-        if not isinstance(err, dict):
-            raise ProtocolError(f"a malformed error: {err!r}")
-        raise SandboxError(str(err.get("code")), str(err.get("message")))
+        raise _refusal(err)
+    for key, kinds in _FIELDS.items():
+        if answer.get(key) is not None and not isinstance(answer[key], kinds):
+            raise ProtocolError(f"a result whose {key} is {_shown(answer[key])}")
     try:
         arts = [Artifact(a["name"], a["size"], a["truncated"],
                          base64.b64decode(a["content_base64"], validate=True), _raw_name(a))
@@ -213,7 +224,21 @@ def _result(answer: Dict[str, Any]) -> Result:
                       value=answer.get("value"), session=answer.get("session"),
                       error=_code_error(answer.get("error")), raw=answer)
     except (KeyError, TypeError, ValueError) as e:
-        raise ProtocolError(f"a malformed result ({e!r}): {answer!r:.200}") from None
+        raise ProtocolError(f"a malformed result ({_shown(e)}): {_shown(answer)}") from None
+
+
+# A result's fields, as the server sends them (each may be missing or null).
+_FIELDS = {"status": str, "exit_code": int, "stdout": str, "stderr": str, "limit": str,
+           "signal": str, "reason": str, "value": str, "session": dict, "stats": dict,
+           "artifacts": list, "dropped_artifacts": list, "artifacts_dropped": int}
+
+
+def _refusal(err: Any, http_status: Optional[int] = None) -> SandboxError:
+    """The SandboxError of the error object |err| of a refused request."""
+    if not isinstance(err, dict) or not all(isinstance(err.get(k), str)
+                                            for k in ("code", "message")):
+        raise ProtocolError(f"a malformed error: {_shown(err)}")
+    return SandboxError(err["code"], err["message"], http_status)
 
 
 # The events of a streamed answer that carry output.
@@ -258,10 +283,15 @@ class _Live:
         ev = m["event"]
         if ev in _OUTPUT_EVENTS and self.on_output is not None and isinstance(m.get("data"), str):
             return "output", (ev, m["data"])
-        if ev == "started":
-            self.run_id = m.get("run_id")
+        if ev == "started" and isinstance(m.get("run_id"), str):
+            self.run_id = m["run_id"]
         if ev == "tool_call" and self.tools is not None:
-            return "call", (self.tools.get(m.get("name")), m)
+            call, name, args = m.get("call"), m.get("name"), m.get("arguments", {})
+            # Answered by number: a call that cannot be is no call.
+            if (not isinstance(call, int) or isinstance(call, bool) or call < 1
+                    or not isinstance(name, str) or not isinstance(args, dict)):
+                raise ProtocolError(f"a malformed tool call: {_shown(m)}")
+            return "call", (self.tools.get(name), m)
         return "", None  # "dropped": that output is in the answer all the same
 
 
@@ -271,7 +301,7 @@ def _tool_body(m: Dict[str, Any], result: Any, error: Optional[str]) -> Dict[str
         try:
             json.dumps(result)
             return {"call": m["call"], "content": result}
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RecursionError) as e:
             error = f"the tool's result is not JSON: {e}"
     return {"call": m["call"], "error": error}
 
@@ -394,7 +424,7 @@ class Client:
         body = json.dumps(req).encode()
         answer = self._post(body, live, id) if self._http else self._unix(body, live, id)
         if isinstance(answer, dict) and answer.get("id") not in (id, None):
-            raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
+            raise ProtocolError(f"the answer is for id {_shown(answer.get('id'))}, not {id}")
         return _result(answer)
 
     def session(self, name: str = "main", next_cell: int = 1) -> Union["Session", "HttpSession"]:
@@ -465,11 +495,11 @@ def _http_error(status: int, text: bytes, reason: str) -> SandboxError:
     (else the body's first words, under the code http_STATUS)."""
     try:
         answer = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         answer = None
-    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-        err = answer["error"]
-        return SandboxError(str(err.get("code")), str(err.get("message")), status)
+    err = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(err, dict) and all(isinstance(err.get(k), str) for k in ("code", "message")):
+        return _refusal(err, status)
     return SandboxError(f"http_{status}", text.decode("utf-8", "replace")[:500] or reason, status)
 
 
@@ -509,7 +539,7 @@ class Session:
         if isinstance(answer, dict) and "error" in answer:
             _result(answer)  # raises SandboxError
         if answer.get("session_closed") != self.name:
-            raise ProtocolError(f"not an answer to session_close: {answer!r:.200}")
+            raise ProtocolError(f"not an answer to session_close: {_shown(answer)}")
 
     def close(self) -> None:
         """Ends the connection, and with it the session."""
@@ -543,7 +573,7 @@ class Session:
                 self._drop()
                 raise
         if not isinstance(answer, dict) or answer.get("id") not in (req["id"], None):
-            raise ProtocolError(f"not the answer to request {req['id']}: {answer!r:.200}")
+            raise ProtocolError(f"not the answer to request {req['id']}: {_shown(answer)}")
         return answer
 
 
@@ -621,7 +651,7 @@ class HttpSession:
                                         path=f"/v1/sessions/{self.name}/fork")
         forked = answer.get("session_forked") if isinstance(answer, dict) else None
         if not isinstance(forked, dict) or forked.get("to") != name:
-            raise ProtocolError(f"not an answer to a fork: {answer!r:.200}")
+            raise ProtocolError(f"not an answer to a fork: {_shown(answer)}")
         return HttpSession(self._client, name, next_cell=forked["cell"] + 1)
 
     def reset(self) -> None:
@@ -655,8 +685,10 @@ def _loads(text: bytes) -> Any:
         raise ProtocolError("an answer past MAX_ANSWER_BYTES")
     try:
         return json.loads(text)
-    except ValueError as e:
-        raise ProtocolError(f"an answer that is not JSON ({e}): {text[:200]!r}") from None
+    except (ValueError, RecursionError) as e:
+        # RecursionError: nested past what this interpreter's decoder takes.
+        raise ProtocolError(f"an answer that is not JSON this client reads ({e}): "
+                            f"{text[:200]!r}") from None
 
 
 # --- asyncio --------------------------------------------------------------------
@@ -682,7 +714,9 @@ class SandboxArtifact:
     name: str
     content: bytes
     truncated: bool = False  # content cut at max_artifact_bytes
-    size: int = 0  # the file's real size
+    # The file's real size: neither compared nor shown, so that an artifact
+    # equals SandboxArtifact(name=..., content=...) as the kits write it.
+    size: int = field(default=0, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -810,7 +844,7 @@ class PysbxSandbox:
         body = json.dumps(req).encode()
         answer = await (self._post(body, live) if self._url else self._unix(body, live, id))
         if isinstance(answer, dict) and answer.get("id") not in (id, None):
-            raise ProtocolError(f"the answer is for id {answer.get('id')!r}, not {id}")
+            raise ProtocolError(f"the answer is for id {_shown(answer.get('id'))}, not {id}")
         return _sandbox_result(_result(answer))
 
     def session(self, name: str = "main",
@@ -1007,7 +1041,7 @@ class AsyncSession:
         if isinstance(answer, dict) and "error" in answer:
             _result(answer)  # raises SandboxError
         if answer.get("session_closed") != self.name:
-            raise ProtocolError(f"not an answer to session_close: {answer!r:.200}")
+            raise ProtocolError(f"not an answer to session_close: {_shown(answer)}")
 
     async def close(self) -> None:
         async with self._lock:
@@ -1037,7 +1071,7 @@ class AsyncSession:
                 await asyncio.shield(self._drop())
                 raise
         if not isinstance(answer, dict) or answer.get("id") not in (req["id"], None):
-            raise ProtocolError(f"not the answer to request {req['id']}: {answer!r:.200}")
+            raise ProtocolError(f"not the answer to request {req['id']}: {_shown(answer)}")
         return answer
 
 

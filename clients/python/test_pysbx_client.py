@@ -171,6 +171,19 @@ class Common:
         self.assertEqual((r.status, r.stdout), ("completed", "A Looks q up.\nKeyError: 'nothing here'\nB\n"))
         self.assertEqual(seen, ["a", "b"])
 
+    def test_a_call_nested_too_deep_never_reaches_the_client(self):
+        # Past what json.loads takes (RecursionError): refused to the code.
+        code = ("import os, struct, pysbx\n"
+                "f = b'{\"name\": \"t\", \"arguments\": {\"q\": ' + b'[' * 1200 + b']' * 1200"
+                " + b'}}'\n"
+                "os.write(3, struct.pack('<I', len(f)) + f)\n"
+                "n = struct.unpack('<I', os.read(3, 4))[0]\n"
+                "print(os.read(3, n).decode())")
+        seen = []
+        r = self.client.run(code, tools={"t": lambda **a: seen.append(a)})
+        self.assertEqual((r.status, seen), ("completed", []))
+        self.assertIn("nested deeper than 64", r.stdout)
+
     def test_runs_from_many_threads(self):
         out = {}
 
@@ -398,6 +411,107 @@ class OverUnixSocket(Common, AsyncChecks, SessionChecks, unittest.TestCase):
             with self.assertRaises(SandboxError) as e:
                 s.reset()
             self.assertEqual(e.exception.code, "invalid_request")
+
+
+class SeedShapes(unittest.TestCase):
+    """The shapes the sandbox kits' seed gives its types."""
+
+    def test_an_artifact_equals_the_seeds_and_reads_as_it(self):
+        seed = SandboxArtifact(name="out.csv", content=b"a,b")
+        got = SandboxArtifact("out.csv", b"a,b", False, 3)  # as a result builds it
+        self.assertEqual((got,), (seed,))
+        self.assertEqual(repr(got), "SandboxArtifact(name='out.csv', content=b'a,b', truncated=False)")
+        self.assertEqual(got.size, 3)
+        self.assertNotEqual(got, SandboxArtifact("out.csv", b"a,b", True, 3))
+
+
+# Lines a server may send that are no answer, or that hold what a client
+# cannot take as it is: each must end the call with ProtocolError or
+# SandboxError (or an answer, or the OSError of a server that has closed),
+# never another exception or a hang.
+DEEP = 100_000
+HOSTILE = [
+    b"[" * DEEP + b"]" * DEEP,
+    b'{"id": 1, "status": ' + b"[" * 900 + b"]" * 900 + b"}",
+    b'{"id": ' + b"[" * 900 + b"]" * 900 + b', "status": "completed"}',
+    b'{"id": 1, "error": ' + b"[" * 900 + b"]" * 900 + b"}",
+    b'{"id": 1, "error": {"code": ' + b"[" * 900 + b"]" * 900 + b', "message": "m"}}',
+    b'{"id": 1, "status": "timeout", "limit": ' + b"[" * 900 + b"]" * 900 + b"}",
+    b'{"id": 1, "status": "completed", "error": {"type": []}}',
+    b'{"id": 1, "status": "completed", "artifacts": "abc"}',
+    b'{"id": 1, "event": "tool_call", "call": 1, "name": "t", "arguments": '
+    + b"[" * DEEP + b"]" * DEEP + b"}",
+    b'{"id": 1, "event": "tool_call", "call": ' + b"[" * 900 + b"]" * 900
+    + b', "name": "t", "arguments": {}}',
+    b'{"id": 1, "event": "tool_call", "call": 1, "name": ["t"], "arguments": {}}',
+    b'{"id": 1, "event": "tool_call"}',
+    b'{"id": 1, "event": "stdout", "data": 5}',
+    b'{"id": 1, "event": ' + b"[" * 900 + b"]" * 900 + b"}",
+    b"1" * 5000,
+    b"\xff\xfe",
+    b"null",
+]
+ANSWER = b'{"id": 1, "status": "completed", "exit_code": 0, "stdout": "", "stderr": ""}'
+
+
+class HostileLines(unittest.TestCase):
+    """A server on a UNIX socket that answers each connection's request with
+    one of HOSTILE, then a plain answer, then closes."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="pysbx-hostile-")
+        cls.path = os.path.join(cls.dir, "s.sock")
+        cls.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        cls.sock.bind(cls.path)
+        cls.sock.listen(16)
+        cls.line = b""
+        threading.Thread(target=cls.serve, daemon=True).start()
+
+    @classmethod
+    def serve(cls):
+        while True:
+            try:
+                conn, _ = cls.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(10)
+                try:
+                    conn.makefile("rb").readline()
+                    conn.sendall(cls.line + b"\n" + ANSWER + b"\n")
+                except OSError:
+                    pass
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sock.close()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def survives(self, call, line):
+        type(self).line = line
+        try:
+            call()
+        except (ProtocolError, SandboxError, ConnectionError):
+            pass
+        except Exception as e:  # noqa: BLE001 - what the test is about
+            self.fail(f"{type(e).__name__} from {line[:60]!r}...")
+
+    def test_every_line_ends_in_an_answer_or_a_protocol_error(self):
+        client = Client(self.path, timeout=30)
+        sandbox = PysbxSandbox(self.path)
+        calls = [
+            ("run", lambda: client.run("pass")),
+            ("streamed", lambda: client.run("pass", on_output=lambda s, t: None)),
+            ("with tools", lambda: client.run("pass", tools={"t": lambda **a: 1})),
+            ("async", lambda: asyncio.run(asyncio.wait_for(sandbox.run("pass"), 30))),
+            ("async with tools", lambda: asyncio.run(asyncio.wait_for(
+                sandbox.run("pass", tools={"t": lambda **a: 1}), 30))),
+        ]
+        for line in HOSTILE:
+            for name, call in calls:
+                with self.subTest(line=line[:40], call=name):
+                    self.survives(call, line)
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):

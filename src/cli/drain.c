@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -82,4 +83,14 @@ int drain_run(const struct drain *d, int sfd)
         }
     }
     return r;
+}
+
+void drain_exit_if_held(int r, bool held)
+{
+    if (r >= 0 && !held)
+        return;
+    if (r < 0)
+        fputs("pysbx serve: a second signal: exiting now\n", stderr);
+    fflush(stderr);
+    _exit(r < 0 ? 1 : 0);
 }

@@ -39,4 +39,9 @@ struct drain {
  * stream could not be waited for, -1 on a second signal on |sfd|. */
 int drain_run(const struct drain *d, int sfd);
 
+/* After drain_run's |r|: ends the process, having said so, on a second
+ * signal (status 1), or with status 0 when |held| (threads still hold what
+ * the caller would free next); else returns. */
+void drain_exit_if_held(int r, bool held);
+
 #endif

@@ -61,6 +61,7 @@ static struct {
     __typeof__(MHD_add_response_header) *add_response_header;
     __typeof__(MHD_lookup_connection_value) *lookup_connection_value;
     __typeof__(MHD_get_connection_info) *get_connection_info;
+    __typeof__(MHD_http_unescape) *http_unescape;
 } mhd;
 
 /* Returns 0, or -1 having said why on stderr. The handle stays open: the
@@ -86,6 +87,7 @@ static int mhd_load(void)
     MHD_LOAD(add_response_header, "MHD_add_response_header")
     MHD_LOAD(lookup_connection_value, "MHD_lookup_connection_value")
     MHD_LOAD(get_connection_info, "MHD_get_connection_info")
+    MHD_LOAD(http_unescape, "MHD_http_unescape")
 #undef MHD_LOAD
     return 0;
 }
@@ -385,6 +387,23 @@ static enum MHD_Result send_error(struct http *h, struct MHD_Connection *conn, u
                      status == MHD_HTTP_SERVICE_UNAVAILABLE && is_draining(h));
 }
 
+/* |s| as a message may show it: at most |max| of its bytes, each byte
+ * that is not printable ASCII as %XX (a path's bytes after libmicrohttpd
+ * decoded its escapes, or a method, may be anything). */
+static void shown(char *out, size_t cap, const char *s, size_t max)
+{
+    size_t o = 0;
+
+    for (size_t i = 0; s[i] && i < max && o + 4 <= cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c > ' ' && c < 0x7f)
+            out[o++] = (char)c;
+        else
+            o += (size_t)snprintf(out + o, cap - o, "%%%02X", c);
+    }
+    out[o] = '\0';
+}
+
 /* A refusal of the HTTP layer: the error object with a code of its own,
  * counted under it; |close_after| closes the connection after it. */
 static enum MHD_Result refuse(struct http *h, struct MHD_Connection *conn, unsigned status,
@@ -404,8 +423,11 @@ static enum MHD_Result refuse(struct http *h, struct MHD_Connection *conn, unsig
     pthread_mutex_lock(&h->lock);
     h->m.http_refused[why]++;
     pthread_mutex_unlock(&h->lock);
-    json_t *o = json_pack("{s:n, s:{s:s, s:s}}", "id", "error", "code", refusal_codes[why],
-                          "message", message);
+    /* Whole characters only (the message may be cut inside one): the
+     * encoder refuses anything else, and the client would get no answer. */
+    size_t n = utf8_valid_prefix((const unsigned char *)message, strlen(message));
+    json_t *o = json_pack("{s:n, s:{s:s, s:s%}}", "id", "error", "code", refusal_codes[why],
+                          "message", message, n);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return send_text_allow(conn, status, text, JSON_TYPE, close_after, allow);
@@ -1460,16 +1482,19 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
                       cl ? "a request with both Content-Length and Transfer-Encoding is refused"
                          : "Transfer-Encoding other than chunked is refused: %.40s",
                       te);
+    char path[3 * 100 + 1], verb[3 * 20 + 1];
+    shown(path, sizeof(path), url, 100);
+    shown(verb, sizeof(verb), method, 20);
     if (rt == ROUTE_NONE)
         return refuse(h, conn, MHD_HTTP_NOT_FOUND, REF_NOT_FOUND, NULL, false,
-                      "no such path: %.100s (POST /v1/run, POST /v1/runs/RUN_ID/tool_results, "
+                      "no such path: %s (POST /v1/run, POST /v1/runs/RUN_ID/tool_results, "
                       "POST /v1/sessions/NAME/run, POST /v1/sessions/NAME/fork, "
                       "DELETE /v1/sessions/NAME, GET /v1/sessions, "
                       "GET /healthz, GET /metrics; NAME: 1 to %d of A-Z a-z 0-9 . _ ~ -)",
-                      url, SESSION_NAME_MAX);
+                      path, SESSION_NAME_MAX);
     if (post ? !is(method, MHD_HTTP_METHOD_POST) : del ? !is(method, MHD_HTTP_METHOD_DELETE) : !get)
         return refuse(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, REF_METHOD, allow, false,
-                      "%.100s takes %s, not %.20s", url, allow, method);
+                      "%s takes %s, not %s", path, allow, verb);
     x->tenant = tenant_of(h, conn);
     bool authed = x->tenant >= 0;
     /* /healthz needs no token, and earns none of the reserve either. */
@@ -1488,6 +1513,24 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
         return send_error(h, conn, MHD_HTTP_CONTENT_TOO_LARGE, NULL, SBX_ERR_TOO_LARGE,
                           "request body longer than %zu bytes", h->o->max_line_bytes);
     return MHD_YES;
+}
+
+/* libmicrohttpd decodes a path's %XX escapes in place and hands on a C
+ * string: a decoded %00 would end the path there, and
+ * DELETE /v1/sessions/victim%00-of-someone-else would close "victim" (a
+ * front end that escapes the names its users choose would pass it on).
+ * Such a path is left as it was sent, which no route matches: every
+ * route is plain ASCII without '%'. (A raw NUL byte in the request line
+ * cuts the path before this is called; only a client that could name the
+ * session outright can send one.) */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *s)
+{
+    (void)cls;
+    (void)conn;
+    for (const char *p = strchr(s, '%'); p; p = strchr(p + 1, '%'))
+        if (p[1] == '0' && p[2] == '0')
+            return strlen(s);
+    return mhd.http_unescape(s);
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
@@ -1873,14 +1916,15 @@ int http_main(const struct serve_opts *o)
         rc = 1;
         goto out;
     }
-    d = mhd.start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-            MHD_USE_ITC | MHD_USE_ERROR_LOG,
-        0, NULL, NULL, handle, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
-        MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HEADER_BYTES,
-        MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, &h, MHD_OPTION_NOTIFY_CONNECTION, notify_connection,
-        &h, MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_client_connections, MHD_OPTION_END);
+    d = mhd.start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                             MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG,
+                         0, NULL, NULL, handle, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+                         MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                         (size_t)HEADER_BYTES, MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS,
+                         MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
+                         completed, &h, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, &h,
+                         MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_client_connections,
+                         MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_END);
     if (!d || pthread_create(&watcher, NULL, watcher_main, &h) != 0) {
         fprintf(stderr, "pysbx serve: cannot start the HTTP server\n");
         rc = 1;
@@ -1894,7 +1938,8 @@ int http_main(const struct serve_opts *o)
               NULL, NULL, handle_metrics_only, &h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
               MHD_OPTION_LISTEN_SOCKET, mfd, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
               (size_t)HEADER_BYTES, MHD_OPTION_CONNECTION_LIMIT, METRICS_CONNECTIONS,
-              MHD_OPTION_CONNECTION_TIMEOUT, METRICS_TIMEOUT_S, MHD_OPTION_END))) {
+              MHD_OPTION_CONNECTION_TIMEOUT, METRICS_TIMEOUT_S, MHD_OPTION_UNESCAPE_CALLBACK,
+              unescape, NULL, MHD_OPTION_END))) {
         fprintf(stderr, "pysbx serve: cannot start the metrics listener\n");
         rc = 1;
         goto out;
@@ -1926,14 +1971,9 @@ int http_main(const struct serve_opts *o)
                        .cancel_all = cancel_all,
                        .drop_all = drop_none};
     int r = drain_run(&dr, sfd);
-    if (r < 0 || (r == 0 && !reached(&h, NO_RUNS))) {
-        /* Threads still hold runs: end the process here rather than free
-         * what they use. */
-        if (r < 0)
-            fputs("pysbx serve: a second signal: exiting now\n", stderr);
-        fflush(stderr);
-        _exit(r < 0 ? 1 : 0);
-    }
+    /* Threads still holding runs: the process ends rather than free what
+     * they use. */
+    drain_exit_if_held(r, r == 0 && !reached(&h, NO_RUNS));
     rc = 0;
 out:
     if (md)

@@ -569,7 +569,38 @@ static char *member_text(const char *text, size_t len, const char *key)
 
 /* --- parsing a line ----------------------------------------------------------- */
 
-static json_t *parse_object(const char *text, size_t len, struct sbx_error *err)
+/* The id of a line jansson stopped reading at one of its limits, not at
+ * an error of the text: a number past a double's range, or nesting deeper
+ * than it goes (JSON has neither limit). Such a line may be an object with
+ * an id, which is owed its answer: the id is found by the scan of the
+ * object's top level, which needs no depth, and echoed only when it is a
+ * JSON value by itself (a number past a double's range included), so that
+ * the answer is JSON. NULL when there is none, or it is no such value. */
+static char *unread_id(const char *text, size_t len)
+{
+    char *id = member_text(text, len, "id");
+    json_error_t jerr;
+    json_t *v;
+
+    if (!id)
+        return NULL;
+    size_t n = strlen(id);
+    v = json_loadb(id, n, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &jerr);
+    /* A number past a double's range is read whole before it is refused:
+     * then the refusal stands at its end. */
+    if (!v && !(json_error_code(&jerr) == json_error_numeric_overflow && jerr.position == (int)n &&
+                (id[0] == '-' || (id[0] >= '0' && id[0] <= '9')))) {
+        free(id);
+        return NULL;
+    }
+    json_decref(v);
+    return id;
+}
+
+/* The line as an object, or NULL with |err| set (and r->id_text when
+ * the line may be an object with an id that jansson could not hold). */
+static json_t *parse_object(const char *text, size_t len, struct json_request *r,
+                            struct sbx_error *err)
 {
     json_error_t jerr;
     json_t *o = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);
@@ -580,8 +611,16 @@ static json_t *parse_object(const char *text, size_t len, struct sbx_error *err)
     if (!o && json_error_code(&jerr) == json_error_numeric_overflow)
         o = json_loadb(text, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &jerr);
     if (!o) {
-        sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "not JSON: %s (column %d)", jerr.text,
-                 jerr.column);
+        enum json_error_code why = json_error_code(&jerr);
+        if (why == json_error_numeric_overflow || why == json_error_stack_overflow) {
+            r->id_text = unread_id(text, len);
+            sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
+                     "a number past a double's range, or nesting deeper than %d, is not read "
+                     "here: %s (column %d)",
+                     JSON_PARSER_MAX_DEPTH, jerr.text, jerr.column);
+        } else
+            sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "not JSON: %s (column %d)", jerr.text,
+                     jerr.column);
         return NULL;
     }
     if (!json_is_object(o)) {
@@ -641,10 +680,10 @@ int json_request_parse(const char *text, size_t len, const struct sbx_limits *ce
 {
     static const char *const cancel_fields[] = {"cancel"};
     static const char *const close_fields[] = {"id", "session_close"};
-    json_t *o = parse_object(text, len, err);
+    json_t *o;
 
     memset(r, 0, sizeof(*r));
-    if (!o)
+    if (!(o = parse_object(text, len, r, err)))
         return -EINVAL;
     r->doc = o; /* it holds the code string */
     /* Only now is the text known to be JSON, which the scan relies on. */
@@ -714,10 +753,10 @@ int json_request_parse_cell(const char *text, size_t len, const char *session,
 {
     static const char *const others[] = {"session", "cancel", "tool_result", "session_close",
                                          "session_fork"};
-    json_t *o = parse_object(text, len, err);
+    json_t *o;
 
     memset(r, 0, sizeof(*r));
-    if (!o)
+    if (!(o = parse_object(text, len, r, err)))
         return -EINVAL;
     r->doc = o;
     if (json_object_get(o, "id") && !(r->id_text = member_text(text, len, "id")))

@@ -1015,14 +1015,9 @@ int serve_main(const struct serve_opts *o)
             unlink(o->listen_path);
         }
         int r = drain(&s, sfd);
-        if (r <= 0) {
-            /* Threads still hold the streams (and perhaps runs): end the
-             * process here rather than free what they use. */
-            if (r < 0)
-                fputs("pysbx serve: a second signal: exiting now\n", stderr);
-            fflush(stderr);
-            _exit(r < 0 ? 1 : 0);
-        }
+        /* Threads still holding the streams (and perhaps runs): the
+         * process ends rather than free what they use. */
+        drain_exit_if_held(r, r == 0);
     }
     rc = 0;
 out:

@@ -491,15 +491,16 @@ int proc_stat_read(const char *pid, struct proc_stat *s)
     buf[len] = '\0';
     /* "pid (comm) state ppid ...": comm may hold spaces and parentheses. */
     char *open_paren = strchr(buf, '('), *close_paren = strrchr(buf, ')');
-    int ppid;
+    int ppid, session;
     if (!open_paren || !close_paren ||
-        sscanf(close_paren + 2, "%c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu",
-               &s->state, &ppid, &ut, &st, &cut, &cst) != 6)
+        sscanf(close_paren + 2, "%c %d %*d %d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu",
+               &s->state, &ppid, &session, &ut, &st, &cut, &cst) != 7)
         return -EIO;
     *close_paren = '\0';
     fmt(s->comm, sizeof(s->comm), "%s", open_paren + 1);
     s->pid = (pid_t)atoi(pid);
     s->ppid = (pid_t)ppid;
+    s->session = (pid_t)session;
     s->cpu_ticks = ut + st + cut + cst;
     return 0;
 }

@@ -76,6 +76,7 @@ int python_build_problem(const char *stdlib_dir, const char *version, const char
 /* One process's line of /proc/PID/stat. */
 struct proc_stat {
     pid_t pid, ppid;
+    pid_t session; /* its session's id */
     char state;
     char comm[32];
     /* utime + stime + cutime + cstime: its own CPU and that of the children

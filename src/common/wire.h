@@ -166,8 +166,10 @@ struct wire_status {
     int64_t utime_us;
     int64_t stime_us;
     int64_t maxrss_kb;
-    int32_t cell_status; /* a session's cell: the status its code ended with */
-    uint32_t reserved;
+    /* A session's cell: the value its code ended with, as Python held it
+     * (its claim); past 64 bits, INT64_MAX or -1 with
+     * WIRE_STATUS_EXIT_PAST in flags. */
+    int64_t cell_status;
 };
 
 /* The template killed the worker when its CPU time reached the limit (a
@@ -196,6 +198,9 @@ struct wire_status {
 /* The session ended while this cell was out (WIRE_ENDED says why): the
  * cell was killed with it. */
 #define WIRE_STATUS_SESSION_ENDED 256u
+/* The cell's value was an integer past 64 bits (cell_status says which
+ * way). */
+#define WIRE_STATUS_EXIT_PAST 512u
 
 /* What a worker tells the template, on its ready pipe, once its request is
  * in place and before any of the request's code runs: the byte

@@ -492,24 +492,28 @@ void artifact_set_free(struct artifact_set *set)
     memset(set, 0, sizeof(*set));
 }
 
-/* The report |name| the worker left, as text of at most |max_chars|
- * characters; *text NULL when there is none. Returns 0 or -ENOMEM. */
-static int take_report(int ws_fd, const char *name, uint64_t max_chars, char **text, size_t *len,
-                       bool *truncated)
+/* The report |name| the worker left, open for reading; -1 when there is
+ * none (or it is not a regular file of one name). */
+static int open_report(int ws_fd, const char *name)
 {
     int fd = open_beneath(ws_fd, name, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, false);
-    struct outbuf ob;
     struct stat st;
+
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1))
+        close_fd(&fd);
+    return fd;
+}
+
+int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len, bool *truncated)
+{
+    int fd = open_report(ws_fd, WIRE_VALUE_FILE);
+    struct outbuf ob;
     char buf[65536];
-    ssize_t n = 0;
+    ssize_t n;
 
     *text = NULL;
     if (fd < 0)
         return 0;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
-        close(fd);
-        return 0;
-    }
     outbuf_init(&ob, max_chars);
     while ((n = read(fd, buf, sizeof(buf))) > 0)
         outbuf_feed(&ob, buf, (size_t)n);
@@ -519,70 +523,53 @@ static int take_report(int ws_fd, const char *name, uint64_t max_chars, char **t
     return *text ? 0 : -ENOMEM;
 }
 
-int artifacts_take_value(int ws_fd, uint64_t max_chars, char **text, size_t *len, bool *truncated)
-{
-    return take_report(ws_fd, WIRE_VALUE_FILE, max_chars, text, len, truncated);
-}
-
-/* How much of each part of an error report is read at least. */
-#define ERROR_PART_READ 65536
-
-/* |s| (valid UTF-8) ended after |max_chars| characters. */
-static void cut_chars(char *s, uint64_t max_chars)
-{
-    uint64_t chars = 0;
-
-    for (char *p = s; *p; p++)
-        if (((unsigned char)*p & 0xC0) != 0x80 && chars++ == max_chars) {
-            *p = '\0';
-            return;
-        }
-}
-
-/* The next NUL-ended part of [*at, end), copied (NULL when it has no NUL:
- * the report was cut, or is not one). */
-static char *report_field(const char **at, const char *end)
-{
-    const char *nul = *at < end ? memchr(*at, '\0', (size_t)(end - *at)) : NULL;
-    char *copy = nul ? strndup(*at, (size_t)(nul - *at)) : NULL;
-
-    if (nul)
-        *at = nul + 1;
-    return copy;
-}
+/* The parts of an error report: its type, its message and its traceback. */
+#define ERROR_PARTS 3
 
 int artifacts_take_error(int ws_fd, uint64_t max_chars, struct sbx_result *res)
 {
-    char *text = NULL;
-    size_t len = 0;
-    bool truncated;
-    /* Three parts, each cut to max_chars below: read enough that a small
-     * max_chars still gets the type and the message whole. */
-    uint64_t part = max_chars > ERROR_PART_READ ? max_chars : ERROR_PART_READ;
-    int rc = take_report(ws_fd, WIRE_ERROR_FILE, 3 * part + 3, &text, &len, &truncated);
+    int fd = open_report(ws_fd, WIRE_ERROR_FILE);
+    struct outbuf ob[ERROR_PARTS];
+    char *text[ERROR_PARTS] = {NULL};
+    char buf[65536];
+    ssize_t n;
+    int part = 0, rc = 0;
 
-    if (rc < 0 || !text)
-        return rc;
-    const char *at = text, *end = text + len;
-    res->error_type = report_field(&at, end);
-    res->error_message = res->error_type ? report_field(&at, end) : NULL;
-    res->error_traceback = res->error_message ? report_field(&at, end) : NULL;
-    /* A traceback cut on the way: what came of it. */
-    if (res->error_message && !res->error_traceback && truncated)
-        res->error_traceback = strndup(at, (size_t)(end - at));
-    free(text);
-    if (!res->error_traceback) {
-        /* Not the worker's report (or cut): none, rather than half of one. */
-        free(res->error_type);
-        free(res->error_message);
-        res->error_type = res->error_message = NULL;
+    if (fd < 0)
+        return 0;
+    /* Each part is cut to max_chars as it is read, apart: a part longer than
+     * a bound on the whole would push the NULs that end the others out of
+     * what is kept, and the whole report would be lost. */
+    for (int i = 0; i < ERROR_PARTS; i++)
+        outbuf_init(&ob[i], max_chars);
+    while (part < ERROR_PARTS && (n = read(fd, buf, sizeof(buf))) > 0)
+        for (const char *at = buf, *end = buf + n; at < end && part < ERROR_PARTS;) {
+            const char *nul = memchr(at, '\0', (size_t)(end - at));
+            outbuf_feed(&ob[part], at, (size_t)((nul ? nul : end) - at));
+            if (!nul)
+                break;
+            part++;
+            at = nul + 1;
+        }
+    close(fd);
+    /* Three parts each ended by its NUL, or it is not the worker's report
+     * (or one cut short, the workspace full): none, rather than half of one. */
+    for (int i = 0; i < ERROR_PARTS; i++) {
+        size_t len;
+        bool cut;
+        if (part == ERROR_PARTS && rc == 0 && !(text[i] = outbuf_finish_quiet(&ob[i], &len, &cut)))
+            rc = -ENOMEM;
+        outbuf_free(&ob[i]);
+    }
+    if (part == ERROR_PARTS && rc == 0) {
+        res->error_type = text[0];
+        res->error_message = text[1];
+        res->error_traceback = text[2];
         return 0;
     }
-    /* Each part as long as a stream may be. */
-    char **parts[3] = {&res->error_type, &res->error_message, &res->error_traceback};
-    for (int i = 0; i < 3; i++)
-        cut_chars(*parts[i], max_chars);
-    return 0;
+    for (int i = 0; i < ERROR_PARTS; i++)
+        free(text[i]);
+    return rc;
 }
 
 void artifacts_free(struct sbx_artifact *a, size_t n)

@@ -17,7 +17,9 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/pidfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,6 +41,11 @@
 #define RESTART_WINDOW_NS        (30ULL * 1000000000ULL)
 /* Backoffs a session's opening waits out before it gives up. */
 #define SESSION_RESTART_TRIES 3
+/* How long what a dead template left may take to end (a worker's address
+ * space is torn down before it is a zombie: tens of ms), and how often it
+ * is looked at meanwhile. */
+#define ORPHANS_WAIT_NS (2000ULL * 1000000ULL)
+#define ORPHANS_LOOK_NS (2ULL * 1000000ULL)
 
 static json_t *string_array(const char *const *list)
 {
@@ -193,6 +200,88 @@ static int await_hello(struct sbx *sbx, struct sbx_error *err)
     return 0;
 }
 
+/* Whether this process is where orphans go (pid 1 of its pid namespace, or
+ * a subreaper), with /proc of its own namespace to find them in. */
+static bool reaper_of_orphans(void)
+{
+    char link[32], self[32];
+    int sub = 0;
+    ssize_t n;
+
+    if (getpid() != 1 && (prctl(PR_GET_CHILD_SUBREAPER, &sub) < 0 || !sub))
+        return false;
+    n = readlink("/proc/self", link, sizeof(link) - 1);
+    fmt(self, sizeof(self), "%d", (int)getpid());
+    return n > 0 && (size_t)n == strlen(self) && memcmp(link, self, (size_t)n) == 0;
+}
+
+/* The inode of |pid|'s pid namespace (0 when it cannot be had). */
+static ino_t pid_ns_of(pid_t pid)
+{
+    char path[64];
+    struct stat st;
+
+    fmt(path, sizeof(path), "/proc/%d/ns/pid", (int)pid);
+    return stat(path, &st) == 0 ? st.st_ino : 0;
+}
+
+/* A template that dies by a signal leaves its children (its keeper, pid 1
+ * of its workers' namespace; its helpers; the namespace's processes, which
+ * the keeper's end kills) to the nearest subreaper above it, or to pid 1
+ * of our namespace. When that is this process (pid 1 of a container, a
+ * subreaper), no one else reaps them: the keeper, as an init, ends only
+ * once every process of its namespace is reaped, and it and its namespace
+ * would live on. So they are reaped here, |tpl| dead and not yet reaped
+ * (its pid, the session id of all it made but the workers, is nobody
+ * else's until then): our children in its session, and those in its
+ * keeper's pid namespace. Bounded: whatever has not ended by then stays. */
+static void reap_orphans(pid_t tpl)
+{
+    uint64_t until = now_ns() + ORPHANS_WAIT_NS;
+    ino_t own, theirs = 0;
+    pid_t *kids = NULL;
+    int cap = 0;
+
+    if (!reaper_of_orphans() || !(own = pid_ns_of(getpid())))
+        return;
+    for (;;) {
+        int n = proc_children(getpid(), NULL, kids, cap, NULL);
+        if (n > cap) {
+            /* Room for more than counted: children come and go between scans. */
+            pid_t *more = realloc(kids, (size_t)n * 2 * sizeof(*kids));
+            if (!more || now_ns() >= until) {
+                free(more ? more : kids);
+                return;
+            }
+            kids = more;
+            cap = n * 2;
+            continue;
+        }
+        bool left = false;
+        for (int i = 0; i < n; i++) {
+            char name[16];
+            struct proc_stat ps;
+            if (kids[i] == tpl)
+                continue; /* reaped last, by the caller */
+            fmt(name, sizeof(name), "%d", (int)kids[i]);
+            ino_t ns = pid_ns_of(kids[i]);
+            if (proc_stat_read(name, &ps) < 0 || !ns)
+                continue; /* gone meanwhile */
+            if (ps.session == tpl && ns != own)
+                theirs = ns; /* the keeper */
+            if (ps.session != tpl && ns != theirs)
+                continue;
+            if (ps.state != 'Z' || waitpid(kids[i], NULL, WNOHANG) == 0)
+                left = true;
+        }
+        uint64_t now = now_ns();
+        if (!left || now >= until)
+            break;
+        (void)nanosleep(&(struct timespec){.tv_nsec = (long)ORPHANS_LOOK_NS}, NULL);
+    }
+    free(kids);
+}
+
 /* Ends the template: end of stream on its socket (shutdown, so that a copy
  * of the descriptor some forked child of the host still holds does not
  * keep it open) tells it to kill its workers and exit; after |grace_ms| it
@@ -214,6 +303,10 @@ static void stop_template(struct sbx *sbx, int grace_ms)
         }
         if (r != 1)
             (void)kill(sbx->template_pid, SIGKILL);
+        siginfo_t si;
+        while (waitid(P_PID, (id_t)sbx->template_pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR)
+            ;
+        reap_orphans(sbx->template_pid);
         while (waitpid(sbx->template_pid, NULL, 0) < 0 && errno == EINTR)
             ;
     }
@@ -477,6 +570,10 @@ int control_open_session(struct sbx *sbx, const struct wire_session_open *m, int
 int control_health(struct sbx *sbx, struct sbx_health *h)
 {
     pthread_mutex_lock(&sbx->ctl_lock);
+    /* A dead template is let go of at once (and what it left reaped): a
+     * host may look at its health long before it runs anything again. */
+    if (sbx->ctl >= 0 && template_dead(sbx))
+        template_failed(sbx, "the template process ended");
     h->ready = sbx->ctl >= 0 && !template_dead(sbx);
     h->restarts = sbx->restarts;
     /* Announced workers wait on the socket as one message each: the bytes

@@ -109,7 +109,7 @@ void outbuf_feed(struct outbuf *ob, const void *bytes, size_t len)
     }
 }
 
-char *outbuf_finish(struct outbuf *ob, size_t *len, bool *truncated)
+static char *finish(struct outbuf *ob, size_t *len, bool *truncated, bool say_cut)
 {
     char *text;
 
@@ -119,7 +119,7 @@ char *outbuf_finish(struct outbuf *ob, size_t *len, bool *truncated)
         ob->seq_len = 0;
     }
     *truncated = ob->cut_chars > 0;
-    if (ob->cut_chars) {
+    if (ob->cut_chars && say_cut) {
         char note[96];
         bool nl = ob->len == 0 || ob->data[ob->len - 1] == '\n';
         int n = snprintf(note, sizeof(note), "%s[pysbx: output cut, %" PRIu64 " more characters]\n",
@@ -142,6 +142,16 @@ char *outbuf_finish(struct outbuf *ob, size_t *len, bool *truncated)
     ob->data = NULL;
     outbuf_free(ob);
     return text;
+}
+
+char *outbuf_finish(struct outbuf *ob, size_t *len, bool *truncated)
+{
+    return finish(ob, len, truncated, true);
+}
+
+char *outbuf_finish_quiet(struct outbuf *ob, size_t *len, bool *truncated)
+{
+    return finish(ob, len, truncated, false);
 }
 
 void outbuf_free(struct outbuf *ob)

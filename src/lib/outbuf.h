@@ -35,6 +35,9 @@ void outbuf_feed(struct outbuf *ob, const void *bytes, size_t len);
  * (NUL-terminated; caller frees) and resets |ob|. *truncated tells whether
  * anything was cut. Returns NULL only when out of memory. */
 char *outbuf_finish(struct outbuf *ob, size_t *len, bool *truncated);
+/* The same, but a cut adds no line: for text whose bound is part of its
+ * contract (at most |max_chars| characters, whatever was cut). */
+char *outbuf_finish_quiet(struct outbuf *ob, size_t *len, bool *truncated);
 void outbuf_free(struct outbuf *ob);
 
 #endif

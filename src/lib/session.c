@@ -448,12 +448,18 @@ static const char *rollback_reason(const struct supervision *sv, const struct sb
                "leave none (a rollback could not undo what later cells did through it): close "
                "it before the cell ends";
     if (f & WIRE_STATUS_ROLLED_BACK) {
-        if (sv->outcome.cell_status != res->exit_code)
+        long long v = sv->outcome.cell_status;
+        if (f & WIRE_STATUS_EXIT_PAST)
             fmt(buf, cap,
-                "rolled back: the cell ended with sys.exit(%d) (exit status %d to the "
+                "rolled back: the cell ended with sys.exit() of a number %s %lld (exit status "
+                "%d to the system; rollback \"%s\")",
+                v < 0 ? "below" : "above", v < 0 ? (long long)INT64_MIN : (long long)INT64_MAX,
+                res->exit_code, sbx_rollback_name(SBX_ROLLBACK_ON_ERROR));
+        else if (v != res->exit_code)
+            fmt(buf, cap,
+                "rolled back: the cell ended with sys.exit(%lld) (exit status %d to the "
                 "system; rollback \"%s\")",
-                (int)sv->outcome.cell_status, res->exit_code,
-                sbx_rollback_name(SBX_ROLLBACK_ON_ERROR));
+                v, res->exit_code, sbx_rollback_name(SBX_ROLLBACK_ON_ERROR));
         else
             fmt(buf, cap, "rolled back: the cell ended with exit status %d (rollback \"%s\")",
                 res->exit_code, sbx_rollback_name(SBX_ROLLBACK_ON_ERROR));

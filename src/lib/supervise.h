@@ -29,7 +29,7 @@ struct run_outcome {
     int64_t stime_us;
     int64_t maxrss_kb;
     uint32_t flags;      /* WIRE_STATUS_* as the template sent them */
-    int32_t cell_status; /* a session's cell: its code's own status (its claim) */
+    int64_t cell_status; /* a session's cell: its code's own value (its claim; wire.h) */
 };
 
 struct supervision {

@@ -281,6 +281,31 @@ static const struct sbx_tool *declared(const struct sbx_request *req, const char
     return NULL;
 }
 
+/* Whether |v| nests deeper than |levels| (a scalar is 0, an empty object
+ * 1); it looks no deeper than that. */
+static bool nested_past(json_t *v, unsigned levels)
+{
+    const char *k;
+    json_t *e;
+    size_t i;
+
+    if (!json_is_object(v) && !json_is_array(v))
+        return false;
+    if (levels == 0)
+        return true;
+    json_array_foreach(v, i, e)
+    {
+        if (nested_past(e, levels - 1))
+            return true;
+    }
+    json_object_foreach(v, k, e)
+    {
+        if (nested_past(e, levels - 1))
+            return true;
+    }
+    return false;
+}
+
 /* One whole call from the code: |body|, |len| bytes, untrusted. */
 static void on_call(struct tool_chan *t, const char *body, size_t len)
 {
@@ -294,6 +319,10 @@ static void on_call(struct tool_chan *t, const char *body, size_t len)
     if (!json_is_object(o) || !json_is_string(name) || (args && !json_is_object(args)) ||
         json_object_size(o) != 1u + (args != NULL)) {
         refuse(t, n, "a call is {\"name\": string, \"arguments\": object}");
+    } else if (args && nested_past(args, SBX_MAX_TOOL_DEPTH)) {
+        fmt(why, sizeof(why), "a call's arguments nested deeper than %u levels",
+            SBX_MAX_TOOL_DEPTH);
+        refuse(t, n, why);
     } else if (!declared(req, json_string_value(name))) {
         const char *s = json_string_value(name);
         size_t shown = utf8_valid_prefix((const unsigned char *)s, strnlen(s, 64));

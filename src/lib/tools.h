@@ -13,7 +13,8 @@
  * code's to forge. What it can do with it: make calls (numbered by the
  * supervisor in the order read, never by what the code says), at most
  * max_tool_calls of them reaching the caller, each with a JSON object of
- * arguments of at most max_tool_bytes under a name the caller declared;
+ * arguments of at most max_tool_bytes, nested at most SBX_MAX_TOOL_DEPTH
+ * deep, under a name the caller declared;
  * anything else (an unknown name, a frame that is not such an object) is
  * answered to the code as an error and reaches no one, and a frame longer
  * than max_tool_bytes closes the channel. It cannot answer a call (answers

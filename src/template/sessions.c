@@ -207,7 +207,8 @@ struct session_rec {
     /* The cell asked for (WIRE_CELL), and how it ended. */
     uint32_t rollback;
     uint64_t cpu_ms, wall_ms;
-    int32_t cell_status;
+    int64_t cell_status; /* the cell's claim (CELL_DONE) */
+    bool cell_past;
     uint32_t cell_flags;
     char fork_why[WIRE_TEXT_MAX];
     /* The pages the last kept cell wrote: what the next one copies while
@@ -1142,6 +1143,7 @@ static void announce(struct tmpl *t, struct session_rec *s)
     s->cell = w;
     s->cell_flags = 0;
     s->cell_status = 0;
+    s->cell_past = false;
     if (t->jail.switch_user) {
         m.uid = w->uid;
         m.gid = w->gid;
@@ -1201,7 +1203,7 @@ static void keep_candidate(struct tmpl *t, struct session_rec *s, long hwm_kb)
         .magic = WIRE_STATUS_MAGIC,
         .wait_status = W_EXITCODE(s->cell_status & 0xff, 0),
         .started = 1,
-        .flags = WIRE_STATUS_KEPT,
+        .flags = WIRE_STATUS_KEPT | (s->cell_past ? WIRE_STATUS_EXIT_PAST : 0),
         .utime_us = (int64_t)(cpu_ns(w->pid) / 1000),
         .maxrss_kb = hwm_kb,
         .cell_status = s->cell_status,
@@ -1553,6 +1555,8 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
             st.flags |= s->cell_flags;
         }
         st.cell_status = s->cell_status;
+        if (s->cell_past)
+            st.flags |= WIRE_STATUS_EXIT_PAST;
         if (s->phase == SESS_ENDING)
             st.flags |= WIRE_STATUS_SESSION_ENDED;
         (void)write_full(w->status_fd, &st, sizeof(st));
@@ -1657,8 +1661,10 @@ static ssize_t hear(struct worker_rec *w, char *buf, size_t cap, pid_t *from, in
  *     the child the kernel lists): a hint to look for it sooner.
  *   DONE + status, from the running cell: it is stopped and looked at; it
  *     can end its cell early (as sys.exit could), never extend it, and its
- *     status can only choose between keep and roll back, as the code's own
- *     exit could.
+ *     status (64 bits and a flag for a value past them: any of them, a
+ *     value the code could never have exited with included) can only
+ *     choose between keep and roll back, as the code's own exit could, and
+ *     misdescribe the cell's own end.
  *   Anything else, from anyone, at any time: the session ends.
  */
 void session_said(struct tmpl *t, struct worker_rec *w)
@@ -1752,9 +1758,10 @@ void session_said(struct tmpl *t, struct worker_rec *w)
         w->hello = true; /* read late: it was said before the cell ran */
         return;
     }
-    if (w == s->cell && s->phase == SESS_RUNNING && n == 1 + sizeof(int32_t) &&
-        buf[0] == CELL_DONE && from == w->pid) {
-        memcpy(&s->cell_status, buf + 1, sizeof(int32_t));
+    if (w == s->cell && s->phase == SESS_RUNNING && n == CELL_DONE_LEN && buf[0] == CELL_DONE &&
+        (unsigned char)buf[CELL_DONE_LEN - 1] <= 1 && from == w->pid) {
+        memcpy(&s->cell_status, buf + 1, sizeof(s->cell_status));
+        s->cell_past = buf[CELL_DONE_LEN - 1];
         s->done_ns = now_ns();
         s->phase = SESS_STOPPING;
         proc_stop(w);

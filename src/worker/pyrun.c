@@ -535,12 +535,14 @@ int pyrun_prepare(const char *workspace, const char *user, bool rehearsal, const
 }
 
 /* As CPython's handle_system_exit: None is 0, an int is itself, anything
- * else is printed to stderr and is 1. */
-static int system_exit_status(void)
+ * else is printed to stderr and is 1. The int as Python holds it: whole
+ * when it fits in 64 bits (sys.exit(2 ** 32) is not 0: a cell of it rolls
+ * back); else past them, either way (python3 exits 255). */
+static struct pyrun_exit system_exit_status(void)
 {
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     PyObject *code = NULL;
-    int status = 1;
+    struct pyrun_exit status = {.value = 1};
 
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
@@ -551,17 +553,20 @@ static int system_exit_status(void)
         Py_INCREF(code);
     }
     if (!code || code == Py_None)
-        status = code ? 0 : 1;
+        status.value = code ? 0 : 1;
     else if (PyLong_Check(code)) {
-        long v = PyLong_AsLong(code);
-        status = (v == -1 && PyErr_Occurred()) ? -1 : (int)v;
+        int over = 0;
+        long long v = PyLong_AsLongLongAndOverflow(code, &over);
+        if (over)
+            status = (struct pyrun_exit){.value = over > 0 ? INT64_MAX : -1, .past = true};
+        else
+            status.value = v == -1 && PyErr_Occurred() ? -1 : v;
     } else {
         PyObject *err = PySys_GetObject("stderr");
         if (err && err != Py_None) {
             PyFile_WriteObject(code, err, Py_PRINT_RAW);
             PyFile_WriteString("\n", err);
         }
-        status = 1;
     }
     PyErr_Clear();
     Py_XDECREF(code);
@@ -709,17 +714,17 @@ _Noreturn static void die_of_memory_error(void)
     _exit(1);
 }
 
-/* Compiles and runs |code| (freed here) as __main__; returns the exit
- * status python3 would end with, or ends the process at once for an
- * uncaught MemoryError (die_of_memory_error). */
-static int run_code(char *code, size_t len)
+/* Compiles and runs |code| (freed here) as __main__; returns how it
+ * ended, or ends the process at once for an uncaught MemoryError
+ * (die_of_memory_error). */
+static struct pyrun_exit run_code(char *code, size_t len)
 {
     PyObject *main_mod = PyImport_AddModule("__main__"); /* borrowed */
     PyObject *globals = main_mod ? PyModule_GetDict(main_mod) : NULL;
     PyObject *co = NULL, *last = NULL;
     PyObject *res = NULL;
     bool nomem = false;
-    int status = 0;
+    struct pyrun_exit status = {0};
 
     /* The source lines for tracebacks (and inspect) are a copy or two of
      * the program: up front only for a program of ordinary size, and only
@@ -756,7 +761,7 @@ static int run_code(char *code, size_t len)
             PyErr_Restore(type, value, tb);
         }
         print_exception();
-        status = 1;
+        status.value = 1;
     }
     free(code);
     if (nomem) {
@@ -954,31 +959,31 @@ _Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars, char *c
                           uint32_t n_args, const char *filename)
 {
     before_code(output_chars, args, n_args, filename);
-    int status = run_code(code, len);
+    struct pyrun_exit status = run_code(code, len);
 
     /* What Py_FinalizeEx does that the code can observe, without the rest:
      * the process is about to vanish. */
     call_quietly("threading", "_shutdown");
     call_quietly("atexit", "_run_exitfuncs");
-    if (flush_stream("stdout") < 0 && status == 0)
-        status = 120;
+    if (flush_stream("stdout") < 0 && status.value == 0)
+        status.value = 120;
     flush_stream("stderr");
     prof_mark(PROF_RAN);
     prof_report(2);
-    _exit(status & 0xff);
+    _exit((int)(status.value & 0xff));
 }
 
-int pyrun_cell(char *code, size_t len, uint64_t output_chars, char *const *args, uint32_t n_args,
-               const char *filename)
+struct pyrun_exit pyrun_cell(char *code, size_t len, uint64_t output_chars, char *const *args,
+                             uint32_t n_args, const char *filename)
 {
     before_code(output_chars, args, n_args, filename);
-    int status = run_code(code, len);
+    struct pyrun_exit status = run_code(code, len);
 
     /* The process lives on as the session's state: no thread is waited
      * for (one still running makes the cell roll back) and no exit hook
      * runs. What the cell printed goes out now, before its pipes close. */
-    if (flush_stream("stdout") < 0 && status == 0)
-        status = 120;
+    if (flush_stream("stdout") < 0 && status.value == 0)
+        status.value = 120;
     flush_stream("stderr");
     return status;
 }

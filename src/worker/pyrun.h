@@ -38,12 +38,22 @@ int pyrun_tools(int fd, const char *tools_json, char *err, size_t cap);
 _Noreturn void pyrun_main(char *code, size_t len, uint64_t output_chars, char *const *args,
                           uint32_t n_args, const char *filename);
 
-/* A session's cell: as pyrun_main, but returns the exit status instead of
- * ending the process (an uncaught MemoryError still ends it), without
- * waiting for threads or running exit hooks. The status is the code's
- * whole one (sys.exit(256) is 256, not the kernel's 0). */
-int pyrun_cell(char *code, size_t len, uint64_t output_chars, char *const *args, uint32_t n_args,
-               const char *filename);
+/* How a program ended, as Python held it: sys.exit()'s integer (0 for
+ * None and a program that ran to its end, 1 for an uncaught exception or
+ * sys.exit() of anything but an integer), whole when it fits in 64 bits
+ * (sys.exit(256) is 256, not the kernel's 0); past them, |past| is set and
+ * |value| is INT64_MAX (above) or -1 (below). Either way its low eight bits
+ * are the exit status python3 would end with. */
+struct pyrun_exit {
+    int64_t value;
+    bool past;
+};
+
+/* A session's cell: as pyrun_main, but returns how the code ended instead
+ * of ending the process (an uncaught MemoryError still ends it), without
+ * waiting for threads or running exit hooks. */
+struct pyrun_exit pyrun_cell(char *code, size_t len, uint64_t output_chars, char *const *args,
+                             uint32_t n_args, const char *filename);
 
 /* In the template: sys.stdout as every run has it, line-buffered for the
  * first |output_chars| characters a run writes (the run's

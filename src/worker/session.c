@@ -242,14 +242,15 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
     /* While the code runs, it holds its three streams and its channel. */
     close(ws);
     close(FD_REQUEST);
-    int32_t status =
+    struct pyrun_exit status =
         pyrun_cell(code, req.code_len, req.max_output_chars, in.args, in.n_args, in.filename);
     request_input_free(&in);
     /* Let go of the cell's pipes: the supervisor sees their end. */
     if (dup2(FD_STDIN, FD_STDOUT) < 0 || dup2(FD_STDIN, FD_STDERR) < 0)
         _exit(127);
-    char done[1 + sizeof(int32_t)] = {CELL_DONE};
-    memcpy(done + 1, &status, sizeof(status));
+    char done[CELL_DONE_LEN] = {CELL_DONE};
+    memcpy(done + 1, &status.value, sizeof(status.value));
+    done[1 + sizeof(status.value)] = status.past;
     if (write_full(FD_READY, done, sizeof(done)) < 0)
         _exit(127);
 }

@@ -28,7 +28,10 @@
 #define SESSION_FORKED      'k' /* ... and made its child: look for it */
 /* ... and what a cell's process says on its own channel. */
 #define CELL_HELLO 'H' /* forked: here I am (the kernel attaches who) */
-#define CELL_DONE  'D' /* the code ended by itself; its int32_t status follows */
+#define CELL_DONE  'D' /* the code ended by itself; how follows (CELL_DONE_LEN) */
+/* CELL_DONE, then the int64_t value and the past flag (one byte, 0 or 1)
+ * of the cell's struct pyrun_exit. */
+#define CELL_DONE_LEN (1 + sizeof(int64_t) + 1)
 /* What the template tells the state process: fork the next cell; the
  * cell's channel is attached, and the message says which pages the cell
  * maps while it waits to be handed out: those the last cell read of its

@@ -24,6 +24,28 @@ struct caller {
     uint64_t max_bytes;
 };
 
+/* How deep the JSON text |s| nests: its brackets, outside strings. */
+static unsigned depth_of(const char *s, size_t n)
+{
+    unsigned depth = 0, most = 0;
+    bool in_string = false;
+
+    for (size_t i = 0; i < n; i++) {
+        if (in_string) {
+            if (s[i] == '\\')
+                i++;
+            else if (s[i] == '"')
+                in_string = false;
+        } else if (s[i] == '"')
+            in_string = true;
+        else if (s[i] == '{' || s[i] == '[')
+            most = ++depth > most ? depth : most;
+        else if (s[i] == '}' || s[i] == ']')
+            depth--;
+    }
+    return most;
+}
+
 static void on_call(void *user, uint64_t call, const char *name, const char *args, size_t len)
 {
     struct caller *c = user;
@@ -36,6 +58,7 @@ static void on_call(void *user, uint64_t call, const char *name, const char *arg
     json_t *a = json_loadb(args, len, 0, &e);
     CHECK(json_is_object(a));
     json_decref(a);
+    CHECK(depth_of(args, len) <= SBX_MAX_TOOL_DEPTH);
     c->last = call;
     CHECK((call % 2 ? sbx_tool_answer(c->answers, call, "[1, {\"a\": null}]",
                                       strlen("[1, {\"a\": null}]"))

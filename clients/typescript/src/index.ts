@@ -359,21 +359,28 @@ function parseAnswer(bytes: Buffer): unknown {
   }
 }
 
+/** What a server sent, shown in a message. JSON.stringify and String recurse,
+ * and throw RangeError for what nests deep: that is shown by its kind. */
 function describe(v: unknown): string {
   try {
     return String(JSON.stringify(v)).slice(0, 200);
   } catch {
-    return String(v).slice(0, 200);
+    return Object.prototype.toString.call(v);
   }
+}
+
+/** The SandboxError of the error object of a refused request. */
+function refusal(err: unknown, httpStatus?: number): SandboxError {
+  if (!isObject(err) || typeof err.code !== "string" || typeof err.message !== "string") {
+    throw new ProtocolError(`a malformed error: ${describe(err)}`);
+  }
+  return new SandboxError(err.code, err.message, httpStatus);
 }
 
 /** Raises the SandboxError of a refusal: an answer with an error and no status. */
 function raiseRefusal(answer: Json, httpStatus?: number): void {
   const err = answer.error;
-  if (err !== undefined && err !== null && !("status" in answer)) {
-    if (!isObject(err)) throw new ProtocolError(`a malformed error: ${describe(err)}`);
-    throw new SandboxError(String(err.code), String(err.message), httpStatus);
-  }
+  if (err !== undefined && err !== null && !("status" in answer)) throw refusal(err, httpStatus);
 }
 
 function str(v: unknown, what: string, fallback?: string): string {
@@ -634,8 +641,9 @@ async function httpRequest(
   } catch {
     answer = undefined;
   }
-  if (isObject(answer) && isObject(answer.error)) {
-    throw new SandboxError(String(answer.error.code), String(answer.error.message), status);
+  const err = isObject(answer) ? answer.error : undefined;
+  if (isObject(err) && typeof err.code === "string" && typeof err.message === "string") {
+    throw refusal(err, status);
   }
   throw new SandboxError(`http_${status}`, text.toString("utf8").slice(0, 500) || statusText, status);
 }

@@ -446,6 +446,74 @@ describe("over a UNIX socket", () => {
   });
 });
 
+// Lines a server may send that are no answer, or that hold what a client
+// cannot take as it is (nesting a recursive printer cannot show, fields of
+// the wrong type): each rejects with ProtocolError or SandboxError, or
+// resolves, whether a run's or a session cell's; nothing else, no hang.
+describe("hostile lines", () => {
+  const deep = (n) => "[".repeat(n) + "]".repeat(n);
+  const lines = [
+    deep(100_000),
+    `{"id": 1, "status": ${deep(100_000)}}`,
+    `{"id": ${deep(100_000)}, "status": "completed"}`,
+    `{"id": 1, "error": ${deep(100_000)}}`,
+    `{"id": 1, "error": {"code": ${deep(100_000)}, "message": "m"}}`,
+    `{"id": 1, "status": "completed", "error": ${deep(100_000)}}`,
+    `{"id": 1, "status": "completed", "session": ${deep(100_000)}}`,
+    `{"id": 1, "session_closed": ${deep(100_000)}}`,
+    '{"id": 1, "status": "completed", "artifacts": "abc"}',
+    '{"id": 1, "status": "completed", "stats": 5}',
+    "1".repeat(5000),
+    "\xff\xfe",
+    "null",
+  ];
+  test("each rejects with ProtocolError or SandboxError, or resolves", T, async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "pysbx-ts-hostile-"));
+    let line = "";
+    const fake = net.createServer((c) => {
+      c.on("error", () => {});
+      c.once("data", () => c.end(line + "\n"));
+    });
+    await new Promise((resolve) => fake.listen(path.join(dir, "fake.sock"), resolve));
+    try {
+      const sandbox = new PysbxSandbox(path.join(dir, "fake.sock"));
+      for (line of lines) {
+        for (const [what, call] of [
+          ["run", () => sandbox.run("pass")],
+          ["cell", async () => {
+            const s = sandbox.session("s");
+            try {
+              return await s.run("pass");
+            } finally {
+              await s.close();
+            }
+          }],
+          ["reset", async () => {
+            const s = sandbox.session("s");
+            try {
+              return await s.reset();
+            } finally {
+              await s.close();
+            }
+          }],
+        ]) {
+          try {
+            await call();
+          } catch (e) {
+            if (!(e instanceof ProtocolError || e instanceof SandboxError)) {
+              assert.fail(`${what}: ${e?.constructor?.name}: ${String(e?.message).slice(0, 120)} ` +
+                          `from ${line.slice(0, 40)}...`);
+            }
+          }
+        }
+      }
+    } finally {
+      await new Promise((resolve) => fake.close(resolve));
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 // Through either transport: a session's cells, rollback, reset, close.
 function sessionKeepsState(ctx, over) {
   test(`${over}: a session keeps state, rolls back a stopped cell, resets and closes`, T, async () => {
