@@ -111,7 +111,7 @@ static int worker_fork(struct worker *w, int devnull)
         return -errno;
     }
     double t0 = prof_now();
-    pid_t pid = interp_fork(NULL);
+    pid_t pid = interp_fork(NULL, NULL);
     if (pid == 0) {
         if (marks)
             marks->afterfork = prof_now();

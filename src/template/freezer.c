@@ -8,8 +8,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <linux/sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -18,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define FROZEN_PREFIX "pysbx-frozen-"
+#define SANDBOX_PREFIX "pysbx-"
 
 /* Where a cgroup v2 hierarchy is mounted: alone, or beside v1's (hybrid). */
 static const char *const v2_mounts[] = {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"};
@@ -47,46 +49,9 @@ static int own_cgroup(char *path, size_t cap)
     return -ENOENT;
 }
 
-static int write_text(int dir, const char *file, const char *text)
-{
-    int fd = openat(dir, file, O_WRONLY | O_CLOEXEC);
-    int rc = fd < 0 ? -errno : write_full(fd, text, strlen(text));
-
-    if (fd >= 0)
-        close(fd);
-    return rc;
-}
-
-static int move(int procs, pid_t pid)
-{
-    char text[16];
-
-    fmt(text, sizeof(text), "%d", (int)pid);
-    return write_full(procs, text, strlen(text));
-}
-
-/* The frozen cgroup, made (again) and opened. */
-static int make_frozen(struct freezer *f)
-{
-    close_fd(&f->frozen);
-    if (mkdirat(f->dir, f->name, 0700) < 0 && errno != EEXIST)
-        return -errno;
-    int child = openat(f->dir, f->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (child < 0)
-        return -errno;
-    int rc = write_text(child, "cgroup.freeze", "1");
-    if (rc == 0) {
-        f->frozen = openat(child, "cgroup.procs", O_WRONLY | O_CLOEXEC);
-        rc = f->frozen < 0 ? -errno : 0;
-    }
-    close(child);
-    return rc;
-}
-
-/* Frozen cgroups that templates before us left (a template killed): gone
- * once empty. One of a living template's, empty for now, goes too; that
- * template makes it again (freezer_hold). */
-static void sweep_stale(int dir)
+/* Each cgroup under |dir| whose name starts with |prefix|, removed if it
+ * is empty (after its own children, one level down). */
+static void remove_empty(int dir, const char *prefix, int depth)
 {
     int fd = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -96,30 +61,93 @@ static void sweep_stale(int dir)
             close(fd);
         return;
     }
-    for (struct dirent *e; (e = readdir(d));)
-        if (strncmp(e->d_name, FROZEN_PREFIX, strlen(FROZEN_PREFIX)) == 0)
-            (void)unlinkat(dir, e->d_name, AT_REMOVEDIR);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_type != DT_DIR || e->d_name[0] == '.' ||
+            strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        /* A sandbox's: only once the template it names is gone. */
+        long owner = depth ? strtol(e->d_name + strlen(prefix), NULL, 10) : 0;
+        if (owner > 0 && (kill((pid_t)owner, 0) == 0 || errno != ESRCH))
+            continue;
+        int sub = depth ? openat(dir, e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+        if (sub >= 0) {
+            remove_empty(sub, "", depth - 1);
+            close(sub);
+        }
+        (void)unlinkat(dir, e->d_name, AT_REMOVEDIR);
+    }
     closedir(d);
 }
 
-/* A process of ours moved in and out, as a session's will be: the kernel
- * may refuse moves (a cgroup whose subtree is delegated elsewhere). */
-static int try_moves(struct freezer *f)
+pid_t freezer_fork_into(const struct freezer_cg *cg)
 {
-    pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+    struct clone_args args = {
+        .flags = CLONE_INTO_CGROUP,
+        .exit_signal = SIGCHLD,
+        .cgroup = (uint64_t)cg->dir,
+    };
 
+    return (pid_t)syscall(SYS_clone3, &args, sizeof(args));
+}
+
+int freezer_cg_set(const struct freezer_cg *cg, bool frozen)
+{
+    return pwrite(cg->freeze, frozen ? "1" : "0", 1, 0) == 1 ? 0 : -errno;
+}
+
+int freezer_cg_new(struct freezer *f, uint64_t id, struct freezer_cg *cg)
+{
+    char name[32];
+    int rc = 0;
+
+    *cg = (struct freezer_cg){.dir = -1, .freeze = -1};
+    fmt(name, sizeof(name), "s%llu", (unsigned long long)id);
+    if (mkdirat(f->dir, name, 0700) < 0)
+        return -errno;
+    cg->dir = openat(f->dir, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (cg->dir < 0 || (cg->freeze = openat(cg->dir, "cgroup.freeze", O_WRONLY | O_CLOEXEC)) < 0)
+        rc = -errno;
+    if (rc < 0)
+        freezer_cg_end(f, id, cg);
+    return rc;
+}
+
+void freezer_cg_end(struct freezer *f, uint64_t id, struct freezer_cg *cg)
+{
+    char name[32];
+
+    if (cg->dir >= 0 || cg->freeze >= 0) {
+        fmt(name, sizeof(name), "s%llu", (unsigned long long)id);
+        (void)unlinkat(f->dir, name, AT_REMOVEDIR);
+    }
+    close_fd(&cg->freeze);
+    close_fd(&cg->dir);
+}
+
+/* A process of ours born in a session's cgroup, frozen and thawed, as a
+ * session's will be: the kernel may refuse any of it (a cgroup delegated
+ * elsewhere, a kernel before clone3's CLONE_INTO_CGROUP). */
+static int try_out(struct freezer *f)
+{
+    struct freezer_cg cg;
+    int rc = freezer_cg_new(f, 0, &cg);
+
+    if (rc < 0)
+        return rc;
+    pid_t pid = freezer_fork_into(&cg);
     if (pid == 0) {
         syscall(SYS_pause);
         syscall(SYS_exit_group, 0);
     }
-    if (pid < 0)
-        return -errno;
-    int rc = move(f->frozen, pid);
+    rc = pid < 0 ? -errno : freezer_cg_set(&cg, true);
     if (rc == 0)
-        rc = move(f->home, pid);
-    kill(pid, SIGKILL);
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-        ;
+        rc = freezer_cg_set(&cg, false);
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    freezer_cg_end(f, 0, &cg);
     return rc;
 }
 
@@ -130,7 +158,7 @@ int freezer_open(struct freezer *f, char *why, size_t cap)
     const char *mount = NULL;
     int rc;
 
-    *f = (struct freezer){.dir = -1, .home = -1, .frozen = -1};
+    *f = (struct freezer){.dir = -1};
     if ((rc = own_cgroup(own, sizeof(own))) < 0) {
         fmt(why, cap, "no cgroup v2 of the template's in /proc/self/cgroup (%s)", strerror(-rc));
         return 0;
@@ -145,52 +173,46 @@ int freezer_open(struct freezer *f, char *why, size_t cap)
         return 0;
     }
     fmt(path, sizeof(path), "%s%s", mount, strcmp(own, "/") == 0 ? "" : own);
-    f->dir = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (f->dir < 0) {
+    int parent = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (parent < 0) {
         fmt(why, cap, "the template's cgroup %s: %s", path, strerror(errno));
         return 0;
     }
-    sweep_stale(f->dir);
+    /* What templates killed before us left: gone once empty. */
+    remove_empty(parent, SANDBOX_PREFIX, 1);
     (void)getrandom(&rnd, sizeof(rnd), 0);
-    fmt(f->name, sizeof(f->name), FROZEN_PREFIX "%d-%08x", (int)getpid(), rnd);
-    f->home = openat(f->dir, "cgroup.procs", O_WRONLY | O_CLOEXEC);
-    rc = f->home < 0 ? -errno : make_frozen(f);
-    if (rc == 0)
-        rc = try_moves(f);
+    fmt(f->name, sizeof(f->name), SANDBOX_PREFIX "%d-%08x", (int)getpid(), rnd);
+    rc = mkdirat(parent, f->name, 0700) < 0 ? -errno : 0;
+    if (rc == 0) {
+        f->dir = openat(parent, f->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        rc = f->dir < 0 ? -errno : try_out(f);
+    }
     if (rc < 0) {
-        fmt(why, cap, "cgroup v2 at %s cannot be written here (%s)", path, strerror(-rc));
-        freezer_close(f);
+        fmt(why, cap, "cgroup v2 at %s cannot be used here (%s)", path, strerror(-rc));
+        close_fd(&f->dir);
+        (void)unlinkat(parent, f->name, AT_REMOVEDIR);
+        close(parent);
+        f->name[0] = '\0';
         return 0;
     }
-    fmt(why, cap, "a session's stopped processes are frozen (cgroup v2, %s/%s)", path, f->name);
+    close(parent);
+    fmt(why, cap,
+        "a session between cells is frozen: a cgroup v2 of its own in %s/%s, born in it, never "
+        "moved",
+        path, f->name);
     return 1;
-}
-
-int freezer_hold(struct freezer *f, pid_t pid)
-{
-    if (f->dir < 0)
-        return -ENOTSUP;
-    int rc = move(f->frozen, pid);
-    /* The cgroup was removed under us (sweep_stale of another template):
-     * made again. */
-    if (rc == -ENODEV || rc == -ENOENT) {
-        rc = make_frozen(f);
-        if (rc == 0)
-            rc = move(f->frozen, pid);
-    }
-    return rc;
-}
-
-int freezer_release(struct freezer *f, pid_t pid)
-{
-    return f->dir < 0 ? -ENOTSUP : move(f->home, pid);
 }
 
 void freezer_close(struct freezer *f)
 {
-    if (f->dir >= 0 && f->name[0])
-        (void)unlinkat(f->dir, f->name, AT_REMOVEDIR);
-    close_fd(&f->frozen);
-    close_fd(&f->home);
+    if (f->dir >= 0) {
+        remove_empty(f->dir, "s", 0);
+        /* Our own cgroup's directory: the parent of ours. */
+        int parent = openat(f->dir, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (parent >= 0) {
+            (void)unlinkat(parent, f->name, AT_REMOVEDIR);
+            close(parent);
+        }
+    }
     close_fd(&f->dir);
 }

@@ -7,6 +7,8 @@
 #include <Python.h>
 
 #include "interp.h"
+
+#include "freezer.h"
 #include "prefault.h"
 #include "profile.h"
 #include "pyrun.h"
@@ -234,12 +236,12 @@ const char *interp_version(void)
     return version;
 }
 
-int interp_fork(const struct prefault *plan)
+int interp_fork(const struct prefault *plan, const struct freezer_cg *cg)
 {
     int pid;
 
     PyOS_BeforeFork();
-    pid = fork();
+    pid = cg ? freezer_fork_into(cg) : fork();
     if (pid == 0) {
         if (plan)
             prefault_apply(plan);

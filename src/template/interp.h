@@ -46,11 +46,12 @@ int interp_import_packages(const struct interp_config *cfg, char *err, size_t er
 const char *interp_version(void);
 
 struct prefault;
+struct freezer_cg;
 
 /* fork() keeping the interpreter consistent on both sides (PyOS_BeforeFork
  * / AfterFork_Parent / AfterFork_Child). The child first copies the pages in
  * |plan| (may be NULL), before the interpreter's after-fork work writes to
- * them one fault at a time. */
-int interp_fork(const struct prefault *plan);
+ * them one fault at a time. With |cg|, the child is born in that cgroup. */
+int interp_fork(const struct prefault *plan, const struct freezer_cg *cg);
 
 #endif

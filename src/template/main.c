@@ -173,7 +173,7 @@ int main(void)
                      .keeper = {.pid = -1, .life = -1},
                      .claim = {.holder = -1},
                      .sweeper = {.fd = -1, .pid = -1},
-                     .freezer = {.dir = -1, .home = -1, .frozen = -1}};
+                     .freezer = {.dir = -1}};
     char err[WIRE_TEXT_MAX];
     sigset_t chld;
     struct rlimit no_core = {0, 0};

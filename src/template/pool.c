@@ -120,7 +120,7 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
     }
     double fork_start = prof_now();
     prof_set_spawn(&last_spawn); /* inherited by the child */
-    pid = interp_fork(sess ? NULL : &t->prefault);
+    pid = interp_fork(sess ? NULL : &t->prefault, sess ? session_cgroup(sess) : NULL);
     last_spawn.fork_us = prof_now() - fork_start;
     if (pid < 0) {
         fmt(why, whylen, "template: fork: %s", strerror(errno));

@@ -235,6 +235,9 @@ struct session_rec {
     /* BR_COPYING: the copier, and the pipe its result comes on. */
     pid_t copier;
     int copier_fd;
+    /* Its cgroup (freezer.h), frozen while the session is idle. */
+    struct freezer_cg cg;
+    bool frozen;
 };
 
 /* Room for the fork command being sent (16 KiB: not on the stack). */
@@ -250,6 +253,11 @@ static void release_hold(struct tmpl *t, struct session_rec *a);
 uint64_t session_memory(const struct session_rec *s)
 {
     return s->memory;
+}
+
+const struct freezer_cg *session_cgroup(const struct session_rec *s)
+{
+    return s->cg.dir >= 0 ? &s->cg : NULL;
 }
 
 bool session_is_branch(const struct session_rec *s)
@@ -503,26 +511,43 @@ static void proc_stop(struct worker_rec *w)
     }
 }
 
-/* Let run again: out of the frozen cgroup first, or SIGCONT would only
- * wake it into the freezer. */
+/* Between cells (and between the steps of a branch) nothing of the
+ * session runs: every process of it the kernel has reported stopped, none
+ * made or being made, no export owed. Then it is frozen: a SIGCONT its
+ * code arranged can end a stop, but not let it run. */
+static void maybe_freeze(struct session_rec *s)
+{
+    bool idle = s->phase == SESS_WAITING && !s->export_owed && !s->cell && !s->candidate &&
+                s->state && s->state->stop_seen &&
+                (!s->coming || (s->coming->pid && s->coming->stop_seen)) &&
+                (s->making == NEXT_NONE || s->making == NEXT_MADE || s->making == NEXT_FAILED);
+
+    if (idle && !s->frozen && s->cg.freeze >= 0)
+        s->frozen = freezer_cg_set(&s->cg, true) == 0;
+}
+
+/* Let run again: its session thawed first, or SIGCONT would only wake it
+ * into the freezer. */
 static void proc_continue(struct tmpl *t, struct worker_rec *w)
 {
     siginfo_t si;
+    struct session_rec *s = w->session;
 
-    if (w->frozen)
-        (void)freezer_release(&t->freezer, w->pid);
-    w->stop_sent = w->stop_seen = w->frozen = false;
+    (void)t;
+    if (s && s->frozen) {
+        (void)freezer_cg_set(&s->cg, false);
+        s->frozen = false;
+    }
+    w->stop_sent = w->stop_seen = false;
     kill(w->pid, SIGCONT);
     /* Our own continue is not reported as another's (the kernel notes it
      * as SIGCONT is sent). */
     (void)waitid(P_PID, (id_t)w->pid, &si, WCONTINUED | WNOHANG);
 }
 
-/* Seen stopped: frozen where the kernel has a freezer, and its CPU clock
- * noted, to hold it to having stopped. */
-static void hold_stopped(struct tmpl *t, struct worker_rec *w)
+/* Seen stopped: its CPU clock noted, to hold it to having stopped. */
+static void hold_stopped(struct worker_rec *w)
 {
-    w->frozen = t->freeze && freezer_hold(&t->freezer, w->pid) == 0;
     w->stop_cpu_ns = cpu_ns(w->pid);
     w->stop_ns = now_ns();
 }
@@ -682,6 +707,7 @@ static void free_session(struct tmpl *t, struct session_rec *s, bool release_uid
     close_fd(&s->ws_fd);
     close_fd(&s->saved_fd);
     close_fd(&s->copier_fd);
+    freezer_cg_end(&t->freezer, s->id, &s->cg);
     prefault_free(&s->plan);
     prefault_free(&s->reads);
     if (release_uid)
@@ -737,6 +763,14 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
      * session ended (it stays the cell until it is reaped). */
     if (s->cell && !s->cell->dead)
         kill(s->cell->pid, SIGKILL);
+    /* A branch being made of it cannot be made now: it ends at once, not
+     * at its budget. */
+    if (s->held_by) {
+        struct session_rec *b = find_session(t, s->held_by);
+        s->held_by = 0;
+        if (b && b->phase == SESS_OPENING)
+            end_session(t, b, "the session branched from ended before its copy was made");
+    }
     maybe_free(t, s);
 }
 
@@ -797,8 +831,12 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         close(chan);
         return;
     }
-    *s = (struct session_rec){
-        .chan = chan, .listener = -1, .ws_fd = -1, .saved_fd = -1, .copier_fd = -1};
+    *s = (struct session_rec){.chan = chan,
+                              .listener = -1,
+                              .ws_fd = -1,
+                              .saved_fd = -1,
+                              .copier_fd = -1,
+                              .cg = {.dir = -1, .freeze = -1}};
     s->id = ++t->next_id;
     s->memory = m->memory_bytes;
     s->idle_ns = m->idle_ms * 1000000ULL;
@@ -848,8 +886,16 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         fmt(why, sizeof(why), "template: out of memory");
         goto refuse;
     }
-    if (!spawn_process(t, s, why, sizeof(why)))
+    /* Its processes are born in a cgroup of its own, frozen between cells. */
+    int rc = t->freeze ? freezer_cg_new(&t->freezer, s->id, &s->cg) : 0;
+    if (rc < 0) {
+        fmt(why, sizeof(why), "template: a cgroup for the session: %s", strerror(-rc));
         goto refuse;
+    }
+    if (!spawn_process(t, s, why, sizeof(why))) {
+        freezer_cg_end(&t->freezer, s->id, &s->cg);
+        goto refuse;
+    }
     s->next = t->sessions;
     t->sessions = s;
     /* The saved files: a tmpfs of the session's own, mounted nowhere. */
@@ -1084,6 +1130,7 @@ static void made(struct tmpl *t, struct session_rec *s)
     s->making = NEXT_MADE;
     if (s->phase == SESS_ASKED && !s->held_by)
         announce(t, s);
+    maybe_freeze(s);
 }
 
 /* --- a cell ------------------------------------------------------------------ */
@@ -1280,6 +1327,7 @@ static void settle(struct tmpl *t, struct session_rec *s, bool keep)
     }
     s->phase = SESS_WAITING;
     s->idle_since_ns = now_ns();
+    maybe_freeze(s);
 }
 
 /* --- branching ------------------------------------------------------------ */
@@ -1494,7 +1542,7 @@ void session_stopped(struct tmpl *t, struct worker_rec *w)
 {
     struct session_rec *s = w->session;
 
-    hold_stopped(t, w);
+    hold_stopped(w);
     if (w == s->state && !s->export_owed)
         for (struct session_rec *b = t->sessions; b; b = b->next)
             if (b->branch_of == s->id && b->branch_step == BR_STOPPING)
@@ -1505,6 +1553,7 @@ void session_stopped(struct tmpl *t, struct worker_rec *w)
     if ((s->making == NEXT_HOLDING || s->making == NEXT_FAILING) &&
         (w == s->from || w == s->coming))
         made(t, s);
+    maybe_freeze(s); /* |w| is its, alive: |s| is not freed above */
 }
 
 void session_continued(struct tmpl *t, struct worker_rec *w)
@@ -1514,7 +1563,7 @@ void session_continued(struct tmpl *t, struct worker_rec *w)
 
     /* Frozen already: it only woke into the freezer (the CPU watch holds
      * it to that). */
-    if (w->frozen || s->phase == SESS_ENDING)
+    if (s->frozen || s->phase == SESS_ENDING)
         return;
     fmt(why, sizeof(why),
         "the session ended: its %s was let run while the sandbox held it stopped (a SIGCONT "

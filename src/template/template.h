@@ -72,7 +72,6 @@ struct worker_rec {
     ino_t chan_ino;        /* its end of its channel, the one socket it may keep */
     int out_watch[2];      /* a cell out: read ends of its stdout and stderr, to see them hang up */
     uint64_t cont_cpu_ns;  /* its CPU clock when it was last let run to fork */
-    bool frozen;           /* in the frozen cgroup (freezer.h) */
     uint64_t stop_sent_ns; /* when SIGSTOP was last sent */
     uint64_t stop_cpu_ns;  /* its CPU clock when it was seen stopped */
     uint64_t stop_ns;      /* ... and the time */
@@ -135,7 +134,7 @@ struct tmpl {
     struct policy session_policy;
     bool session_policy_built;
     bool idle_warm; /* cells made ahead wait at SCHED_IDLE (sessions.c) */
-    /* Stopped session processes frozen (freezer.h), when there is one. */
+    /* Sessions between cells frozen (freezer.h), when there is a freezer. */
     struct freezer freezer;
     bool freeze;
     char freeze_why[WIRE_LAYER_DETAIL_MAX];
@@ -204,6 +203,8 @@ bool session_is_branch(const struct session_rec *s);
 bool session_heard(const struct worker_rec *w);
 /* A branch's RLIMIT_AS (its origin's, and room for its import); 0 else. */
 uint64_t session_as_limit(const struct session_rec *s);
+/* The cgroup a session's first process is born in (freezer.h), or NULL. */
+const struct freezer_cg *session_cgroup(const struct session_rec *s);
 void session_adopt(struct session_rec *s, struct worker_rec *w, int ws_fd);
 /* Closes what |w| holds and frees it (unlinked already). */
 void forget_worker(struct tmpl *t, struct worker_rec *w);
