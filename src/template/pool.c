@@ -155,9 +155,6 @@ struct worker_rec *spawn_process(struct tmpl *t, struct session_rec *sess, char 
              * throughput of a full machine. */
             .hold_exit = t->pid_ns && t->pkg_path && !t->single_run && !sess,
             .session = sess != NULL,
-            .branch = sess && session_is_branch(sess),
-            .session_memory = sess ? session_memory(sess) : 0,
-            .session_as = sess ? session_as_limit(sess) : 0,
             .plan =
                 {
                     .switch_user = t->jail.switch_user,

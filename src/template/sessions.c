@@ -238,6 +238,9 @@ struct session_rec {
     /* Its cgroup (freezer.h), frozen while the session is idle. */
     struct freezer_cg cg;
     bool frozen;
+    /* Its first process said it is ready (OPENING); a spare, made ahead
+     * (t->spare), has no supervisor yet (chan -1). */
+    bool ready;
 };
 
 /* Room for the fork command being sent (16 KiB: not on the stack). */
@@ -250,24 +253,9 @@ static void start_making(struct tmpl *t, struct session_rec *s, struct worker_re
 static void end_session(struct tmpl *t, struct session_rec *s, const char *why);
 static void release_hold(struct tmpl *t, struct session_rec *a);
 
-uint64_t session_memory(const struct session_rec *s)
-{
-    return s->memory;
-}
-
 const struct freezer_cg *session_cgroup(const struct session_rec *s)
 {
     return s->cg.dir >= 0 ? &s->cg : NULL;
-}
-
-bool session_is_branch(const struct session_rec *s)
-{
-    return s->branch_of != 0;
-}
-
-uint64_t session_as_limit(const struct session_rec *s)
-{
-    return s->as_limit;
 }
 
 static struct session_rec *find_session(struct tmpl *t, uint64_t id)
@@ -692,6 +680,8 @@ static void free_session(struct tmpl *t, struct session_rec *s, bool release_uid
 {
     struct session_rec **pp = &t->sessions;
 
+    if (t->spare == s)
+        t->spare = NULL;
     while (*pp && *pp != s)
         pp = &(*pp)->next;
     if (*pp)
@@ -822,15 +812,13 @@ static bool found_idle_warm(void)
     return ok;
 }
 
-void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
+/* A session's record, before it has a supervisor or a process. */
+static struct session_rec *session_new(struct tmpl *t, int chan)
 {
     struct session_rec *s = calloc(1, sizeof(*s));
-    char why[WIRE_TEXT_MAX];
 
-    if (!s) {
-        close(chan);
-        return;
-    }
+    if (!s)
+        return NULL;
     *s = (struct session_rec){.chan = chan,
                               .listener = -1,
                               .ws_fd = -1,
@@ -838,11 +826,76 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
                               .copier_fd = -1,
                               .cg = {.dir = -1, .freeze = -1}};
     s->id = ++t->next_id;
+    s->own_uid = t->uids.per_run;
+    return s;
+}
+
+/* |s|'s first process, made as a worker is (spawn_process), born in a
+ * cgroup of the session's own, and the tmpfs of its saved files. Returns 0
+ * (|s| linked; if the saved files could not be had, it is ending), or -1
+ * with |why| (nothing of it left but |s| itself). */
+static int session_spawn(struct tmpl *t, struct session_rec *s, char *why, size_t cap)
+{
+    /* Its processes are born in a cgroup of its own, frozen between cells. */
+    int rc = t->freeze ? freezer_cg_new(&t->freezer, s->id, &s->cg) : 0;
+    if (rc < 0) {
+        fmt(why, cap, "template: a cgroup for the session: %s", strerror(-rc));
+        return -1;
+    }
+    if (!spawn_process(t, s, why, cap)) {
+        freezer_cg_end(&t->freezer, s->id, &s->cg);
+        return -1;
+    }
+    s->next = t->sessions;
+    t->sessions = s;
+    /* The saved files: a tmpfs of the session's own, mounted nowhere. */
+    int mnt = workspace_mount_detached(&t->jail, s->uid, s->gid, why, cap);
+    if (mnt >= 0) {
+        s->saved_fd = openat(mnt, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        close(mnt);
+        if (s->saved_fd < 0)
+            fmt(why, cap, "template: opening a session's saved workspace: %s", strerror(errno));
+    }
+    if (s->saved_fd < 0)
+        end_session(t, s, why);
+    return 0;
+}
+
+/* A session's first process made ahead, as workers are: spawning and
+ * confining one is most of what opening a session (or a branch) costs.
+ * Once sessions are used at all; one at a time. */
+static void make_spare(struct tmpl *t)
+{
+    char why[WIRE_TEXT_MAX];
+
+    if (t->spare || !t->session_policy_built || t->single_run)
+        return;
+    struct session_rec *s = session_new(t, -1);
+    if (!s)
+        return;
+    if (session_spawn(t, s, why, sizeof(why)) < 0) {
+        free(s);
+        return;
+    }
+    if (s->phase != SESS_ENDING)
+        t->spare = s;
+}
+
+static void session_begin(struct tmpl *t, struct session_rec *s);
+
+void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
+{
+    struct session_rec *s = session_new(t, chan);
+    char why[WIRE_TEXT_MAX];
+
+    if (!s) {
+        close(chan);
+        return;
+    }
     s->memory = m->memory_bytes;
     s->idle_ns = m->idle_ms * 1000000ULL;
     s->lifetime_ns = m->lifetime_ms * 1000000ULL;
     s->opened_ns = s->idle_since_ns = now_ns();
-    s->own_uid = t->uids.per_run;
     if (m->branch_of) {
         struct session_rec *from = find_session(t, m->branch_of);
         if (!from || from->phase == SESS_ENDING || from->phase == SESS_OPENING || !from->state) {
@@ -886,29 +939,25 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         fmt(why, sizeof(why), "template: out of memory");
         goto refuse;
     }
-    /* Its processes are born in a cgroup of its own, frozen between cells. */
-    int rc = t->freeze ? freezer_cg_new(&t->freezer, s->id, &s->cg) : 0;
-    if (rc < 0) {
-        fmt(why, sizeof(why), "template: a cgroup for the session: %s", strerror(-rc));
+    struct session_rec *spare = t->spare;
+    if (spare && spare->ready && spare->phase == SESS_OPENING) {
+        /* The spare is this session's now: its record gets the request's
+         * limits (its process, ready, gets its own when it begins). */
+        t->spare = NULL;
+        spare->chan = s->chan;
+        spare->memory = s->memory;
+        spare->idle_ns = s->idle_ns;
+        spare->lifetime_ns = s->lifetime_ns;
+        spare->opened_ns = spare->idle_since_ns = s->opened_ns;
+        spare->as_limit = s->as_limit;
+        spare->branch_of = s->branch_of;
+        spare->branch_step = s->branch_step;
+        spare->branch_by_ns = s->branch_by_ns;
+        free(s);
+        session_begin(t, spare);
+    } else if (session_spawn(t, s, why, sizeof(why)) < 0)
         goto refuse;
-    }
-    if (!spawn_process(t, s, why, sizeof(why))) {
-        freezer_cg_end(&t->freezer, s->id, &s->cg);
-        goto refuse;
-    }
-    s->next = t->sessions;
-    t->sessions = s;
-    /* The saved files: a tmpfs of the session's own, mounted nowhere. */
-    int mnt = workspace_mount_detached(&t->jail, s->uid, s->gid, why, sizeof(why));
-    if (mnt >= 0) {
-        s->saved_fd = openat(mnt, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        close(mnt);
-        if (s->saved_fd < 0)
-            fmt(why, sizeof(why), "template: opening a session's saved workspace: %s",
-                strerror(errno));
-    }
-    if (s->saved_fd < 0)
-        end_session(t, s, why);
+    make_spare(t);
     return;
 
 refuse:
@@ -918,18 +967,37 @@ refuse:
 }
 
 /* The first state is confined and hands over its listener. It has run
- * nothing of the tenant's yet: this once, what it sends is taken. */
+ * nothing of the tenant's yet: this once, what it sends is taken. A spare
+ * then waits to be taken; any other begins its session. */
 static void branch_advance(struct tmpl *t, struct session_rec *b);
 
 static void state_ready(struct tmpl *t, struct session_rec *s, int listener)
+{
+    s->listener = listener;
+    s->ready = true;
+    if (s->chan >= 0)
+        session_begin(t, s);
+}
+
+/* Its first process, ready, is told its memory ceiling and what it is:
+ * a new session's state (its supervisor hears it is open, and the first
+ * cell is made ahead) or a branch's (which then waits for its origin). */
+static void session_begin(struct tmpl *t, struct session_rec *s)
 {
     struct wire_session m = {.hdr = {WIRE_SESSION, WIRE_VERSION},
                              .pid = s->state->pid,
                              .uid = t->jail.switch_user ? s->uid : 0,
                              .gid = t->jail.switch_user ? s->gid : 0,
                              .id = s->id};
+    struct session_begin b = {.cmd = SESSION_BEGIN,
+                              .branch = s->branch_of != 0,
+                              .memory_bytes = s->memory,
+                              .as_limit = s->as_limit};
 
-    s->listener = listener;
+    if (wire_send(s->state->ready_fd, &b, sizeof(b), NULL, 0) < 0) {
+        end_session(t, s, "template: the session's first process does not listen");
+        return;
+    }
     if (s->branch_of) {
         s->branch_step = BR_ORIGIN;
         branch_advance(t, s);

@@ -131,6 +131,7 @@ struct tmpl {
     struct prefault prefault; /* learnt from the first worker to get ready */
     /* Sessions (sessions.c); their program is built at the first. */
     struct session_rec *sessions;
+    struct session_rec *spare; /* a session's first process made ahead, or NULL */
     struct policy session_policy;
     bool session_policy_built;
     bool idle_warm; /* cells made ahead wait at SCHED_IDLE (sessions.c) */
@@ -194,15 +195,11 @@ size_t sessions_fd_count(const struct tmpl *t);
 void sessions_shutdown(struct tmpl *t);
 /* |w|, a session's process, has something on its channel. */
 void session_said(struct tmpl *t, struct worker_rec *w);
-/* For spawn_process: the session's memory ceiling; and taking its first
- * state process |w| and workspace |ws_fd| (which becomes the session's). */
-uint64_t session_memory(const struct session_rec *s);
-bool session_is_branch(const struct session_rec *s);
+/* For spawn_process: taking a session's first state process |w| and
+ * workspace |ws_fd| (which becomes the session's). */
 /* Whether the template reads |w|'s channel now (not while a copier of a
  * branch talks on it). */
 bool session_heard(const struct worker_rec *w);
-/* A branch's RLIMIT_AS (its origin's, and room for its import); 0 else. */
-uint64_t session_as_limit(const struct session_rec *s);
 /* The cgroup a session's first process is born in (freezer.h), or NULL. */
 const struct freezer_cg *session_cgroup(const struct session_rec *s);
 void session_adopt(struct session_rec *s, struct worker_rec *w, int ws_fd);

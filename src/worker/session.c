@@ -453,14 +453,14 @@ _Noreturn static void state_loop(const struct worker_args *a)
 
 _Noreturn void session_main(const struct worker_args *a, int listener)
 {
+    struct session_begin b;
+    int got = 0;
+
     /* The session's ceilings, hard: no cell may pass them. A cell's CPU
      * time counts from its fork, so the longest a cell may ask for bounds
      * every process of the session. */
     rlim_t cpu = (rlim_t)SBX_MAX_SECONDS + 2;
     if (worker_set_limit(RLIMIT_FSIZE, WORKER_FSIZE_LIMIT, WORKER_FSIZE_LIMIT) < 0 ||
-        worker_set_limit(
-            RLIMIT_AS, a->session_as ? a->session_as : worker_memory_limit(a->session_memory),
-            a->session_as ? a->session_as : worker_memory_limit(a->session_memory)) < 0 ||
         worker_set_limit(RLIMIT_CPU, cpu, cpu) < 0 ||
         send_fd(FD_READY, SESSION_READY, listener) < 0)
         _exit(127);
@@ -468,7 +468,15 @@ _Noreturn void session_main(const struct worker_args *a, int listener)
     close(listener);
     close(FD_WORKSPACE);
     close(FD_REQUEST);
-    if (a->branch)
+    /* Made ahead or not, it waits for its session: then its memory
+     * ceiling, before anything of the tenant's runs. */
+    if (wire_recv(FD_READY, &b, sizeof(b), NULL, 0, &got) != (ssize_t)sizeof(b) ||
+        b.cmd != SESSION_BEGIN)
+        _exit(0); /* the template is gone, or has no session for it */
+    rlim_t as = b.as_limit ? (rlim_t)b.as_limit : worker_memory_limit(b.memory_bytes);
+    if (worker_set_limit(RLIMIT_AS, as, as) < 0)
+        _exit(127);
+    if (b.branch)
         branch_import();
     state_loop(a);
 }

@@ -25,7 +25,20 @@
  * template on its channel. */
 #define SESSION_READY       'R' /* confined; the listener is attached */
 #define SESSION_FORK_FAILED 'F' /* the fork was let through and failed; why follows */
-#define SESSION_FORKED      'k' /* ... and made its child: look for it */
+/* What the template tells a session's first process once it is ready and
+ * has a session (at once, or when it was made ahead as a spare and is
+ * taken): its address-space ceiling, and whether it is a branch's (it
+ * imports a state: BRANCH_STACK comes next) or a new session's. Nothing of
+ * any tenant's has run in it before. */
+#define SESSION_BEGIN 'B'
+struct session_begin {
+    char cmd; /* SESSION_BEGIN */
+    uint8_t branch;
+    uint8_t reserved[6];
+    uint64_t memory_bytes; /* past what it has mapped */
+    uint64_t as_limit;     /* a branch's RLIMIT_AS, exactly (0: from memory_bytes) */
+};
+#define SESSION_FORKED 'k' /* ... and made its child: look for it */
 /* ... and what a cell's process says on its own channel. */
 #define CELL_HELLO 'H' /* forked: here I am (the kernel attaches who) */
 #define CELL_DONE  'D' /* the code ended by itself; how follows (CELL_DONE_LEN) */
@@ -134,9 +147,6 @@ struct worker_args {
      * socket, the policy the session's (plan.policy), and instead of one
      * request it serves the session (session.h). */
     bool session;
-    bool branch;              /* ... a branch's: it imports a state (session.h) */
-    uint64_t session_memory;  /* the session's address-space ceiling */
-    uint64_t session_as;      /* a branch's: its RLIMIT_AS, exactly (0: from session_memory) */
     struct confine_plan plan; /* its ruleset_fd is moved to a fixed number */
 };
 
