@@ -866,18 +866,26 @@ static double plain_run(struct sbx *sbx, const char *code, bool *ok)
     return ms;
 }
 
-static struct sbx_session *bench_session(struct sbx *sbx)
+static struct sbx_session *bench_session_sized(struct sbx *sbx, uint64_t memory)
 {
     struct sbx_session_limits l;
     struct sbx_session *s = NULL;
     struct sbx_error err;
 
     sbx_session_limits_init(&l);
-    l.memory_bytes = 1ULL << 30;
+    l.memory_bytes = memory;
     if (sbx_session_open(sbx, &l, &s, &err) < 0)
         fprintf(stderr, "pysbx-bench: sbx_session_open: %s\n", err.message);
     return s;
 }
+
+static struct sbx_session *bench_session(struct sbx *sbx)
+{
+    return bench_session_sized(sbx, 1ULL << 30);
+}
+
+/* Branches of a state that wrote 1 GiB: fewer (each copies it). */
+#define HUGE_FORKS 5
 
 #define SESSION_CELLS 100
 /* Between cells of a conversation there is the model's turn; in the bench
@@ -959,13 +967,16 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         FORK_BIG_CELL,
         FORK_BIG_BUSY,
         PLAIN_DURING,
+        FORK_HUGE,
+        FORK_HUGE_CELL,
         N_S
     };
     static const char *const names[N_S] = {
         "cell, small state",       "plain run (sbx_run)",        "cell, small state, paused",
         "cell, 200 MB, paused",    "cell, 200 MB, back to back", "cell replacing 1/10 of it",
         "branch, small state",     "branch, 200 MB state",       "a 200 MB branch's 1st cell",
-        "branch, 200 MB, runs on", "plain run, 200 MB branch"};
+        "branch, 200 MB, runs on", "plain run, 200 MB branch", "branch, 1 GiB state",
+        "a 1 GiB branch's 1st cell"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
     struct sbx_config cfg;
@@ -1079,6 +1090,30 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
             }
             sbx_session_close(b);
         }
+    /* A state that wrote 1 GiB (every page of a bytearray), branched. */
+    struct sbx_session *huge = bench_session_sized(sbx, 3ULL << 30);
+    if (!huge)
+        return 1;
+    failures[FORK_HUGE] +=
+        (session_cell(huge, "huge = bytearray(b'x') * (1 << 30)\nsmall = []", &ok), !ok);
+    for (int i = 0; i < HUGE_FORKS; i++) {
+        struct fork_job job = {.from = huge};
+        usleep(THINK_US);
+        fork_in_thread(&job);
+        if (job.rc < 0) {
+            fprintf(stderr, "pysbx-bench: sbx_session_fork: %s\n", job.err.message);
+            failures[FORK_HUGE]++;
+            continue;
+        }
+        add_sample(&lat[FORK_HUGE], job.ms);
+        usleep(THINK_US);
+        add_sample(&lat[FORK_HUGE_CELL],
+                   session_cell_faults(job.b, "small.append(len(small))", &ok, &f));
+        add_sample(&faults[FORK_HUGE_CELL], (double)f);
+        failures[FORK_HUGE_CELL] += !ok;
+        sbx_session_close(job.b);
+    }
+    sbx_session_close(huge);
     long state_kb = 0;
     {
         struct sbx_request req;
@@ -1115,9 +1150,10 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
             "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
             "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
             "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
-            "half of the 200 MB branches made while plain runs of 'pass' go on back to back\n\n",
+            "half of the 200 MB branches made while plain runs of 'pass' go on back to back;\n"
+            "%d branches of a state that wrote 1 GiB, and their first cells\n\n",
             sessions, SESSION_CELLS, SESSION_CELLS, THINK_US / 1000, SESSION_CELLS / 5,
-            SESSION_CELLS / 5);
+            SESSION_CELLS / 5, HUGE_FORKS);
         fprintf(out, "%-28s %8s %8s %8s %8s %11s %12s\n", "", "min ms", "p50 ms", "p99 ms", "n",
                 "p50/plain", "faults p50");
         for (int k = 0; k < N_S; k++) {
