@@ -210,6 +210,12 @@ struct sbx_config {
     /* Sessions open at once (sbx_session_open); one more is refused with
      * SBX_ERR_BUSY. 0: SBX_DEFAULT_MAX_SESSIONS. */
     unsigned max_sessions;
+    /* The template's address layout is the same at every start of this
+     * build on this machine (ASLR off for it: its workers share one layout
+     * anyway, now across starts too), so that a session's image
+     * (sbx_session_save) restores in a sandbox started later. Without it an
+     * image restores only in the sandbox that wrote it. */
+    bool fixed_layout;
 };
 
 /* Per-run ceilings. */
@@ -643,6 +649,28 @@ PYSBX_API void sbx_session_close(struct sbx_session *s);
 PYSBX_API int sbx_session_fork(struct sbx_session *from, struct sbx_session **out,
                                struct sbx_error *err);
 
+/* Writes |s|'s state after its last kept cell (its memory, its files, its
+ * cell count and limits) to |fd| as an image, which sbx_session_restore
+ * makes a session of again; |s| goes on. The image is what the session's
+ * code made, and is not authenticated: keep it where only you can change
+ * it (pysbx serve signs its own). It restores in this sandbox, or, with
+ * sbx_config.fixed_layout, in a sandbox of this build started later.
+ * Returns 0, or a negative errno with |err|: SBX_ERR_SESSION_LOST when |s|
+ * is lost, SBX_ERR_UNAVAILABLE when it could not be written (why says
+ * why: a descriptor the state holds, a write that failed). */
+PYSBX_API int sbx_session_save(struct sbx_session *s, int fd, struct sbx_error *err);
+
+/* A session (*out) that is the state the image on |fd| holds, as a branch
+ * is a copy of its origin's: its own uid, workspace and processes, cells
+ * numbered on from the image's. |limits| NULL: the image's (its idle time
+ * and lifetime counting from now). Reads exactly the image (|fd| is left
+ * after it). Returns 0, or a negative errno with |err|: SBX_ERR_BUSY when
+ * max_sessions are open; SBX_ERR_SESSION_LOST when the image cannot be
+ * restored here (not an image, changed or cut short, or made by a template
+ * of another build or layout: why says which). */
+PYSBX_API int sbx_session_restore(struct sbx *sbx, const struct sbx_session_limits *limits, int fd,
+                                  struct sbx_session **out, struct sbx_error *err);
+
 /* "on_error", "on_stop", "never"; and back (0, or -EINVAL). */
 PYSBX_API const char *sbx_rollback_name(enum sbx_rollback rollback);
 PYSBX_API int sbx_rollback_from_name(const char *name, enum sbx_rollback *out);
@@ -677,6 +705,10 @@ struct sbx_backend {
     void (*session_close)(struct sbx_session *s);
     /* As sbx_session_fork; NULL where the backend cannot branch. */
     int (*session_fork)(struct sbx_session *from, struct sbx_session **out, struct sbx_error *err);
+    /* As sbx_session_save and sbx_session_restore; NULL where it has none. */
+    int (*session_save)(struct sbx_session *s, int fd, struct sbx_error *err);
+    int (*session_restore)(void *self, const struct sbx_session_limits *limits, int fd,
+                           struct sbx_session **out, struct sbx_error *err);
 };
 
 /* Opens backend |name| ("embedded" or "python3"; NULL is "embedded") with

@@ -37,6 +37,9 @@ enum wire_msg_type {
     WIRE_CELL,         /* supervisor -> template, on the channel: run the next cell */
     WIRE_ENDED,        /* template -> supervisor, on the channel: the session is over */
     WIRE_SETTLE,       /* supervisor -> template, on the channel: keep the cell or not */
+    WIRE_SAVE,         /* supervisor -> template, on the channel: the state's image, to the fd */
+    WIRE_SAVED,        /* template -> supervisor, on the channel: written (struct wire_saved) */
+    WIRE_RESTORE,      /* supervisor -> template, on a restored session's channel: its image */
 };
 
 /* Descriptors attached to WIRE_WORKER, in this order. */
@@ -130,6 +133,11 @@ struct wire_session_open {
      * with WIRE_BRANCH_FDS descriptors: the branch's workspace, its saved
      * copy, and the origin's saved copy (the supervisor copies the files). */
     uint64_t branch_of;
+    /* Not 0: the session is restored from an image (WIRE_RESTORE, which the
+     * supervisor sends next). Its WIRE_SESSION comes once the copy is made,
+     * with WIRE_RESTORE_FDS descriptors: its workspace and its saved copy
+     * (the supervisor writes the files). */
+    uint64_t restore;
 };
 
 struct wire_session {
@@ -139,7 +147,32 @@ struct wire_session {
     uint32_t reserved;
     uint64_t id; /* the template's name for it (wire_session_open.branch_of) */
 };
-#define WIRE_BRANCH_FDS 3
+#define WIRE_BRANCH_FDS  3
+#define WIRE_RESTORE_FDS 2
+
+/*
+ * Images of a session's state. WIRE_SAVE (a session waiting between cells,
+ * the descriptor to write to attached): the template has the state export
+ * itself, as for a branch, and a copier write its memory to the descriptor
+ * (src/template/branch.h); then WIRE_SAVED says how it went, with the
+ * session's saved copy of its files attached when it went well (the
+ * supervisor writes the files after the memory). The session goes on.
+ * WIRE_RESTORE (a session opened with |restore|, the descriptor to read
+ * from attached): its first process is made a copy of the image. An image
+ * past |max_bytes| is refused, either way.
+ */
+struct wire_image {
+    struct wire_hdr hdr;
+    uint64_t max_bytes;
+};
+
+struct wire_saved {
+    struct wire_hdr hdr;
+    int32_t rc; /* 0, or -errno */
+    uint32_t reserved;
+    uint64_t bytes; /* the memory image */
+    char why[WIRE_TEXT_MAX];
+};
 
 struct wire_cell {
     struct wire_hdr hdr;

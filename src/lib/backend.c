@@ -16,6 +16,12 @@ static int embedded_health(void *self, struct sbx_health *out)
     return sbx_health(self, out);
 }
 
+static int embedded_session_restore(void *self, const struct sbx_session_limits *limits, int fd,
+                                    struct sbx_session **out, struct sbx_error *err)
+{
+    return sbx_session_restore(self, limits, fd, out, err);
+}
+
 static int embedded_session_open(void *self, const struct sbx_session_limits *limits,
                                  struct sbx_session **out, struct sbx_error *err)
 {
@@ -46,6 +52,8 @@ int sbx_backend_open(const char *name, const struct sbx_config *cfg, struct sbx_
             .session_run = sbx_session_run,
             .session_close = sbx_session_close,
             .session_fork = sbx_session_fork,
+            .session_save = sbx_session_save,
+            .session_restore = embedded_session_restore,
         };
         return 0;
     }

@@ -17,6 +17,7 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/pidfd.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -145,7 +146,14 @@ static int spawn_template(struct sbx *sbx, const char *path, int child_end, stru
     /* Its own session: a terminal's ^C for the host does not reach it. */
     posix_spawnattr_setflags(&attr,
                              POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSID);
+    /* A fixed layout: this thread's personality, which the child it spawns
+     * takes, without address randomization for the exec; back after. */
+    int persona = sbx->cfg.fixed_layout ? personality(0xffffffff) : -1;
+    if (persona >= 0)
+        (void)personality((unsigned long)persona | ADDR_NO_RANDOMIZE);
     rc = posix_spawn(&sbx->template_pid, path, &fa, &attr, argv, envp);
+    if (persona >= 0)
+        (void)personality((unsigned long)persona);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
     if (rc != 0) {

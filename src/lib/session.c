@@ -129,8 +129,9 @@ static ssize_t await(struct sbx_session *s, void *buf, size_t cap, int *fds, int
 }
 
 static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t max_cells, int *fds,
-                 int want, struct sbx_session **out, struct sbx_error *err);
+                 int want, int image_fd, struct sbx_session **out, struct sbx_error *err);
 static void look_for_end(struct sbx_session *s);
+static bool ended(struct sbx_session *s, struct wire_fail *m, ssize_t n);
 
 int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
                      struct sbx_session **out, struct sbx_error *err)
@@ -159,7 +160,7 @@ int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
         .lifetime_ms = (uint64_t)(l.lifetime_seconds * 1000.0 + 0.5),
         .memory_bytes = l.memory_bytes ? l.memory_bytes : SBX_DEFAULT_MEMORY_BYTES,
     };
-    int rc = start(sbx, &m, l.max_cells, NULL, 0, &s, err);
+    int rc = start(sbx, &m, l.max_cells, NULL, 0, -1, &s, err);
     if (rc == 0) {
         clock_gettime(CLOCK_REALTIME, &s->index.taken); /* an empty workspace */
         *out = s;
@@ -179,9 +180,18 @@ static void discard(struct sbx_session *s)
 
 /* A session's place among max_sessions and its channel, asked for with
  * |m|: 0 and *out once the template says it is ready (with |want|
- * descriptors, into |fds|), or -errno with |err|. */
+ * descriptors, into |fds|), or -errno with |err|. A restored session's
+ * image (|image_fd|) goes to the template as soon as it has the channel. */
+/* The most an image of a session of |memory| may be: its memory, and the
+ * interpreter's own (what the template maps, with numpy and friends some
+ * hundreds of MiB), beside its files, which are bounded apart. */
+static uint64_t image_max_bytes(uint64_t memory)
+{
+    return memory + (1ULL << 30);
+}
+
 static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t max_cells, int *fds,
-                 int want, struct sbx_session **out, struct sbx_error *err)
+                 int want, int image_fd, struct sbx_session **out, struct sbx_error *err)
 {
     struct sbx_session *s = NULL;
     int sv[2] = {-1, -1};
@@ -220,8 +230,8 @@ static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t ma
     /* A template that died just before (its end not yet seen) takes the
      * request with it: the next one is asked, as a run would wait for its
      * worker. (Not for a branch: its origin was in the template that died.) */
-    for (int attempt = 0; n == 0 && attempt < (m->branch_of ? 1 : SESSION_OPEN_ATTEMPTS);
-         attempt++) {
+    for (int attempt = 0;
+         n == 0 && attempt < (m->branch_of || m->restore ? 1 : SESSION_OPEN_ATTEMPTS); attempt++) {
         close_fd(&s->chan);
         close_fd(&s->template_pidfd);
         /* Ours non-blocking: between cells we only look whether the
@@ -237,6 +247,12 @@ static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t ma
         sv[0] = -1;
         if (rc < 0) {
             rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
+            goto fail;
+        }
+        struct wire_image img = {.hdr = {WIRE_RESTORE, WIRE_VERSION},
+                                 .max_bytes = image_max_bytes(m->memory_bytes)};
+        if (image_fd >= 0 && (rc = wire_send(s->chan, &img, sizeof(img), &image_fd, 1)) < 0) {
+            rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "the template does not listen");
             goto fail;
         }
         n = await(s, &r, sizeof(r), fds, want, &nfds, until);
@@ -292,7 +308,7 @@ int sbx_session_fork(struct sbx_session *from, struct sbx_session **out, struct 
         .memory_bytes = from->memory,
         .branch_of = from->id,
     };
-    rc = start(from->sbx, &m, from->max_cells, fds, WIRE_BRANCH_FDS, &s, err);
+    rc = start(from->sbx, &m, from->max_cells, fds, WIRE_BRANCH_FDS, -1, &s, err);
     if (rc < 0) {
         /* The branch failed; the origin too, if the template says so. */
         look_for_end(from);
@@ -327,6 +343,169 @@ int sbx_session_fork(struct sbx_session *from, struct sbx_session **out, struct 
 out:
     close_fds(fds, WIRE_BRANCH_FDS);
     pthread_mutex_unlock(&from->lock);
+    return rc;
+}
+
+/* --- images ------------------------------------------------------------------ */
+
+#define SESSION_IMAGE_MAGIC   "PYSBXSES"
+#define SESSION_IMAGE_VERSION 1
+/* How long the template may take to write or restore a state's image. */
+#define IMAGE_TIMEOUT_NS (60ULL * 1000000000ULL)
+
+/* What an image holds before the state's memory (the template's part,
+ * src/template/branch.h) and its files (wssync.h). */
+struct session_image_head {
+    char magic[8];
+    uint32_t version;
+    uint32_t rollback;
+    uint64_t cells, max_cells, memory, idle_ms, lifetime_ms;
+};
+
+int sbx_session_save(struct sbx_session *s, int fd, struct sbx_error *err)
+{
+    union {
+        struct wire_hdr hdr;
+        struct wire_saved saved;
+        struct wire_fail fail;
+    } r;
+    char why[WIRE_TEXT_MAX];
+    int saved = -1, nfds = 0, rc;
+
+    if (!s || fd < 0)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "no session or descriptor");
+    pthread_mutex_lock(&s->lock);
+    look_for_end(s);
+    if (s->lost[0]) {
+        rc = sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "%s", s->lost);
+        goto out;
+    }
+    struct session_image_head head = {.version = SESSION_IMAGE_VERSION,
+                                      .rollback = (uint32_t)s->rollback,
+                                      .cells = s->cells,
+                                      .max_cells = s->max_cells,
+                                      .memory = s->memory,
+                                      .idle_ms = s->idle_ms,
+                                      .lifetime_ms = s->lifetime_ms};
+    memcpy(head.magic, SESSION_IMAGE_MAGIC, sizeof(head.magic));
+    struct wire_image ask = {.hdr = {WIRE_SAVE, WIRE_VERSION},
+                             .max_bytes = image_max_bytes(s->memory)};
+    if ((rc = write_full(fd, &head, sizeof(head))) < 0) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "writing the image: %s", strerror(-rc));
+        goto out;
+    }
+    if ((rc = wire_send(s->chan, &ask, sizeof(ask), &fd, 1)) < 0) {
+        lose(s, "the template ended");
+        rc = sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "%s", s->lost);
+        goto out;
+    }
+    ssize_t n = await(s, &r, sizeof(r), &saved, 1, &nfds, now_ns() + IMAGE_TIMEOUT_NS);
+    if (n <= 0 || r.hdr.type != WIRE_SAVED || n != (ssize_t)sizeof(r.saved)) {
+        if (n > 0 && !ended(s, &r.fail, n))
+            lose(s, "the template answered out of turn");
+        else if (n <= 0)
+            lose(s, n == -ETIMEDOUT ? "the state's image was not written in time"
+                                    : "the template ended");
+        rc = sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "%s", s->lost);
+        goto out;
+    }
+    r.saved.why[sizeof(r.saved.why) - 1] = '\0';
+    if (r.saved.rc < 0 || nfds != 1) {
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, r.saved.rc < 0 ? r.saved.rc : -EPROTO,
+                      "the state's image was not written: %s", r.saved.why);
+        goto out;
+    }
+    /* The files as of the last kept cell (the saved copy), as the
+     * session's user with the capabilities that override modes. */
+    bool switched = false;
+    rc = fsid_enter_owner(s->uid, s->gid, &switched);
+    if (rc == 0) {
+        rc = ws_write_stream(saved, fd, why, sizeof(why));
+        fsid_leave(switched);
+    } else
+        fmt(why, sizeof(why), "taking the session's user: %s", strerror(-rc));
+    if (rc < 0)
+        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
+out:
+    close_fd(&saved);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+int sbx_session_restore(struct sbx *sbx, const struct sbx_session_limits *limits, int fd,
+                        struct sbx_session **out, struct sbx_error *err)
+{
+    struct session_image_head head;
+    struct sbx_session *s = NULL;
+    int fds[WIRE_RESTORE_FDS] = {-1, -1};
+    char why[WIRE_TEXT_MAX];
+    int rc;
+
+    *out = NULL;
+    if (!sbx || fd < 0)
+        return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL, "no sandbox or descriptor");
+    ssize_t got = read_full(fd, &head, sizeof(head));
+    if (got != (ssize_t)sizeof(head) ||
+        memcmp(head.magic, SESSION_IMAGE_MAGIC, sizeof(head.magic)) != 0 ||
+        head.version != SESSION_IMAGE_VERSION || head.rollback > SBX_ROLLBACK_NEVER ||
+        head.memory < SBX_MIN_MEMORY_BYTES || head.memory > SBX_MAX_MEMORY_BYTES ||
+        !head.max_cells || head.cells >= head.max_cells ||
+        head.idle_ms > (uint64_t)(SBX_MAX_SECONDS * 1000) || !head.idle_ms ||
+        head.lifetime_ms > (uint64_t)(SBX_MAX_SECONDS * 1000) || !head.lifetime_ms)
+        return sbx_fail(err, SBX_ERR_SESSION_LOST, -EBADMSG,
+                        "not a session's image of this version (or cut short)");
+    struct wire_session_open m = {
+        .hdr = {WIRE_SESSION_OPEN, WIRE_VERSION},
+        .idle_ms = head.idle_ms,
+        .lifetime_ms = head.lifetime_ms,
+        .memory_bytes = head.memory,
+        .restore = 1,
+    };
+    uint64_t max_cells = head.max_cells;
+    if (limits) {
+        if (!seconds_ok(limits->idle_seconds) || !seconds_ok(limits->lifetime_seconds) ||
+            limits->max_cells <= head.cells ||
+            (limits->memory_bytes && limits->memory_bytes < head.memory))
+            return sbx_fail(err, SBX_ERR_INVALID_LIMIT, -EINVAL,
+                            "limits for a restored session: idle and lifetime in (0, %g] s, "
+                            "max_cells past the image's %llu cells, memory at least its %llu",
+                            SBX_MAX_SECONDS, (unsigned long long)head.cells,
+                            (unsigned long long)head.memory);
+        m.idle_ms = (uint64_t)(limits->idle_seconds * 1000.0 + 0.5);
+        m.lifetime_ms = (uint64_t)(limits->lifetime_seconds * 1000.0 + 0.5);
+        m.memory_bytes = limits->memory_bytes ? limits->memory_bytes : head.memory;
+        max_cells = limits->max_cells;
+    }
+    rc = start(sbx, &m, max_cells, fds, WIRE_RESTORE_FDS, fd, &s, err);
+    if (rc < 0) {
+        if (err && err->code == SBX_ERR_UNAVAILABLE && rc != -EBUSY)
+            err->code = SBX_ERR_SESSION_LOST; /* the template refused the image */
+        return rc;
+    }
+    /* The files, into its saved copy, then its workspace, as its user. */
+    bool switched = false;
+    rc = fsid_enter_owner(s->uid, s->gid, &switched);
+    if (rc == 0) {
+        /* What a workspace holds, and its names and entries' heads. */
+        uint64_t ws = sbx->workspace_bytes ? sbx->workspace_bytes : SBX_DEFAULT_WORKSPACE_BYTES;
+        rc = ws_read_stream(fd, fds[1], ws + (4ULL << 20), why, sizeof(why));
+        if (rc == 0 && (rc = ws_restore_all(fds[0], fds[1])) < 0)
+            fmt(why, sizeof(why), "restoring the files: %s", strerror(-rc));
+        if (rc == 0)
+            rc = ws_index_build(fds[0], &s->index, why, sizeof(why));
+        fsid_leave(switched);
+    } else
+        fmt(why, sizeof(why), "taking the session's user: %s", strerror(-rc));
+    if (rc < 0) {
+        rc = sbx_fail(err, SBX_ERR_SESSION_LOST, rc, "the image's files: %s", why);
+        sbx_session_close(s);
+        goto out;
+    }
+    s->cells = head.cells;
+    s->rollback = (enum sbx_rollback)head.rollback;
+    *out = s;
+out:
+    close_fds(fds, WIRE_RESTORE_FDS);
     return rc;
 }
 

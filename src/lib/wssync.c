@@ -756,3 +756,346 @@ int ws_restore_all(int ws_fd, int saved_fd)
     ws_index_free(&saved);
     return rc;
 }
+
+/* --- a stream of the files ----------------------------------------------------- */
+
+#define STREAM_MAGIC   "PYSBXFIL"
+#define STREAM_VERSION 1
+
+enum stream_kind { SK_END, SK_FILE, SK_DIR, SK_LINK, SK_FIFO, SK_HARD };
+
+/* One entry; its name follows, then what its kind holds: a file, its
+ * extents (offset and length each) and their bytes; a link, its target. */
+struct stream_entry {
+    uint8_t kind;
+    uint8_t reserved;
+    uint16_t name_len;
+    uint32_t mode;
+    uint32_t parent;  /* an earlier entry, a directory; WS_NONE: the top */
+    uint32_t link_to; /* SK_HARD: the earlier file it is a name of */
+    int64_t mtime_sec;
+    uint32_t mtime_nsec;
+    uint32_t n_extents; /* SK_FILE */
+    uint64_t size;      /* SK_FILE: its length; SK_LINK: its target's */
+};
+
+struct extent {
+    uint64_t at, len;
+};
+
+static int out_all(int fd, const void *p, size_t n)
+{
+    return write_full(fd, p, n);
+}
+
+/* The extents of |fd| (|size| long) that hold data, into *v. */
+static int extents_of(int fd, off_t size, struct extent **v, uint32_t *n)
+{
+    uint32_t room = 0;
+
+    *v = NULL;
+    *n = 0;
+    for (off_t pos = 0; pos < size;) {
+        off_t data = lseek(fd, pos, SEEK_DATA);
+        if (data < 0 && errno == ENXIO)
+            break;
+        off_t hole = data < 0 ? size : lseek(fd, data, SEEK_HOLE);
+        if (data < 0)
+            data = pos;
+        if (hole < 0 || hole > size)
+            hole = size;
+        if (*n == room) {
+            room = room ? room * 2 : 8;
+            struct extent *nv = realloc(*v, room * sizeof(**v));
+            if (!nv)
+                return -ENOMEM;
+            *v = nv;
+        }
+        (*v)[(*n)++] = (struct extent){(uint64_t)data, (uint64_t)(hole - data)};
+        pos = hole;
+    }
+    return 0;
+}
+
+static int write_file(int root, const struct ws_index *ix, uint32_t i, struct stream_entry *e,
+                      int out, char *buf)
+{
+    char leaf[NAME_MAX + 1];
+    int dir = open_parent(root, ix, i, leaf);
+    int fd = dir >= 0 ? openat(dir, leaf, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+    struct extent *v = NULL;
+    struct stat st;
+    int rc = fd < 0 ? (dir < 0 ? dir : -errno) : 0;
+
+    if (rc == 0 && fstat(fd, &st) < 0)
+        rc = -errno;
+    if (rc == 0)
+        rc = extents_of(fd, st.st_size, &v, &e->n_extents);
+    e->size = rc == 0 ? (uint64_t)st.st_size : 0;
+    if (rc == 0)
+        rc = out_all(out, e, sizeof(*e));
+    if (rc == 0)
+        rc = out_all(out, name_of(ix, i), ix->v[i].name_len);
+    if (rc == 0 && e->n_extents)
+        rc = out_all(out, v, e->n_extents * sizeof(*v));
+    for (uint32_t k = 0; rc == 0 && k < e->n_extents; k++)
+        for (uint64_t at = v[k].at; rc == 0 && at < v[k].at + v[k].len;) {
+            size_t want =
+                v[k].at + v[k].len - at < COPY_CHUNK ? v[k].at + v[k].len - at : COPY_CHUNK;
+            ssize_t got = pread(fd, buf, want, (off_t)at);
+            if (got < 0 && errno == EINTR)
+                continue;
+            /* What a file holds is what was listed: it does not change
+             * under us (no process of the session reaches the saved copy). */
+            if (got != (ssize_t)want)
+                rc = got < 0 ? -errno : -EIO;
+            else
+                rc = out_all(out, buf, want);
+            at += want;
+        }
+    free(v);
+    if (fd >= 0)
+        close(fd);
+    if (dir >= 0)
+        close(dir);
+    return rc;
+}
+
+int ws_write_stream(int root, int out, char *why, size_t cap)
+{
+    struct ws_index ix;
+    char *buf = malloc(COPY_CHUNK);
+    int rc = buf ? walk_all(root, &ix, why, cap) : -ENOMEM;
+
+    if (rc < 0) {
+        free(buf);
+        return buf ? rc : errmsg(why, cap, rc, "out of memory");
+    }
+    struct {
+        char magic[8];
+        uint32_t version, reserved;
+    } head = {.version = STREAM_VERSION};
+    memcpy(head.magic, STREAM_MAGIC, sizeof(head.magic));
+    rc = out_all(out, &head, sizeof(head));
+    for (uint32_t i = 0; rc == 0 && i < ix.n; i++) {
+        const struct ws_node *n = &ix.v[i];
+        struct stream_entry e = {.name_len = n->name_len,
+                                 .mode = n->mode & 07777,
+                                 .parent = n->parent,
+                                 .mtime_sec = n->mtime.tv_sec,
+                                 .mtime_nsec = (uint32_t)n->mtime.tv_nsec};
+        uint32_t first = WS_NONE;
+        if (S_ISREG(n->mode) && n->nlink > 1)
+            for (uint32_t j = 0; j < i && first == WS_NONE; j++)
+                if (S_ISREG(ix.v[j].mode) && ix.v[j].ino == n->ino)
+                    first = j;
+        if (S_ISREG(n->mode) && first == WS_NONE) {
+            e.kind = SK_FILE;
+            rc = write_file(root, &ix, i, &e, out, buf);
+            continue;
+        }
+        char target[PATH_MAX + 1];
+        ssize_t tlen = 0;
+        if (first != WS_NONE) {
+            e.kind = SK_HARD;
+            e.link_to = first;
+        } else if (S_ISDIR(n->mode))
+            e.kind = SK_DIR;
+        else if (S_ISFIFO(n->mode))
+            e.kind = SK_FIFO;
+        else if (S_ISLNK(n->mode)) {
+            char leaf[NAME_MAX + 1];
+            int dir = open_parent(root, &ix, i, leaf);
+            tlen = dir >= 0 ? readlinkat(dir, leaf, target, PATH_MAX) : -1;
+            if (dir >= 0)
+                close(dir);
+            if (tlen < 0) {
+                rc = -errno;
+                break;
+            }
+            e.kind = SK_LINK;
+            e.size = (uint64_t)tlen;
+        } else {
+            rc = -EINVAL; /* no other kind can be made in a workspace */
+            break;
+        }
+        rc = out_all(out, &e, sizeof(e));
+        if (rc == 0)
+            rc = out_all(out, name_of(&ix, i), n->name_len);
+        if (rc == 0 && tlen)
+            rc = out_all(out, target, (size_t)tlen);
+    }
+    struct stream_entry end = {.kind = SK_END};
+    if (rc == 0)
+        rc = out_all(out, &end, sizeof(end));
+    if (rc < 0)
+        errmsg(why, cap, rc, "writing the session's files: %s", strerror(-rc));
+    ws_index_free(&ix);
+    free(buf);
+    return rc;
+}
+
+/* Reads exactly |n| bytes, counting them against *budget. */
+static int in_exact(int fd, void *p, size_t n, uint64_t *budget)
+{
+    if (n > *budget)
+        return -EFBIG;
+    ssize_t got = read_full(fd, p, n);
+    if (got < 0)
+        return (int)got;
+    if ((size_t)got != n)
+        return -EPIPE;
+    *budget -= n;
+    return 0;
+}
+
+/* A file's extents and bytes, from the stream into |fd|. */
+static int read_file(int in, int fd, const struct stream_entry *e, uint64_t *budget, char *buf)
+{
+    struct extent *v = NULL;
+    int rc = 0;
+
+    if (e->n_extents > e->size || e->n_extents > (1u << 20))
+        return -EPROTO;
+    if (e->n_extents && !(v = malloc(e->n_extents * sizeof(*v))))
+        return -ENOMEM;
+    if (e->n_extents)
+        rc = in_exact(in, v, e->n_extents * sizeof(*v), budget);
+    uint64_t end = 0;
+    for (uint32_t k = 0; rc == 0 && k < e->n_extents; k++) {
+        if (v[k].at < end || !v[k].len || v[k].len > e->size || v[k].at > e->size - v[k].len) {
+            rc = -EPROTO;
+            break;
+        }
+        end = v[k].at + v[k].len;
+        for (uint64_t at = v[k].at; rc == 0 && at < end;) {
+            size_t want = end - at < COPY_CHUNK ? end - at : COPY_CHUNK;
+            rc = in_exact(in, buf, want, budget);
+            for (size_t done = 0; rc == 0 && done < want;) {
+                ssize_t m = pwrite(fd, buf + done, want - done, (off_t)(at + done));
+                if (m < 0 && errno == EINTR)
+                    continue;
+                if (m <= 0)
+                    rc = m < 0 ? -errno : -EIO;
+                else
+                    done += (size_t)m;
+            }
+            at += want;
+        }
+    }
+    free(v);
+    if (rc == 0 && ftruncate(fd, (off_t)e->size) < 0)
+        rc = -errno;
+    return rc;
+}
+
+int ws_read_stream(int in, int root, uint64_t max_bytes, char *why, size_t cap)
+{
+    struct ws_index ix = {0};
+    char *buf = malloc(COPY_CHUNK);
+    uint64_t budget = max_bytes;
+    int rc = buf ? 0 : -ENOMEM;
+    struct {
+        char magic[8];
+        uint32_t version, reserved;
+    } head;
+
+    if (rc == 0)
+        rc = in_exact(in, &head, sizeof(head), &budget);
+    if (rc == 0 &&
+        (memcmp(head.magic, STREAM_MAGIC, sizeof(head.magic)) || head.version != STREAM_VERSION))
+        rc = -EPROTO;
+    for (;;) {
+        struct stream_entry e;
+        if (rc < 0 || (rc = in_exact(in, &e, sizeof(e), &budget)) < 0 || e.kind == SK_END)
+            break;
+        /* The entry, as an index of the tree takes it (its parent earlier,
+         * a directory; its name one component), so that it is made
+         * beneath |root| a component at a time, as every copy is. */
+        char name[NAME_MAX + 1], leaf[NAME_MAX + 1];
+        if (e.kind > SK_HARD || !e.name_len || e.name_len > NAME_MAX ||
+            (e.parent != WS_NONE && (e.parent >= ix.n || !S_ISDIR(ix.v[e.parent].mode))) ||
+            (e.kind == SK_HARD &&
+             (e.link_to >= ix.n || !S_ISREG(ix.v[e.link_to].mode) || ix.v[e.link_to].nlink))) {
+            rc = -EPROTO;
+            break;
+        }
+        if ((rc = in_exact(in, name, e.name_len, &budget)) < 0)
+            break;
+        name[e.name_len] = '\0';
+        if (strlen(name) != e.name_len || strchr(name, '/') || strcmp(name, ".") == 0 ||
+            strcmp(name, "..") == 0) {
+            rc = -EPROTO;
+            break;
+        }
+        static const mode_t types[] = {0, S_IFREG, S_IFDIR, S_IFLNK, S_IFIFO, S_IFREG};
+        struct stat st = {.st_mode = types[e.kind] | (e.mode & 07777),
+                          .st_mtim = {(time_t)e.mtime_sec, e.mtime_nsec % 1000000000u}};
+        struct walk w = {.ix = &ix, .why = why, .cap = cap};
+        if ((rc = add_node(&w, e.parent, name, &st)) < 0)
+            break;
+        uint32_t i = ix.n - 1;
+        ix.v[i].nlink = e.kind == SK_HARD; /* a name of another: not a link target */
+        unsigned depth = 0;
+        for (uint32_t p = e.parent; p != WS_NONE; p = ix.v[p].parent)
+            depth++;
+        if (depth > WS_MAX_DEPTH) {
+            rc = -E2BIG;
+            break;
+        }
+        int dir = open_parent(root, &ix, i, leaf);
+        if (dir < 0) {
+            rc = dir;
+            break;
+        }
+        struct timespec times[2] = {{.tv_nsec = UTIME_OMIT}, st.st_mtim};
+        if (e.kind == SK_FILE) {
+            int fd = openat(dir, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+            rc = fd < 0 ? -errno : read_file(in, fd, &e, &budget, buf);
+            if (rc == 0)
+                rc = finish_file(fd, &ix.v[i]);
+            if (fd >= 0)
+                close(fd);
+        } else if (e.kind == SK_DIR)
+            rc = mkdirat(dir, leaf, 0700) < 0 ? -errno : 0;
+        else if (e.kind == SK_FIFO)
+            rc = mkfifoat(dir, leaf, e.mode & 07777) < 0 ? -errno : 0;
+        else if (e.kind == SK_HARD) {
+            char to[NAME_MAX + 1];
+            int todir = open_parent(root, &ix, e.link_to, to);
+            rc = todir < 0 ? todir : linkat(todir, to, dir, leaf, 0) < 0 ? -errno : 0;
+            if (todir >= 0)
+                close(todir);
+        } else {
+            char target[PATH_MAX + 1];
+            if (e.size > PATH_MAX)
+                rc = -EPROTO;
+            else if ((rc = in_exact(in, target, (size_t)e.size, &budget)) == 0) {
+                target[e.size] = '\0';
+                rc = symlinkat(target, dir, leaf) < 0 ? -errno : 0;
+                if (rc == 0)
+                    (void)utimensat(dir, leaf, times, AT_SYMLINK_NOFOLLOW);
+            }
+        }
+        close(dir);
+    }
+    /* Directories last, their modes and times, deepest first. */
+    for (uint32_t i = ix.n; rc == 0 && i-- > 0;) {
+        if (!S_ISDIR(ix.v[i].mode))
+            continue;
+        char leaf[NAME_MAX + 1];
+        int dir = open_parent(root, &ix, i, leaf);
+        struct timespec times[2] = {{.tv_nsec = UTIME_OMIT}, ix.v[i].mtime};
+        rc = dir < 0 ? dir : chmod_nofollow(dir, leaf, ix.v[i].mode & 07777);
+        if (rc == 0 && utimensat(dir, leaf, times, AT_SYMLINK_NOFOLLOW) < 0)
+            rc = -errno;
+        if (dir >= 0)
+            close(dir);
+    }
+    if (rc < 0)
+        errmsg(why, cap, rc, "reading the session's files: %s",
+               rc == -EPROTO ? "the stream is out of form" : strerror(-rc));
+    ws_index_free(&ix);
+    free(buf);
+    return rc;
+}

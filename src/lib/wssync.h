@@ -101,4 +101,15 @@ int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c);
  * bound): everything goes, and the saved copy comes back whole. */
 int ws_restore_all(int ws_fd, int saved_fd);
 
+/* The tree beneath |root| (a saved copy) written to |out| as a stream:
+ * every entry (regular files with their holes, directories, symbolic
+ * links, FIFOs, hard links as names of one file), its mode and time. A
+ * session's image carries its files so. Returns 0 or -errno with |why|. */
+int ws_write_stream(int root, int out, char *why, size_t cap);
+/* ... and read back beneath |root| (an empty directory), each entry made a
+ * component at a time, following no link, after checks of its form; at
+ * most |max_bytes| read. The caller holds the session user's identity
+ * (fsid_enter_owner). Returns 0 or -errno with |why|. */
+int ws_read_stream(int in, int root, uint64_t max_bytes, char *why, size_t cap);
+
 #endif

@@ -2,6 +2,7 @@
 #include "branch.h"
 
 #include "procmaps.h"
+#include "pysbx.h"
 
 #include "sysutil.h"
 #include "util.h"
@@ -21,6 +22,7 @@
 #include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define PAGE         4096ULL
 #define IMPORT_STACK BRANCH_IMPORT_STACK
@@ -407,10 +409,25 @@ static int copy_region(struct copier *c, const struct region *r, char *why, size
 
 /* --- the plan ----------------------------------------------------------------- */
 
+/* A mapping of |t| of the file |m| maps, at its offset, as long. */
+static const struct procmap *same_file(const struct map *t, const struct procmap *m)
+{
+    for (size_t i = 0; t && i < t->n; i++) {
+        const struct procmap *r = &t->v[i].m;
+        if (r->ino == m->ino && r->dev_major == m->dev_major && r->dev_minor == m->dev_minor &&
+            r->off == m->off && r->hi - r->lo == m->hi - m->lo && !r->shared)
+            return r;
+    }
+    return NULL;
+}
+
 /* The branch's map made the state's, but for the stack's size and the
- * pages. */
-static int map_like(int proc_fd, pid_t from, int sock, struct map *a, const struct map *b,
-                    uint64_t stack_at, char *why, size_t cap)
+ * pages. |from| is the state's process, whose files of read-only mounts the
+ * branch maps too; without one (an image), a mapping of a file the
+ * template |tmpl| maps (|t|) is the template's file, and any other file's
+ * is memory of its own. */
+static int map_like(int proc_fd, pid_t from, const struct map *t, pid_t tmpl, int sock,
+                    struct map *a, const struct map *b, uint64_t stack_at, char *why, size_t cap)
 {
     int rc = 0;
 
@@ -456,7 +473,10 @@ static int map_like(int proc_fd, pid_t from, int sock, struct map *a, const stru
                           (unsigned long long)r->m.lo);
         r->fresh = true;
         int fd = -1;
-        if (r->m.ino) {
+        /* An image's mapping of a file the template maps too, elsewhere
+         * (where a module its warm imports loaded went): the template's. */
+        const struct procmap *there = from > 0 || !r->m.ino ? NULL : same_file(t, &r->m);
+        if (there || (r->m.ino && from > 0)) {
             /* The very file the state maps (the kernel's link to it), if it
              * is on a file system nobody writes: the branch shares its
              * pages, as the state shares them with the template. A file
@@ -464,8 +484,9 @@ static int map_like(int proc_fd, pid_t from, int sock, struct map *a, const stru
              * that no write of the state's reaches the branch. */
             char path[64];
             struct statvfs vfs;
-            fmt(path, sizeof(path), "%d/map_files/%llx-%llx", (int)from,
-                (unsigned long long)r->m.lo, (unsigned long long)r->m.hi);
+            fmt(path, sizeof(path), "%d/map_files/%llx-%llx", (int)(there ? tmpl : from),
+                (unsigned long long)(there ? there->lo : r->m.lo),
+                (unsigned long long)(there ? there->hi : r->m.hi));
             fd = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
             if (fd >= 0 && (fstatvfs(fd, &vfs) < 0 || !(vfs.f_flag & ST_RDONLY)))
                 close_fd(&fd);
@@ -487,6 +508,43 @@ static int map_like(int proc_fd, pid_t from, int sock, struct map *a, const stru
     return 0;
 }
 
+/* The pages are in: what was mapped for the copy gets the state's
+ * protection, and the copy resumes. */
+static int resume(int sock, const struct map *a, char *why, size_t cap)
+{
+    char copied = BRANCH_COPIED;
+    int rc = wire_send(sock, &copied, 1, NULL, 0);
+
+    for (size_t i = 0; i < a->n && rc == 0; i++)
+        if (a->v[i].fresh && a->v[i].m.prot != (PROT_READ | PROT_WRITE))
+            rc =
+                send_op(sock, BRANCH_OP_PROTECT, a->v[i].m.prot, a->v[i].m.lo, a->v[i].m.hi, 0, -1);
+    if (rc == 0)
+        rc = send_op(sock, BRANCH_OP_END, 0, 0, 0, 0, -1);
+    if (rc < 0)
+        errmsg(why, cap, rc, "the branch's process does not listen: %s", strerror(-rc));
+    return rc;
+}
+
+/* The branch's first process at its import: its map read, the stack it
+ * imports on placed (told to it), and its map made |a|'s. */
+static int prepare_import(int proc_fd, pid_t from, const struct map *t, pid_t tmpl, pid_t to,
+                          int sock, struct map *a, struct map *b, char *why, size_t cap)
+{
+    int rc = read_map(proc_fd, to, b, why, cap);
+
+    if (rc < 0)
+        return rc;
+    uint64_t stack_at = import_stack_at(a, b);
+    if (!stack_at)
+        return errmsg(why, cap, -ENOMEM, "no room for the branch's import stack");
+    if ((rc = send_op(sock, BRANCH_STACK, 0, stack_at, stack_at + IMPORT_STACK, 0, -1)) < 0)
+        return errmsg(why, cap, rc, "the branch's process does not listen: %s", strerror(-rc));
+    if ((rc = map_like(proc_fd, from, t, tmpl, sock, a, b, stack_at, why, cap)) < 0)
+        return rc;
+    return hear(sock, BRANCH_MAPPED, why, cap);
+}
+
 int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_stats *st,
                 char *why, size_t cap)
 {
@@ -498,21 +556,9 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
 
     memset(st, 0, sizeof(*st));
     if ((rc = read_map(proc_fd, from, &a, why, cap)) < 0 ||
-        (rc = read_map(proc_fd, to, &b, why, cap)) < 0)
+        (rc = prepare_import(proc_fd, from, NULL, 0, to, sock, &a, &b, why, cap)) < 0)
         goto out;
     st->regions = a.n;
-    uint64_t stack_at = import_stack_at(&a, &b);
-    if (!stack_at) {
-        rc = errmsg(why, cap, -ENOMEM, "no room for the branch's import stack");
-        goto out;
-    }
-    if ((rc = send_op(sock, BRANCH_STACK, 0, stack_at, stack_at + IMPORT_STACK, 0, -1)) < 0) {
-        errmsg(why, cap, rc, "the branch's process does not listen: %s", strerror(-rc));
-        goto out;
-    }
-    if ((rc = map_like(proc_fd, from, sock, &a, &b, stack_at, why, cap)) < 0 ||
-        (rc = hear(sock, BRANCH_MAPPED, why, cap)) < 0)
-        goto out;
     fmt(path, sizeof(path), "%d/pagemap", (int)from);
     c.pm_from = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
     fmt(path, sizeof(path), "%d/pagemap", (int)to);
@@ -530,16 +576,7 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
         errmsg(why, cap, rc, "copying the state's pages: %s", strerror(-rc));
     if (rc < 0)
         goto out;
-    char copied = BRANCH_COPIED;
-    rc = wire_send(sock, &copied, 1, NULL, 0);
-    /* What was mapped for the copy gets the state's protection. */
-    for (size_t i = 0; i < a.n && rc == 0; i++)
-        if (a.v[i].fresh && a.v[i].m.prot != (PROT_READ | PROT_WRITE))
-            rc = send_op(sock, BRANCH_OP_PROTECT, a.v[i].m.prot, a.v[i].m.lo, a.v[i].m.hi, 0, -1);
-    if (rc == 0)
-        rc = send_op(sock, BRANCH_OP_END, 0, 0, 0, 0, -1);
-    if (rc < 0)
-        errmsg(why, cap, rc, "the branch's process does not listen: %s", strerror(-rc));
+    rc = resume(sock, &a, why, cap);
 out:
     close_fd(&c.pm_from);
     close_fd(&c.pm_to);
@@ -548,5 +585,467 @@ out:
     free(c.eb);
     map_free(&a);
     map_free(&b);
+    return rc;
+}
+
+/* --- images ------------------------------------------------------------------- */
+
+#define IMAGE_MAGIC   "PYSBXMEM"
+#define IMAGE_END     0x646e652d78627370ULL /* "psbx-end" */
+#define IMAGE_VERSION 1
+
+enum image_how {
+    IMG_PAGES,    /* the pages the image holds; the rest zeros (or its file's: every page held) */
+    IMG_TEMPLATE, /* the template's own mapping of a file: the restoring process has it */
+    IMG_KERNEL,   /* the kernel's pages (vDSO): where every process of the template has them */
+};
+
+struct image_head {
+    char magic[8];
+    uint32_t version, n_regions;
+    uint64_t layout;   /* image_layout() of the template that wrote it */
+    uint64_t as_limit; /* the state's hard RLIMIT_AS */
+    uint64_t bytes;    /* the whole image, this head and the tail included */
+};
+
+struct image_region {
+    uint64_t lo, hi, off, ino;
+    uint32_t dev_major, dev_minor;
+    int32_t prot;
+    uint8_t kind; /* enum procmap_kind */
+    uint8_t how;  /* enum image_how */
+    uint8_t reserved[2];
+    uint64_t n_runs; /* of its pages, in its block: runs, then their bytes */
+};
+
+struct image_run {
+    uint64_t lo, pages;
+};
+
+struct image_tail {
+    uint64_t end;  /* IMAGE_END */
+    uint64_t hash; /* XXH3-64 of every byte before */
+};
+
+/* FNV-1a, over a few words. */
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xff;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+uint64_t image_layout(int proc_fd, pid_t tmpl)
+{
+    struct map m = {0};
+    char why[128];
+    uint64_t h = 0xcbf29ce484222325ULL;
+
+    if (read_map(proc_fd, tmpl, &m, why, sizeof(why)) < 0)
+        return 0;
+    for (const char *v = PYSBX_VERSION; *v; v++)
+        h = mix(h, (unsigned char)*v);
+    for (size_t i = 0; i < m.n; i++) {
+        const struct procmap *r = &m.v[i].m;
+        /* Where things are, not how far the heap and stack have grown. */
+        if (r->ino)
+            h = mix(mix(mix(mix(mix(h, r->lo), r->hi), r->off), r->ino),
+                    (uint64_t)r->dev_major << 32 | r->dev_minor);
+        else if (r->kind == PROCMAP_HEAP)
+            h = mix(h, r->lo);
+        else if (r->kind == PROCMAP_STACK)
+            h = mix(h, r->hi);
+        else if (r->kind == PROCMAP_KERNEL)
+            h = mix(mix(h, r->lo), r->hi);
+    }
+    map_free(&m);
+    return h ? h : 1;
+}
+
+/* Writes or reads the image, hashing every byte as it goes. */
+struct stream {
+    int fd;
+    uint64_t done, limit; /* bytes so far; the most allowed */
+    XXH3_state_t *hash;
+};
+
+static int put(struct stream *s, const void *p, size_t n)
+{
+    int rc = write_full(s->fd, p, n);
+    if (rc == 0) {
+        XXH3_64bits_update(s->hash, p, n);
+        s->done += n;
+    }
+    return rc;
+}
+
+static int take(struct stream *s, void *p, size_t n)
+{
+    if (n > s->limit - s->done)
+        return -EFBIG;
+    ssize_t got = read_full(s->fd, p, n);
+    if (got < 0)
+        return (int)got;
+    if ((size_t)got != n)
+        return -EPIPE; /* cut short */
+    XXH3_64bits_update(s->hash, p, n);
+    s->done += n;
+    return 0;
+}
+
+/* What of the state's region |r| the image holds; its runs added to *v. */
+static int image_runs(const struct region *r, const struct map *t, int pm, enum image_how *how,
+                      uint64_t (**v)[2], size_t *n, size_t *room)
+{
+    *how = IMG_PAGES;
+    if (r->m.kind == PROCMAP_KERNEL) {
+        *how = IMG_KERNEL;
+        return 0;
+    }
+    if (r->m.shared)
+        return -ENOTSUP;
+    if (r->m.ino && !(r->m.prot & PROT_WRITE)) {
+        const struct region *there = region_at(t, r->m.lo);
+        if (there && same_mapping(&there->m, &r->m)) {
+            *how = IMG_TEMPLATE;
+            return 0;
+        }
+    }
+    /* A file's mapping whole (what was never touched is the file's); of
+     * memory of no file, what is there. */
+    int rc = r->m.ino ? -ENOTTY : scan(pm, r->m.lo, r->m.hi, v, n, room);
+    if (rc != -ENOTTY)
+        return rc;
+    if (*n == *room) {
+        size_t c = *room ? *room * 2 : 64;
+        void *nv = realloc(*v, c * sizeof(**v));
+        if (!nv)
+            return -ENOMEM;
+        *v = nv;
+        *room = c;
+    }
+    (*v)[*n][0] = r->m.lo;
+    (*v)[*n][1] = r->m.hi;
+    (*n)++;
+    return 0;
+}
+
+int image_save(int proc_fd, const struct branch_pids *p, const struct image_req *r, int out,
+               uint64_t *bytes, char *why, size_t cap)
+{
+    struct map a = {0}, t = {0};
+    struct stream st = {.fd = out, .limit = UINT64_MAX, .hash = XXH3_createState()};
+    uint64_t(*runs)[2] = NULL;
+    size_t n_runs = 0, room = 0, *first = NULL;
+    uint8_t *how = NULL;
+    char path[32], *buf = malloc(COPY_CHUNK);
+    int pm = -1, rc;
+
+    *bytes = 0;
+    if (!st.hash || !buf) {
+        rc = errmsg(why, cap, -ENOMEM, "template: out of memory");
+        goto out;
+    }
+    XXH3_64bits_reset(st.hash);
+    if ((rc = read_map(proc_fd, p->from, &a, why, cap)) < 0 ||
+        (rc = read_map(proc_fd, r->tmpl, &t, why, cap)) < 0)
+        goto out;
+    fmt(path, sizeof(path), "%d/pagemap", (int)p->from);
+    pm = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
+    first = calloc(a.n + 1, sizeof(*first));
+    how = calloc(a.n ? a.n : 1, 1);
+    if (pm < 0 || !first || !how) {
+        rc = errmsg(why, cap, pm < 0 ? -errno : -ENOMEM, "reading the state's page map: %s",
+                    pm < 0 ? strerror(errno) : "out of memory");
+        goto out;
+    }
+    /* What each region holds, first: the image's length comes first. */
+    uint64_t total =
+        sizeof(struct image_head) + a.n * sizeof(struct image_region) + sizeof(struct image_tail);
+    for (size_t i = 0; i < a.n; i++) {
+        enum image_how h;
+        first[i] = n_runs;
+        rc = image_runs(&a.v[i], &t, pm, &h, &runs, &n_runs, &room);
+        if (rc < 0) {
+            errmsg(why, cap, rc, "the state's mapping at %#llx: %s",
+                   (unsigned long long)a.v[i].m.lo, rc == -ENOTSUP ? "shared" : strerror(-rc));
+            goto out;
+        }
+        how[i] = (uint8_t)h;
+        if (n_runs - first[i] > 1)
+            qsort(runs + first[i], n_runs - first[i], sizeof(*runs), cmp_range);
+        for (size_t k = first[i]; k < n_runs; k++)
+            total += sizeof(struct image_run) + (runs[k][1] - runs[k][0]);
+    }
+    first[a.n] = n_runs;
+    if (total > r->max_bytes) {
+        rc = errmsg(why, cap, -EFBIG, "the state's image would be %llu MiB, more than %llu",
+                    (unsigned long long)(total >> 20), (unsigned long long)(r->max_bytes >> 20));
+        goto out;
+    }
+    struct image_head head = {.version = IMAGE_VERSION,
+                              .n_regions = (uint32_t)a.n,
+                              .layout = r->layout,
+                              .as_limit = r->as_limit,
+                              .bytes = total};
+    memcpy(head.magic, IMAGE_MAGIC, sizeof(head.magic));
+    rc = put(&st, &head, sizeof(head));
+    for (size_t i = 0; i < a.n && rc == 0; i++) {
+        const struct procmap *m = &a.v[i].m;
+        struct image_region ir = {.lo = m->lo,
+                                  .hi = m->hi,
+                                  .off = m->off,
+                                  .ino = m->ino,
+                                  .dev_major = m->dev_major,
+                                  .dev_minor = m->dev_minor,
+                                  .prot = m->prot,
+                                  .kind = (uint8_t)m->kind,
+                                  .how = how[i],
+                                  .n_runs = first[i + 1] - first[i]};
+        rc = put(&st, &ir, sizeof(ir));
+    }
+    for (size_t i = 0; i < a.n && rc == 0; i++) {
+        for (size_t k = first[i]; k < first[i + 1] && rc == 0; k++) {
+            struct image_run run = {runs[k][0], (runs[k][1] - runs[k][0]) / PAGE};
+            rc = put(&st, &run, sizeof(run));
+        }
+        /* The pages, read out of the stopped state a chunk at a time. */
+        for (size_t k = first[i]; k < first[i + 1] && rc == 0; k++)
+            for (uint64_t at = runs[k][0], len; at < runs[k][1] && rc == 0; at += len) {
+                len = runs[k][1] - at < COPY_CHUNK ? runs[k][1] - at : COPY_CHUNK;
+                struct iovec local = {buf, len}, remote = {(void *)(uintptr_t)at, len};
+                errno = 0;
+                if (process_vm_readv(p->vm_from, &local, 1, &remote, 1, 0) != (ssize_t)len)
+                    rc = errno ? -errno : -EFAULT;
+                else
+                    rc = put(&st, buf, len);
+            }
+    }
+    struct image_tail tail = {.end = IMAGE_END, .hash = XXH3_64bits_digest(st.hash)};
+    if (rc == 0)
+        rc = write_full(out, &tail, sizeof(tail));
+    if (rc < 0)
+        errmsg(why, cap, rc, "writing the state's image: %s", strerror(-rc));
+    else
+        *bytes = st.done + sizeof(tail);
+out:
+    close_fd(&pm);
+    XXH3_freeState(st.hash);
+    free(buf);
+    free(runs);
+    free(first);
+    free(how);
+    map_free(&a);
+    map_free(&t);
+    return rc;
+}
+
+/* The head and the map of an image, checked as a map from the kernel is
+ * (procmaps.h), into |a|. */
+static int read_image_map(struct stream *st, const struct image_req *r, struct image_head *head,
+                          struct map *a, uint64_t **n_runs, uint8_t **how, char *why, size_t cap)
+{
+    int rc = take(st, head, sizeof(*head));
+
+    if (rc < 0)
+        return errmsg(why, cap, rc, "reading the image: %s", strerror(-rc));
+    if (memcmp(head->magic, IMAGE_MAGIC, sizeof(head->magic)) != 0 ||
+        head->version != IMAGE_VERSION)
+        return errmsg(why, cap, -EPROTO, "not a session's image of this version");
+    if (head->layout != r->layout)
+        return errmsg(why, cap, -ESTALE,
+                      "the image was made by a template of another layout (another build, "
+                      "or a template started without a fixed layout)");
+    if (head->bytes > r->max_bytes || head->bytes < sizeof(*head) + sizeof(struct image_tail) ||
+        head->n_regions > BRANCH_MAX_REGIONS)
+        return errmsg(why, cap, -EFBIG, "the image is larger than a session may be");
+    st->limit = head->bytes - sizeof(struct image_tail);
+    a->v = calloc(head->n_regions ? head->n_regions : 1, sizeof(*a->v));
+    *n_runs = calloc(head->n_regions ? head->n_regions : 1, sizeof(**n_runs));
+    *how = calloc(head->n_regions ? head->n_regions : 1, 1);
+    if (!a->v || !*n_runs || !*how)
+        return errmsg(why, cap, -ENOMEM, "template: out of memory");
+    for (uint32_t i = 0; i < head->n_regions; i++) {
+        struct image_region ir;
+        if ((rc = take(st, &ir, sizeof(ir))) < 0)
+            return errmsg(why, cap, rc, "reading the image's map: %s", strerror(-rc));
+        struct procmap *m = &a->v[i].m;
+        *m = (struct procmap){.lo = ir.lo,
+                              .hi = ir.hi,
+                              .off = ir.off,
+                              .ino = ir.ino,
+                              .dev_major = ir.dev_major,
+                              .dev_minor = ir.dev_minor,
+                              .prot = ir.prot & (PROT_READ | PROT_WRITE | PROT_EXEC),
+                              .kind = ir.kind <= PROCMAP_KERNEL ? (enum procmap_kind)ir.kind
+                                                                : PROCMAP_PLAIN};
+        if (ir.lo % PAGE || ir.hi % PAGE || ir.lo >= ir.hi || ir.hi > PROCMAPS_ADDR_END ||
+            (i && ir.lo < a->v[i - 1].m.hi) || ir.kind > PROCMAP_KERNEL || ir.how > IMG_KERNEL ||
+            (ir.how != IMG_PAGES && ir.n_runs) || ir.n_runs > (ir.hi - ir.lo) / PAGE ||
+            ir.prot != m->prot)
+            return errmsg(why, cap, -EPROTO, "the image's map is out of order or form at %#llx",
+                          (unsigned long long)ir.lo);
+        (*n_runs)[i] = ir.n_runs;
+        (*how)[i] = ir.how;
+        a->n = i + 1;
+    }
+    return 0;
+}
+
+/* The runs of region |r| from the image: in order, apart, within it. */
+static int read_runs(struct stream *st, const struct region *r, uint64_t n, uint64_t (*v)[2])
+{
+    uint64_t at = r->m.lo;
+
+    for (uint64_t k = 0; k < n; k++) {
+        struct image_run run;
+        int rc = take(st, &run, sizeof(run));
+        if (rc < 0)
+            return rc;
+        if (run.lo % PAGE || run.lo < at || run.lo >= r->m.hi || !run.pages ||
+            run.pages > (r->m.hi - run.lo) / PAGE)
+            return -EPROTO;
+        v[k][0] = run.lo;
+        v[k][1] = run.lo + run.pages * PAGE;
+        at = v[k][1];
+    }
+    return 0;
+}
+
+/* Zeros over the pages the branch has of region |r| that the image does
+ * not hold (|v|, |n|: its runs): they were nothing in the state. */
+static int zero_the_rest(struct copier *c, const struct region *r, uint64_t (*v)[2], uint64_t n,
+                         const char *zeros)
+{
+    uint64_t(*mine)[2] = NULL;
+    size_t m = 0, room = 0;
+    int rc = scan(c->pm_to, r->m.lo, r->m.hi, &mine, &m, &room);
+
+    if (rc == -ENOTTY) {
+        /* Page by page, for a kernel without PAGEMAP_SCAN: all of it. */
+        rc = 0;
+        if ((mine = malloc(sizeof(*mine)))) {
+            mine[0][0] = r->m.lo;
+            mine[0][1] = r->m.hi;
+            m = 1;
+        } else
+            rc = -ENOMEM;
+    }
+    if (m > 1)
+        qsort(mine, m, sizeof(*mine), cmp_range);
+    uint64_t k = 0;
+    for (size_t i = 0; i < m && rc == 0; i++)
+        for (uint64_t at = mine[i][0]; at < mine[i][1] && rc == 0;) {
+            while (k < n && v[k][1] <= at)
+                k++;
+            uint64_t end = mine[i][1];
+            if (k < n && v[k][0] <= at) {
+                at = v[k][1]; /* the image's: written after */
+                continue;
+            }
+            if (k < n && v[k][0] < end)
+                end = v[k][0];
+            if (end - at > COPY_CHUNK)
+                end = at + COPY_CHUNK;
+            struct iovec local = {(void *)zeros, end - at},
+                         remote = {(void *)(uintptr_t)at, end - at};
+            errno = 0;
+            if (process_vm_writev(c->to, &local, 1, &remote, 1, 0) != (ssize_t)(end - at))
+                rc = errno ? -errno : -EFAULT;
+            at = end;
+        }
+    free(mine);
+    return rc;
+}
+
+int image_restore(int proc_fd, const struct branch_pids *p, int sock, const struct image_req *r,
+                  int in, char *why, size_t cap)
+{
+    struct map a = {0}, b = {0}, t = {0};
+    struct stream st = {.fd = in, .limit = sizeof(struct image_head), .hash = XXH3_createState()};
+    struct copier c = {.to = p->vm_to, .pm_from = -1, .pm_to = -1};
+    struct image_head head;
+    uint64_t *n_runs = NULL, (*v)[2] = NULL, v_room = 0;
+    uint8_t *how = NULL;
+    char path[32], *buf = malloc(COPY_CHUNK), *zeros = calloc(1, COPY_CHUNK);
+    int rc;
+
+    if (!st.hash || !buf || !zeros) {
+        rc = errmsg(why, cap, -ENOMEM, "template: out of memory");
+        goto out;
+    }
+    XXH3_64bits_reset(st.hash);
+    if ((rc = read_image_map(&st, r, &head, &a, &n_runs, &how, why, cap)) < 0 ||
+        (rc = read_map(proc_fd, r->tmpl, &t, why, cap)) < 0 ||
+        (rc = prepare_import(proc_fd, -1, &t, r->tmpl, p->to, sock, &a, &b, why, cap)) < 0)
+        goto out;
+    for (size_t i = 0; i < a.n; i++)
+        if (how[i] == IMG_TEMPLATE && !a.v[i].kept && !a.v[i].file_same) {
+            rc = errmsg(why, cap, -ESTALE,
+                        "the image maps a file of the template's at %#llx that this template "
+                        "does not",
+                        (unsigned long long)a.v[i].m.lo);
+            goto out;
+        }
+    fmt(path, sizeof(path), "%d/pagemap", (int)p->to);
+    c.pm_to = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
+    if (c.pm_to < 0) {
+        rc = errmsg(why, cap, -errno, "opening the page map: %s", strerror(errno));
+        goto out;
+    }
+    for (size_t i = 0; i < a.n && rc == 0; i++) {
+        const struct region *reg = &a.v[i];
+        if (how[i] != IMG_PAGES)
+            continue;
+        if (n_runs[i] > v_room) {
+            free(v);
+            v_room = n_runs[i];
+            if (!(v = malloc(v_room * sizeof(*v)))) {
+                rc = -ENOMEM;
+                break;
+            }
+        }
+        if ((rc = read_runs(&st, reg, n_runs[i], v)) < 0 ||
+            (reg->kept && (rc = zero_the_rest(&c, reg, v, n_runs[i], zeros)) < 0))
+            break;
+        for (uint64_t k = 0; k < n_runs[i] && rc == 0; k++)
+            for (uint64_t at = v[k][0], len; at < v[k][1] && rc == 0; at += len) {
+                len = v[k][1] - at < COPY_CHUNK ? v[k][1] - at : COPY_CHUNK;
+                struct iovec local = {buf, len}, remote = {(void *)(uintptr_t)at, len};
+                if ((rc = take(&st, buf, len)) == 0) {
+                    errno = 0;
+                    if (process_vm_writev(p->vm_to, &local, 1, &remote, 1, 0) != (ssize_t)len)
+                        rc = errno ? -errno : -EFAULT;
+                }
+            }
+    }
+    if (rc < 0) {
+        errmsg(why, cap, rc, "restoring the image's pages: %s", strerror(-rc));
+        goto out;
+    }
+    /* All of it read, and what was written is what was read: only then
+     * does the copy resume. */
+    struct image_tail tail;
+    uint64_t hash = XXH3_64bits_digest(st.hash);
+    st.limit = head.bytes;
+    if (st.done != head.bytes - sizeof(tail) || take(&st, &tail, sizeof(tail)) < 0 ||
+        tail.end != IMAGE_END || tail.hash != hash) {
+        rc = errmsg(why, cap, -EBADMSG, "the image is not as it was written (its check fails)");
+        goto out;
+    }
+    rc = resume(sock, &a, why, cap);
+out:
+    close_fd(&c.pm_to);
+    XXH3_freeState(st.hash);
+    free(buf);
+    free(zeros);
+    free(v);
+    free(n_runs);
+    free(how);
+    map_free(&a);
+    map_free(&b);
+    map_free(&t);
     return rc;
 }

@@ -48,4 +48,47 @@ struct branch_pids {
 int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_stats *st,
                 char *why, size_t cap);
 
+/*
+ * Images: a state's memory written to a descriptor, and a branch's first
+ * process made a copy of it from one. The image is the state's map (from
+ * the kernel) and the pages that are the state's own: of each mapping the
+ * present pages (the zero page aside) of memory of no file; all the pages
+ * of a file's mapping that is writable or not the template's own; none of
+ * the template's own mappings of files that are not writable (the process
+ * that restores it maps them too) nor the kernel's. It ends with a check
+ * of all of it (XXH3), and a restore reads it all and checks it before the
+ * copy resumes. Restoring needs a process with the template's layout (the
+ * same template, or one started with the same layout: |layout| says which,
+ * image_layout()); an image is the tenant's data whoever wrote it: every
+ * field of it is checked as a map from the kernel would be, and whatever
+ * it holds is copied into the branch's process alone, confined as any.
+ */
+
+/* The layout of the template as it was started (|pid| under /proc
+ * |proc_fd|, read before anything of its own is mapped): a hash of where
+ * the program, its libraries, stack, heap and the kernel's pages are, and
+ * this build's version; 0 if it cannot be read. A module the template
+ * loads later may land elsewhere at another start: an image maps its file
+ * where the image had it. */
+uint64_t image_layout(int proc_fd, pid_t pid);
+
+struct image_req {
+    pid_t tmpl;         /* the template (its own mappings of files) */
+    uint64_t layout;    /* its image_layout() */
+    uint64_t max_bytes; /* an image past this is refused */
+    uint64_t as_limit;  /* save: the state's hard RLIMIT_AS, written down */
+};
+
+/* Writes the memory of |p->from| (exported and stopped) to |out|, with the
+ * template's own mappings of files that are not writable left out.
+ * *bytes gets its length. Returns 0, or -errno with |why|. */
+int image_save(int proc_fd, const struct branch_pids *p, const struct image_req *r, int out,
+               uint64_t *bytes, char *why, size_t cap);
+
+/* Makes |p->to| (a branch's first process at its import on |sock|) a copy
+ * of the state the image on |in| holds, as branch_copy does from a live
+ * state. Returns 0, or -errno with |why|. */
+int image_restore(int proc_fd, const struct branch_pids *p, int sock, const struct image_req *r,
+                  int in, char *why, size_t cap);
+
 #endif

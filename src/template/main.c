@@ -5,6 +5,7 @@
  * only the control socket open (as TEMPLATE_CTL_FD). It is single-threaded.
  */
 #define _GNU_SOURCE
+#include "branch.h"
 #include "confine.h"
 #include "interp.h"
 #include "packages.h"
@@ -180,6 +181,12 @@ int main(void)
 
     t.pid = getpid();
     prctl(PR_SET_NAME, "pysbx-template");
+    /* Where the program and its libraries are, before anything else is
+     * mapped (an image of a session is for a template laid out so). */
+    int proc = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    t.layout = proc >= 0 ? image_layout(proc, t.pid) : 0;
+    if (proc >= 0)
+        close(proc);
     mallopt(M_ARENA_MAX, WORKER_MALLOC_ARENAS);
     setrlimit(RLIMIT_CORE, &no_core);
     if (chdir("/") < 0 || fcntl(TEMPLATE_CTL_FD, F_SETFD, FD_CLOEXEC) < 0)

@@ -151,15 +151,28 @@ enum next_phase {
     NEXT_FAILED,  /* tried again when a cell is asked for */
 };
 
-/* A branch being made (OPENING, with branch_of): */
+/* A branch being made (OPENING, with branch_of), or a session restored from
+ * an image (restoring): */
 enum branch_step {
     BR_NONE,
     BR_READYING,  /* its first process gets ready, as any session's */
+    BR_IMAGE,     /* restoring: it waits at its import for the image */
     BR_ORIGIN,    /* it waits at its import; the origin's state is not idle yet */
     BR_EXPORTING, /* the origin's state is told to export itself */
     BR_STOPPING,  /* it said it did: being stopped, then copied (branch.h) */
     BR_COPYING,   /* copied by a copier process; its channel is the copier's */
     BR_RESUMING,  /* copied: the copy resumes, and says so */
+};
+
+/* A session's state being written to an image (WIRE_SAVE), while it waits
+ * between cells: the steps of an origin's export for a branch, then a
+ * copier that writes the image. */
+enum save_step {
+    SAVE_NONE,
+    SAVE_WAIT,      /* until the state is idle (its next cell made, stopped) */
+    SAVE_EXPORTING, /* the state is told to export itself */
+    SAVE_STOPPING,  /* it said it did: being stopped */
+    SAVE_COPYING,   /* a copier writes its image */
 };
 
 static const char *const sess_names[] = {"opening",  "waiting",  "asked",   "running",
@@ -241,6 +254,14 @@ struct session_rec {
     /* Its first process said it is ready (OPENING); a spare, made ahead
      * (t->spare), has no supervisor yet (chan -1). */
     bool ready;
+    /* Images (branch.h): a restored session (OPENING, its steps those of a
+     * branch, BR_IMAGE), or the state's image being written (saving). The
+     * image's descriptor, the supervisor's, until the copier has it. */
+    bool restoring;
+    enum save_step saving;
+    uint64_t save_look_ns; /* SAVE_WAIT: looked at again then */
+    int image_fd;
+    uint64_t image_max;
 };
 
 /* Room for the fork command being sent (16 KiB: not on the stack). */
@@ -697,6 +718,7 @@ static void free_session(struct tmpl *t, struct session_rec *s, bool release_uid
     close_fd(&s->ws_fd);
     close_fd(&s->saved_fd);
     close_fd(&s->copier_fd);
+    close_fd(&s->image_fd);
     freezer_cg_end(&t->freezer, s->id, &s->cg);
     prefault_free(&s->plan);
     prefault_free(&s->reads);
@@ -742,6 +764,8 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
         kill(s->copier, SIGKILL); /* reaped as any child of ours */
     s->copier = 0;
     close_fd(&s->copier_fd);
+    close_fd(&s->image_fd);
+    s->saving = SAVE_NONE;
     drop_coming(t, s);
     /* Whatever a fork let through made is of the session's uid: the sweep
      * of the uid finds it (maybe_free). */
@@ -824,6 +848,7 @@ static struct session_rec *session_new(struct tmpl *t, int chan)
                               .ws_fd = -1,
                               .saved_fd = -1,
                               .copier_fd = -1,
+                              .image_fd = -1,
                               .cg = {.dir = -1, .freeze = -1}};
     s->id = ++t->next_id;
     s->own_uid = t->uids.per_run;
@@ -882,6 +907,8 @@ static void make_spare(struct tmpl *t)
 }
 
 static void session_begin(struct tmpl *t, struct session_rec *s);
+static void restore_advance(struct tmpl *t, struct session_rec *s);
+static void save_advance(struct tmpl *t, struct session_rec *s);
 
 void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
 {
@@ -912,6 +939,10 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         s->as_limit = as + BRANCH_IMPORT_STACK;
         s->memory = from->memory;
         s->branch_of = from->id;
+        s->branch_step = BR_READYING;
+        s->branch_by_ns = s->opened_ns + BRANCH_BUDGET_NS;
+    } else if (m->restore) {
+        s->restoring = true;
         s->branch_step = BR_READYING;
         s->branch_by_ns = s->opened_ns + BRANCH_BUDGET_NS;
     }
@@ -951,6 +982,7 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         spare->opened_ns = spare->idle_since_ns = s->opened_ns;
         spare->as_limit = s->as_limit;
         spare->branch_of = s->branch_of;
+        spare->restoring = s->restoring;
         spare->branch_step = s->branch_step;
         spare->branch_by_ns = s->branch_by_ns;
         free(s);
@@ -990,7 +1022,7 @@ static void session_begin(struct tmpl *t, struct session_rec *s)
                              .gid = t->jail.switch_user ? s->gid : 0,
                              .id = s->id};
     struct session_begin b = {.cmd = SESSION_BEGIN,
-                              .branch = s->branch_of != 0,
+                              .branch = s->branch_of || s->restoring,
                               .memory_bytes = s->memory,
                               .as_limit = s->as_limit};
 
@@ -1001,6 +1033,11 @@ static void session_begin(struct tmpl *t, struct session_rec *s)
     if (s->branch_of) {
         s->branch_step = BR_ORIGIN;
         branch_advance(t, s);
+        return;
+    }
+    if (s->restoring) {
+        s->branch_step = BR_IMAGE;
+        restore_advance(t, s);
         return;
     }
     if (wire_send(s->chan, &m, sizeof(m), NULL, 0) < 0) {
@@ -1403,23 +1440,39 @@ static void settle(struct tmpl *t, struct session_rec *s, bool keep)
 /* What the copier says when it is done. */
 struct copier_result {
     int32_t rc;
+    uint32_t reserved;
+    uint64_t bytes; /* an image written */
     char why[WIRE_TEXT_MAX];
 };
 
-/* The copy of |from| into |b|'s first process, by a child of ours that
- * holds nothing but /proc, the branch's channel (which we do not read
- * meanwhile: session_heard) and the pipe it answers on; it dies with us.
- * Returns 0 (BR_COPYING), or -errno with |why|. */
-static int start_copier(struct tmpl *t, struct session_rec *b, pid_t from, char *why, size_t cap)
+/* What a copier makes: a branch of a live state, an image of a state, a
+ * state of an image. */
+enum copy_job { COPY_BRANCH, COPY_SAVE, COPY_RESTORE };
+
+/* A copy of |s|'s (the branch's, the saved or the restored session's) by
+ * a child of ours that holds nothing but /proc, the channel of the process
+ * copied into (which we do not read meanwhile: session_heard), the image's
+ * descriptor and the pipe it answers on; it dies with us, and of its CPU.
+ * |from| is the state copied (BRANCH, SAVE). Returns 0, or -errno with
+ * |why|. */
+static int start_copier(struct tmpl *t, struct session_rec *s, enum copy_job job, pid_t from,
+                        char *why, size_t cap)
 {
     int p[2];
+    pid_t to = job == COPY_SAVE ? 0 : s->state->pid;
     /* The copier is in the pid namespace of our children (keeper.h): the
-     * two processes by the numbers it sees them by. */
-    struct branch_pids pids = {from, b->state->pid, (pid_t)status_inner(t, from, "NSpid:"),
-                               (pid_t)status_inner(t, b->state->pid, "NSpid:")};
+     * processes by the numbers it sees them by. */
+    struct branch_pids pids = {from, to, from ? (pid_t)status_inner(t, from, "NSpid:") : 0,
+                               to ? (pid_t)status_inner(t, to, "NSpid:") : 0};
+    struct image_req req = {.tmpl = t->pid,
+                            .layout = t->layout,
+                            .max_bytes = s->image_max,
+                            .as_limit = job == COPY_SAVE ? as_hard_limit(t, from) : 0};
 
-    if (pids.vm_from <= 0 || pids.vm_to <= 0)
-        return errmsg(why, cap, -ESRCH, "template: the state or its branch is gone");
+    if ((from && pids.vm_from <= 0) || (to && pids.vm_to <= 0))
+        return errmsg(why, cap, -ESRCH, "template: the state or its copy is gone");
+    if (job != COPY_BRANCH && !req.layout)
+        return errmsg(why, cap, -EIO, "template: its layout could not be read when it started");
     if (pipe2(p, O_CLOEXEC) < 0)
         return errmsg(why, cap, -errno, "template: a pipe for the copy: %s", strerror(errno));
     pid_t pid = fork();
@@ -1431,52 +1484,93 @@ static int start_copier(struct tmpl *t, struct session_rec *b, pid_t from, char 
     if (pid == 0) {
         struct copier_result r = {0};
         struct branch_stats st;
-        int keep[3] = {t->proc_fd, b->state->ready_fd, p[1]};
-        /* Its three descriptors at 3, 4 and 5; nothing else of ours. */
-        for (int i = 0; i < 3; i++)
+        int keep[4] = {t->proc_fd, to ? s->state->ready_fd : t->devnull, p[1],
+                       job == COPY_BRANCH ? t->devnull : s->image_fd};
+        /* Its four descriptors at 3 to 6; nothing else of ours. */
+        for (int i = 0; i < 4; i++)
             if ((keep[i] = fcntl(keep[i], F_DUPFD, 64 + i)) < 0)
                 _exit(1);
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             if (dup2(keep[i], 3 + i) < 0)
                 _exit(1);
         prctl(PR_SET_NAME, "pysbx-copier");
         struct rlimit cpu = {BRANCH_COPY_CPU_S, BRANCH_COPY_CPU_S};
-        if (close_range(6, ~0U, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 ||
+        if (close_range(7, ~0U, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 ||
             setrlimit(RLIMIT_CPU, &cpu) < 0)
             _exit(1);
-        r.rc = branch_copy(3, &pids, 4, &st, r.why, sizeof(r.why));
+        r.rc = job == COPY_BRANCH ? branch_copy(3, &pids, 4, &st, r.why, sizeof(r.why))
+               : job == COPY_SAVE ? image_save(3, &pids, &req, 6, &r.bytes, r.why, sizeof(r.why))
+                                  : image_restore(3, &pids, 4, &req, 6, r.why, sizeof(r.why));
         _exit(write_full(5, &r, sizeof(r)) < 0);
     }
     close(p[1]);
-    b->copier = pid;
-    b->copier_fd = p[0];
-    b->branch_step = BR_COPYING;
+    s->copier = pid;
+    s->copier_fd = p[0];
     return 0;
 }
 
+static void save_done(struct tmpl *t, struct session_rec *s, int rc, uint64_t bytes,
+                      const char *why);
+
 /* The copier's answer (or its end without one). */
-static void on_copier(struct tmpl *t, struct session_rec *b)
+static void on_copier(struct tmpl *t, struct session_rec *s)
 {
     struct copier_result r;
-    ssize_t got = read_full(b->copier_fd, &r, sizeof(r));
+    ssize_t got = read_full(s->copier_fd, &r, sizeof(r));
 
-    close_fd(&b->copier_fd);
-    b->copier = 0; /* reaped as any child of ours */
+    close_fd(&s->copier_fd);
+    close_fd(&s->image_fd);
+    s->copier = 0; /* reaped as any child of ours */
     if (got != (ssize_t)sizeof(r)) {
-        end_session(t, b, "the branch's copy ended before it was made");
-        return;
+        r.rc = -EPIPE;
+        fmt(r.why, sizeof(r.why), "the copy ended before it was made");
     }
     r.why[sizeof(r.why) - 1] = '\0';
-    if (r.rc < 0) {
-        end_session(t, b, r.why);
+    if (s->saving == SAVE_COPYING) {
+        save_done(t, s, r.rc, r.bytes, r.why);
         return;
     }
-    b->branch_step = BR_RESUMING;
+    if (r.rc < 0) {
+        end_session(t, s, r.why);
+        return;
+    }
+    s->branch_step = BR_RESUMING;
 }
 
 bool session_heard(const struct worker_rec *w)
 {
     return !(w->session && w == w->session->state && w->session->branch_step == BR_COPYING);
+}
+
+/* An origin whose state may be told to export itself: idle (waiting, its
+ * next cell made, stopped), held by none. */
+static bool exportable(const struct session_rec *a)
+{
+    return a->phase == SESS_WAITING && a->state && a->state->stop_seen && !a->held_by &&
+           !(a->making >= NEXT_FORKING && a->making <= NEXT_FAILING);
+}
+
+/* |a|'s state told to export itself for |holder| (a branch, or |a| itself
+ * when it is saved), which holds it until its copy is made. Returns 0, or
+ * -EPIPE when the state does not listen. */
+static int ask_export(struct tmpl *t, struct session_rec *a, uint64_t holder)
+{
+    char ask = SESSION_EXPORT;
+
+    if (wire_send(a->state->ready_fd, &ask, 1, NULL, 0) < 0)
+        return -EPIPE;
+    a->held_by = holder;
+    a->export_owed = true;
+    a->export_by_ns = now_ns() + FORK_WALL_BUDGET_NS;
+    /* It runs for that alone, within the fork's budget (its code may have
+     * made it anything: a state that spins dies of it). */
+    a->state->cont_cpu_ns = cpu_ns(a->state->pid);
+    disarm_limits(a->state);
+    struct wire_started budget = {.cpu_used_ns = a->state->cont_cpu_ns,
+                                  .cpu_limit_ns = FORK_CPU_BUDGET_NS};
+    arm_cpu_limit(a->state, &budget);
+    proc_continue(t, a->state);
+    return 0;
 }
 
 /* A branch is a session whose first process, once confined, waits at its
@@ -1500,36 +1594,25 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
     }
     switch (b->branch_step) {
     case BR_ORIGIN:
-        if (a->phase != SESS_WAITING || !a->state->stop_seen || a->held_by ||
-            (a->making >= NEXT_FORKING && a->making <= NEXT_FAILING)) {
+        if (!exportable(a)) {
             b->recheck_ns = now_ns() + RECHECK_NS;
             return;
         }
-        char ask = SESSION_EXPORT;
-        if (wire_send(a->state->ready_fd, &ask, 1, NULL, 0) < 0) {
+        if (ask_export(t, a, b->id) < 0) {
             end_session(t, b, "the session branched from does not listen");
             return;
         }
-        a->held_by = b->id;
-        a->export_owed = true;
-        a->export_by_ns = now_ns() + FORK_WALL_BUDGET_NS;
         b->branch_step = BR_EXPORTING;
-        /* It runs for that alone, within the fork's budget (its code may
-         * have made it anything: a state that spins dies of it). */
-        a->state->cont_cpu_ns = cpu_ns(a->state->pid);
-        disarm_limits(a->state);
-        struct wire_started budget = {.cpu_used_ns = a->state->cont_cpu_ns,
-                                      .cpu_limit_ns = FORK_CPU_BUDGET_NS};
-        arm_cpu_limit(a->state, &budget);
-        proc_continue(t, a->state);
         return;
     case BR_STOPPING:
         if (!a->state->stop_seen)
             return;
         /* What the copy costs is the tenant's to size (its mappings, its
          * pages): never the loop's. */
-        if (start_copier(t, b, a->state->pid, why, sizeof(why)) < 0)
+        if (start_copier(t, b, COPY_BRANCH, a->state->pid, why, sizeof(why)) < 0)
             end_session(t, b, why);
+        else
+            b->branch_step = BR_COPYING;
         return;
     default:
         return;
@@ -1558,12 +1641,16 @@ static void release_hold(struct tmpl *t, struct session_rec *a)
  * waits for it. */
 static void origin_exported(struct tmpl *t, struct session_rec *a)
 {
-    struct session_rec *b = find_session(t, a->held_by);
+    struct session_rec *b = a->saving ? NULL : find_session(t, a->held_by);
 
     a->export_owed = false;
     disarm_limits(a->state);
     proc_stop(a->state);
-    if (b && b->phase == SESS_OPENING && b->branch_step == BR_EXPORTING) {
+    if (a->saving == SAVE_EXPORTING) {
+        a->saving = SAVE_STOPPING;
+        if (a->state->stop_seen)
+            save_advance(t, a);
+    } else if (b && b->phase == SESS_OPENING && b->branch_step == BR_EXPORTING) {
         b->branch_step = BR_STOPPING;
         if (a->state->stop_seen)
             branch_advance(t, b);
@@ -1574,14 +1661,14 @@ static void origin_exported(struct tmpl *t, struct session_rec *a)
 /* The copy says it resumed: the branch is a session like any other. */
 static void branch_resumed(struct tmpl *t, struct session_rec *b)
 {
-    struct session_rec *a = find_session(t, b->branch_of);
+    struct session_rec *a = b->restoring ? NULL : find_session(t, b->branch_of);
     struct wire_session m = {.hdr = {WIRE_SESSION, WIRE_VERSION},
                              .pid = b->state->pid,
                              .uid = t->jail.switch_user ? b->uid : 0,
                              .gid = t->jail.switch_user ? b->gid : 0,
                              .id = b->id};
 
-    if (!a || a->phase == SESS_ENDING || a->saved_fd < 0) {
+    if (!b->restoring && (!a || a->phase == SESS_ENDING || a->saved_fd < 0)) {
         end_session(t, b, "the session branched from ended before its files were copied");
         return;
     }
@@ -1593,15 +1680,77 @@ static void branch_resumed(struct tmpl *t, struct session_rec *b)
         return;
     }
     b->branch_step = BR_NONE;
-    release_hold(t, a);
-    if (wire_send(b->chan, &m, sizeof(m), (const int[]){b->ws_fd, b->saved_fd, a->saved_fd},
-                  WIRE_BRANCH_FDS) < 0) {
+    if (a)
+        release_hold(t, a);
+    if (wire_send(b->chan, &m, sizeof(m),
+                  (const int[]){b->ws_fd, b->saved_fd, a ? a->saved_fd : -1},
+                  a ? WIRE_BRANCH_FDS : WIRE_RESTORE_FDS) < 0) {
         end_session(t, b, NULL);
         return;
     }
     b->phase = SESS_WAITING;
     b->idle_since_ns = now_ns();
     start_making(t, b, b->state);
+}
+
+/* --- images --------------------------------------------------------------- */
+
+/* Saving (WIRE_SAVE): once the state is idle it exports itself, as for a
+ * branch, holding the session (no cell meanwhile); once it is seen
+ * stopped, a copier writes its image. */
+static void save_advance(struct tmpl *t, struct session_rec *s)
+{
+    char why[WIRE_TEXT_MAX];
+
+    if (s->saving == SAVE_WAIT) {
+        if (!exportable(s)) {
+            s->save_look_ns = now_ns() + RECHECK_NS;
+            return;
+        }
+        s->save_look_ns = 0;
+        if (ask_export(t, s, s->id) < 0)
+            save_done(t, s, -EPIPE, 0, "the session's state does not listen");
+        else
+            s->saving = SAVE_EXPORTING;
+    } else if (s->saving == SAVE_STOPPING && s->state->stop_seen) {
+        if (start_copier(t, s, COPY_SAVE, s->state->pid, why, sizeof(why)) < 0)
+            save_done(t, s, -EIO, 0, why);
+        else
+            s->saving = SAVE_COPYING;
+    }
+}
+
+/* The image is written (or not, |rc|): the supervisor hears it, with the
+ * saved copy of the files to write after it, and the session goes on. */
+static void save_done(struct tmpl *t, struct session_rec *s, int rc, uint64_t bytes,
+                      const char *why)
+{
+    struct wire_saved m = {.hdr = {WIRE_SAVED, WIRE_VERSION}, .rc = rc, .bytes = bytes};
+
+    fmt(m.why, sizeof(m.why), "%s", why ? why : "");
+    utf8_terminate(m.why);
+    s->saving = SAVE_NONE;
+    close_fd(&s->image_fd);
+    if (wire_send(s->chan, &m, sizeof(m), rc == 0 ? &s->saved_fd : NULL, rc == 0 ? 1 : 0) < 0) {
+        end_session(t, s, NULL);
+        return;
+    }
+    release_hold(t, s);
+    maybe_freeze(s);
+}
+
+/* A restored session's first process, ready at its import, and its image
+ * there (WIRE_RESTORE): a copier makes it the image's state. */
+static void restore_advance(struct tmpl *t, struct session_rec *s)
+{
+    char why[WIRE_TEXT_MAX];
+
+    if (s->branch_step != BR_IMAGE || s->image_fd < 0)
+        return;
+    if (start_copier(t, s, COPY_RESTORE, 0, why, sizeof(why)) < 0)
+        end_session(t, s, why);
+    else
+        s->branch_step = BR_COPYING;
 }
 
 /* --- what the kernel reports ----------------------------------------------- */
@@ -1611,6 +1760,8 @@ void session_stopped(struct tmpl *t, struct worker_rec *w)
     struct session_rec *s = w->session;
 
     hold_stopped(w);
+    if (w == s->state && s->saving == SAVE_STOPPING)
+        save_advance(t, s);
     if (w == s->state && !s->export_owed)
         for (struct session_rec *b = t->sessions; b; b = b->next)
             if (b->branch_of == s->id && b->branch_step == BR_STOPPING)
@@ -1903,10 +2054,25 @@ static void on_channel(struct tmpl *t, struct session_rec *s)
         struct wire_hdr h;
         struct wire_cell cell;
         struct wire_settle settle;
+        struct wire_image image;
     } m;
     int fd;
     ssize_t n = wire_recv_one(s->chan, &m, sizeof(m), &fd);
 
+    /* An image's descriptor: to write a waiting session's state to, or to
+     * read a restored one's from. */
+    if (n == (ssize_t)sizeof(m.image) && fd >= 0 && s->image_fd < 0 &&
+        ((m.h.type == WIRE_SAVE && s->phase == SESS_WAITING && !s->saving && !s->held_by) ||
+         (m.h.type == WIRE_RESTORE && s->restoring && s->phase == SESS_OPENING))) {
+        s->image_fd = fd;
+        s->image_max = m.image.max_bytes;
+        if (m.h.type == WIRE_SAVE) {
+            s->saving = SAVE_WAIT;
+            save_advance(t, s);
+        } else
+            restore_advance(t, s);
+        return;
+    }
     close_fd(&fd);
     if (n == -EINTR || n == -EAGAIN)
         return;
@@ -2040,7 +2206,9 @@ static uint64_t next_deadline(const struct session_rec *s)
         return 1;
     if (s->export_owed)
         d = soonest(d, s->export_by_ns);
-    if (s->phase == SESS_OPENING && s->branch_of)
+    if (s->saving == SAVE_WAIT)
+        d = soonest(d, s->save_look_ns);
+    if (s->phase == SESS_OPENING && (s->branch_of || s->restoring))
         return soonest(d, s->branch_by_ns);
     if (s->phase == SESS_ENDING || s->phase == SESS_OPENING)
         return d;
@@ -2122,6 +2290,8 @@ void sessions_tick(struct tmpl *t)
         }
         if (s->stray && s->stray_look_ns <= now)
             look_for_stray(t, s, false);
+        if (s->saving == SAVE_WAIT && s->save_look_ns && s->save_look_ns <= now)
+            save_advance(t, s);
         if (s->making == NEXT_HOLDING && s->warm_by_ns && s->warm_by_ns <= now) {
             s->warm_by_ns = 0;
             proc_stop(s->coming);
@@ -2136,11 +2306,12 @@ void sessions_tick(struct tmpl *t)
                 cell_looked_at(t, s);
             if (s->phase == SESS_OPENING && s->branch_step == BR_ORIGIN)
                 branch_advance(t, s);
+
             if (s->making == NEXT_FORKED && !look_for_child(t, s))
                 s->recheck_ns = now + LOOK_NS;
         }
         char why[160];
-        if (s->phase == SESS_OPENING && s->branch_of && now >= s->branch_by_ns) {
+        if (s->phase == SESS_OPENING && (s->branch_of || s->restoring) && now >= s->branch_by_ns) {
             fmt(why, sizeof(why), "the branch was not made within %llu s",
                 (unsigned long long)(BRANCH_BUDGET_NS / 1000000000ULL));
             end_session(t, s, why);

@@ -140,6 +140,7 @@ struct tmpl {
     bool freeze;
     char freeze_why[WIRE_LAYER_DETAIL_MAX];
     uint64_t watch_ns; /* stopped processes are looked at again then */
+    uint64_t layout;   /* as it was started (image_layout): an image's layout */
 };
 
 /* Tells the supervisor that a worker could not be made (or the template
