@@ -972,10 +972,10 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         N_S
     };
     static const char *const names[N_S] = {
-        "cell, small state",       "plain run (sbx_run)",        "cell, small state, paused",
-        "cell, 200 MB, paused",    "cell, 200 MB, back to back", "cell replacing 1/10 of it",
-        "branch, small state",     "branch, 200 MB state",       "a 200 MB branch's 1st cell",
-        "branch, 200 MB, runs on", "plain run, 200 MB branch", "branch, 1 GiB state",
+        "cell, small state",        "plain run (sbx_run)",        "cell, small state, paused",
+        "cell, 200 MB, paused",     "cell, 200 MB, back to back", "cell replacing 1/10 of it",
+        "branch, small state",      "branch, 200 MB state",       "a 200 MB branch's 1st cell",
+        "branch, 200 MB, runs on",  "plain run, 200 MB branch",   "branch, 1 GiB state",
         "a 1 GiB branch's 1st cell"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
@@ -1143,17 +1143,16 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         if (!out)
             continue;
         machine(out);
-        fprintf(
-            out,
-            "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
-            "of the same code;\nthen a small and a 200 MB state, %d cells each, alternating, "
-            "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
-            "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
-            "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
-            "half of the 200 MB branches made while plain runs of 'pass' go on back to back;\n"
-            "%d branches of a state that wrote 1 GiB, and their first cells\n\n",
-            sessions, SESSION_CELLS, SESSION_CELLS, THINK_US / 1000, SESSION_CELLS / 5,
-            SESSION_CELLS / 5, HUGE_FORKS);
+        fprintf(out,
+                "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
+                "of the same code;\nthen a small and a 200 MB state, %d cells each, alternating, "
+                "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
+                "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
+                "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
+                "half of the 200 MB branches made while plain runs of 'pass' go on back to back;\n"
+                "%d branches of a state that wrote 1 GiB, and their first cells\n\n",
+                sessions, SESSION_CELLS, SESSION_CELLS, THINK_US / 1000, SESSION_CELLS / 5,
+                SESSION_CELLS / 5, HUGE_FORKS);
         fprintf(out, "%-28s %8s %8s %8s %8s %11s %12s\n", "", "min ms", "p50 ms", "p99 ms", "n",
                 "p50/plain", "faults p50");
         for (int k = 0; k < N_S; k++) {
