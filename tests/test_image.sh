@@ -38,6 +38,14 @@ done
 # support for them) is not a failure of the image: say so and skip.
 [ -n "$found" ] || { echo "SKIPPED: podman cannot start a container here: $($PODMAN run --rm "$BASE" true 2>&1 | tail -1)"; exit 77; }
 echo "podman: $PODMAN, run flags: ${RUNFLAGS:-none}"
+# The base, as Debian's own image does, names its release's security
+# suite: the image's Python and libraries come with their security updates.
+# shellcheck disable=SC2086,SC2016
+security=$($PODMAN run --rm --network none $RUNFLAGS "$BASE" sh -c '. /etc/os-release &&
+    apt-get indextargets --no-release-info --format "\$(RELEASE)" |
+    grep -x "$VERSION_CODENAME-security" | head -1') || security=
+[ -n "$security" ] || fail "the base image's apt sources name no security suite"
+echo "ok   the base image's apt sources name $security"
 
 IMAGE=$(PODMAN="$PODMAN" PODMAN_BUILD_FLAGS="$RUNFLAGS" "$SRC/scripts/image" "$BUILD") ||
     fail "scripts/image"
