@@ -4,44 +4,80 @@
 # default non-root user with no extra flag, and with every layer required
 # under the flags docs/deployment.md gives. Images live in a private store under
 # .cache/podman (ignored by git), not the machine's.
-# Last, one HTTP request to `pysbx serve --http` in a container, through a
-# port published on the host's loopback.
+# Last, one HTTP request to `pysbx serve --http` in a container through a
+# port published on loopback, and deploy/kubernetes played by podman.
+# Every container runs in a network namespace the test makes; only the
+# build uses the host's network (the RUN step fetches from Debian's mirror).
+# A published port needs a bridge, NAT rules and sysctls: made there, they
+# go with the namespace, and nothing in the host's own namespace (another
+# engine's bridge holding podman's subnet takes every connection to it)
+# changes what the test sees.
 # usage: test_image.sh BUILD_DIR SOURCE_DIR
 set -eu
 BUILD=$1
 SRC=$2
 fail() { echo "FAIL $*"; exit 1; }
-command -v podman >/dev/null || { echo "SKIPPED: podman is not installed"; exit 77; }
-[ "$(id -u)" = 0 ] || { echo "SKIPPED: the image test runs podman as root"; exit 77; }
-STORE=${PYSBX_PODMAN_STORE:-$SRC/.cache/podman}
-mkdir -p "$STORE"
-STORE=$(cd "$STORE" && pwd) # podman's store remembers the path it was made with
-PODMAN="podman --root $STORE/root --runroot $STORE/run"
+if [ -z "${IMAGE_TEST_NETNS:-}" ]; then
+    command -v podman >/dev/null || { echo "SKIPPED: podman is not installed"; exit 77; }
+    [ "$(id -u)" = 0 ] || { echo "SKIPPED: the image test runs podman as root"; exit 77; }
+    command -v ip >/dev/null || fail "ip is not installed (scripts/setup installs iproute2)"
+    STORE=${PYSBX_PODMAN_STORE:-$SRC/.cache/podman}
+    mkdir -p "$STORE"
+    STORE=$(cd "$STORE" && pwd) # podman's store remembers the path it was made with
+    PODMAN="podman --root $STORE/root --runroot $STORE/run"
 
-# What this host's podman needs to start a container at all: its default
-# runtime, or runc (crun refuses hybrid cgroup hierarchies), and the default
-# rlimits, or lower ones (raising them needs CAP_SYS_RESOURCE).
-BASE=$(PODMAN="$PODMAN" "$SRC/scripts/image" --base)
-RUNFLAGS=
-found=
-for runtime in "" "--runtime runc"; do
-    for ulimits in "" "--ulimit nofile=4096:4096 --ulimit nproc=4096:4096"; do
-        if $PODMAN $runtime run --rm $ulimits "$BASE" true >/dev/null 2>&1; then
-            PODMAN="$PODMAN $runtime"
-            RUNFLAGS=$ulimits
-            found=1
-            break 2
-        fi
+    # What this host's podman needs to start a container at all: its default
+    # runtime, or runc (crun refuses hybrid cgroup hierarchies), and the default
+    # rlimits, or lower ones (raising them needs CAP_SYS_RESOURCE).
+    BASE=$(PODMAN="$PODMAN" "$SRC/scripts/image" --base)
+    RUNFLAGS=
+    found=
+    for runtime in "" "--runtime runc"; do
+        for ulimits in "" "--ulimit nofile=4096:4096 --ulimit nproc=4096:4096"; do
+            if $PODMAN $runtime run --rm --network none $ulimits "$BASE" true >/dev/null 2>&1; then
+                PODMAN="$PODMAN $runtime"
+                RUNFLAGS=$ulimits
+                found=1
+                break 2
+            fi
+        done
     done
-done
-# A machine that cannot start containers at all (no cgroup or namespace
-# support for them) is not a failure of the image: say so and skip.
-[ -n "$found" ] || { echo "SKIPPED: podman cannot start a container here: $($PODMAN run --rm "$BASE" true 2>&1 | tail -1)"; exit 77; }
-echo "podman: $PODMAN, run flags: ${RUNFLAGS:-none}"
+    # A machine that cannot start containers at all (no cgroup or namespace
+    # support for them) is not a failure of the image: say so and skip.
+    [ -n "$found" ] || { echo "SKIPPED: podman cannot start a container here: $($PODMAN run --rm --network none "$BASE" true 2>&1 | tail -1)"; exit 77; }
+    echo "podman: $PODMAN, run flags: ${RUNFLAGS:-none}"
+    # The base, as Debian's own image does, names its release's security
+    # suite: the image's Python and libraries come with their security updates.
+    # shellcheck disable=SC2086,SC2016
+    security=$($PODMAN run --rm --network none $RUNFLAGS "$BASE" sh -c '. /etc/os-release &&
+        apt-get indextargets --no-release-info --format "\$(RELEASE)" |
+        grep -x "$VERSION_CODENAME-security" | head -1') || security=
+    [ -n "$security" ] || fail "the base image's apt sources name no security suite"
+    echo "ok   the base image's apt sources name $security"
 
-IMAGE=$(PODMAN="$PODMAN" PODMAN_BUILD_FLAGS="$RUNFLAGS" "$SRC/scripts/image" "$BUILD") ||
-    fail "scripts/image"
-echo "built $IMAGE"
+    IMAGE=$(PODMAN="$PODMAN" PODMAN_BUILD_FLAGS="$RUNFLAGS" "$SRC/scripts/image" "$BUILD") ||
+        fail "scripts/image"
+    echo "built $IMAGE"
+    export IMAGE_TEST_NETNS=1 PODMAN RUNFLAGS IMAGE
+    exec unshare --net -- sh "$0" "$BUILD" "$SRC"
+fi
+# From here on in the test's own network namespace, which ends with the
+# last process in it: its loopback is the only interface until podman adds
+# its bridge, and any port on it is free.
+ip link set lo up || fail "bringing up loopback in the test's network namespace"
+# podman keeps the networks it makes (the one podman kube play makes for its
+# pods) in a directory of the test's, not the machine's; and this host's
+# rlimits for containers, as the runs need them, also for the pod.
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+TOK=$T/http
+KUBE=$T/kube
+mkdir "$T/networks" "$TOK" "$KUBE"
+printf '[network]\nnetwork_config_dir = "%s"\n' "$T/networks" >"$T/containers.conf"
+if [ -n "$RUNFLAGS" ]; then
+    printf '[containers]\ndefault_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]\n' >>"$T/containers.conf"
+fi
+export CONTAINERS_CONF="$T/containers.conf"
 in_container() { # [NET=...] in_container [podman run flags...] -- [pysbx arguments...]
     flags=
     while [ "$1" != -- ]; do flags="$flags $1"; shift; done
@@ -65,11 +101,10 @@ in_container --user 0 --cap-add SYS_ADMIN -- doctor --require "$ALL" >/dev/null 
     fail "doctor does not show every layer active"
 echo "ok   every layer active under --user 0 --cap-add SYS_ADMIN"
 # One HTTP request answered from a container: serve --http on all of the
-# container's addresses (a token is then required), published on the host's
-# loopback only.
-port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-TOK=$(mktemp -d)
-trap 'rm -rf "$TOK"; $PODMAN rm -f pysbx-http-test >/dev/null 2>&1 || true' EXIT
+# container's addresses (a token is then required), published on loopback
+# only.
+port=8081
+trap 'rm -rf "$T"; $PODMAN rm -f pysbx-http-test >/dev/null 2>&1 || true' EXIT
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TOK/token"
 chmod 0644 "$TOK/token"
 $PODMAN rm -f pysbx-http-test >/dev/null 2>&1 || true
@@ -98,10 +133,9 @@ echo "ok   an HTTP request answered from a container (serve --http, published on
 # The Deployment as it is, with its own security context, capabilities,
 # probes and volumes; the test adds what a cluster would have: the Secret
 # with the token (played first: podman keeps it as a secret of its own), a
-# single replica, and (podman publishes only host ports) its two ports on the
-# host's loopback. catatonit is the pod's pause process.
+# single replica, and (podman publishes only host ports) its two ports on
+# loopback, each as its own number. catatonit is the pod's pause process.
 command -v catatonit >/dev/null || fail "podman kube play needs catatonit (scripts/setup installs it)"
-KUBE=$(mktemp -d)
 # podman keeps a Secret's volume as a named volume of its own, which kube
 # down leaves: it is removed before and after, so a run never sees another's.
 unplay() {
@@ -109,9 +143,9 @@ unplay() {
     $PODMAN secret rm pysbx-token >/dev/null 2>&1 || true
     $PODMAN volume rm -f pysbx-token >/dev/null 2>&1 || true
 }
-trap 'rm -rf "$TOK"; unplay; rm -rf "$KUBE"' EXIT
-kport=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-mport=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+trap 'unplay; rm -rf "$T"' EXIT
+kport=8080
+mport=9090
 /usr/bin/python3 - "$SRC/deploy/kubernetes/deployment.yaml" "$kport" "$mport" "$KUBE" <<'PY' ||
 import base64, sys, yaml
 dep = yaml.safe_load(open(sys.argv[1]))
@@ -126,11 +160,6 @@ secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pysbx-toke
 open(sys.argv[4] + "/secret.yaml", "w").write(yaml.safe_dump(secret))
 PY
     fail "making the play files"
-# This host's rlimits for containers, as the runs above needed them.
-if [ -n "$RUNFLAGS" ]; then
-    printf '[containers]\ndefault_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]\n' >"$KUBE/containers.conf"
-    export CONTAINERS_CONF="$KUBE/containers.conf"
-fi
 unplay
 $PODMAN kube play "$KUBE/secret.yaml" >"$KUBE/play.out" 2>&1 &&
     $PODMAN kube play "$KUBE/play.yaml" >>"$KUBE/play.out" 2>&1 ||
