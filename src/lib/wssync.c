@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* Change times this close before the index was taken may share a clock
  * tick with a later change (file systems stamp them from a coarse clock):
@@ -783,9 +784,19 @@ struct extent {
     uint64_t at, len;
 };
 
-static int out_all(int fd, const void *p, size_t n)
+/* The stream's descriptor, and a hash (XXH3) of every byte through it. */
+struct fstream {
+    int fd;
+    XXH3_state_t *hash;
+    uint64_t budget; /* reading: the most bytes left to read */
+};
+
+static int out_all(struct fstream *f, const void *p, size_t n)
 {
-    return write_full(fd, p, n);
+    int rc = write_full(f->fd, p, n);
+    if (rc == 0)
+        XXH3_64bits_update(f->hash, p, n);
+    return rc;
 }
 
 /* The extents of |fd| (|size| long) that hold data, into *v. */
@@ -818,7 +829,7 @@ static int extents_of(int fd, off_t size, struct extent **v, uint32_t *n)
 }
 
 static int write_file(int root, const struct ws_index *ix, uint32_t i, struct stream_entry *e,
-                      int out, char *buf)
+                      struct fstream *out, char *buf)
 {
     char leaf[NAME_MAX + 1];
     int dir = open_parent(root, ix, i, leaf);
@@ -861,16 +872,19 @@ static int write_file(int root, const struct ws_index *ix, uint32_t i, struct st
     return rc;
 }
 
-int ws_write_stream(int root, int out, char *why, size_t cap)
+int ws_write_stream(int root, int fd, char *why, size_t cap)
 {
     struct ws_index ix;
+    struct fstream f = {.fd = fd, .hash = XXH3_createState()}, *out = &f;
     char *buf = malloc(COPY_CHUNK);
-    int rc = buf ? walk_all(root, &ix, why, cap) : -ENOMEM;
+    int rc = buf && f.hash ? walk_all(root, &ix, why, cap) : -ENOMEM;
 
     if (rc < 0) {
         free(buf);
-        return buf ? rc : errmsg(why, cap, rc, "out of memory");
+        XXH3_freeState(f.hash);
+        return rc == -ENOMEM ? errmsg(why, cap, rc, "out of memory") : rc;
     }
+    XXH3_64bits_reset(f.hash);
     struct {
         char magic[8];
         uint32_t version, reserved;
@@ -928,29 +942,35 @@ int ws_write_stream(int root, int out, char *why, size_t cap)
     struct stream_entry end = {.kind = SK_END};
     if (rc == 0)
         rc = out_all(out, &end, sizeof(end));
+    /* Last, a hash of all of it: a stream changed or cut is refused. */
+    uint64_t hash = XXH3_64bits_digest(f.hash);
+    if (rc == 0)
+        rc = write_full(fd, &hash, sizeof(hash));
     if (rc < 0)
         errmsg(why, cap, rc, "writing the session's files: %s", strerror(-rc));
     ws_index_free(&ix);
+    XXH3_freeState(f.hash);
     free(buf);
     return rc;
 }
 
-/* Reads exactly |n| bytes, counting them against *budget. */
-static int in_exact(int fd, void *p, size_t n, uint64_t *budget)
+/* Reads exactly |n| bytes, counting them against the budget. */
+static int in_exact(struct fstream *f, void *p, size_t n)
 {
-    if (n > *budget)
+    if (n > f->budget)
         return -EFBIG;
-    ssize_t got = read_full(fd, p, n);
+    ssize_t got = read_full(f->fd, p, n);
     if (got < 0)
         return (int)got;
     if ((size_t)got != n)
         return -EPIPE;
-    *budget -= n;
+    f->budget -= n;
+    XXH3_64bits_update(f->hash, p, n);
     return 0;
 }
 
 /* A file's extents and bytes, from the stream into |fd|. */
-static int read_file(int in, int fd, const struct stream_entry *e, uint64_t *budget, char *buf)
+static int read_file(struct fstream *in, int fd, const struct stream_entry *e, char *buf)
 {
     struct extent *v = NULL;
     int rc = 0;
@@ -960,7 +980,7 @@ static int read_file(int in, int fd, const struct stream_entry *e, uint64_t *bud
     if (e->n_extents && !(v = malloc(e->n_extents * sizeof(*v))))
         return -ENOMEM;
     if (e->n_extents)
-        rc = in_exact(in, v, e->n_extents * sizeof(*v), budget);
+        rc = in_exact(in, v, e->n_extents * sizeof(*v));
     uint64_t end = 0;
     for (uint32_t k = 0; rc == 0 && k < e->n_extents; k++) {
         if (v[k].at < end || !v[k].len || v[k].len > e->size || v[k].at > e->size - v[k].len) {
@@ -970,7 +990,7 @@ static int read_file(int in, int fd, const struct stream_entry *e, uint64_t *bud
         end = v[k].at + v[k].len;
         for (uint64_t at = v[k].at; rc == 0 && at < end;) {
             size_t want = end - at < COPY_CHUNK ? end - at : COPY_CHUNK;
-            rc = in_exact(in, buf, want, budget);
+            rc = in_exact(in, buf, want);
             for (size_t done = 0; rc == 0 && done < want;) {
                 ssize_t m = pwrite(fd, buf + done, want - done, (off_t)(at + done));
                 if (m < 0 && errno == EINTR)
@@ -989,25 +1009,27 @@ static int read_file(int in, int fd, const struct stream_entry *e, uint64_t *bud
     return rc;
 }
 
-int ws_read_stream(int in, int root, uint64_t max_bytes, char *why, size_t cap)
+int ws_read_stream(int fd, int root, uint64_t max_bytes, char *why, size_t cap)
 {
     struct ws_index ix = {0};
+    struct fstream f = {.fd = fd, .hash = XXH3_createState(), .budget = max_bytes}, *in = &f;
     char *buf = malloc(COPY_CHUNK);
-    uint64_t budget = max_bytes;
-    int rc = buf ? 0 : -ENOMEM;
+    int rc = buf && f.hash ? 0 : -ENOMEM;
     struct {
         char magic[8];
         uint32_t version, reserved;
     } head;
 
-    if (rc == 0)
-        rc = in_exact(in, &head, sizeof(head), &budget);
+    if (rc == 0) {
+        XXH3_64bits_reset(f.hash);
+        rc = in_exact(in, &head, sizeof(head));
+    }
     if (rc == 0 &&
         (memcmp(head.magic, STREAM_MAGIC, sizeof(head.magic)) || head.version != STREAM_VERSION))
         rc = -EPROTO;
     for (;;) {
         struct stream_entry e;
-        if (rc < 0 || (rc = in_exact(in, &e, sizeof(e), &budget)) < 0 || e.kind == SK_END)
+        if (rc < 0 || (rc = in_exact(in, &e, sizeof(e))) < 0 || e.kind == SK_END)
             break;
         /* The entry, as an index of the tree takes it (its parent earlier,
          * a directory; its name one component), so that it is made
@@ -1020,7 +1042,7 @@ int ws_read_stream(int in, int root, uint64_t max_bytes, char *why, size_t cap)
             rc = -EPROTO;
             break;
         }
-        if ((rc = in_exact(in, name, e.name_len, &budget)) < 0)
+        if ((rc = in_exact(in, name, e.name_len)) < 0)
             break;
         name[e.name_len] = '\0';
         if (strlen(name) != e.name_len || strchr(name, '/') || strcmp(name, ".") == 0 ||
@@ -1050,12 +1072,12 @@ int ws_read_stream(int in, int root, uint64_t max_bytes, char *why, size_t cap)
         }
         struct timespec times[2] = {{.tv_nsec = UTIME_OMIT}, st.st_mtim};
         if (e.kind == SK_FILE) {
-            int fd = openat(dir, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-            rc = fd < 0 ? -errno : read_file(in, fd, &e, &budget, buf);
+            int out = openat(dir, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+            rc = out < 0 ? -errno : read_file(in, out, &e, buf);
             if (rc == 0)
-                rc = finish_file(fd, &ix.v[i]);
-            if (fd >= 0)
-                close(fd);
+                rc = finish_file(out, &ix.v[i]);
+            if (out >= 0)
+                close(out);
         } else if (e.kind == SK_DIR)
             rc = mkdirat(dir, leaf, 0700) < 0 ? -errno : 0;
         else if (e.kind == SK_FIFO)
@@ -1070,7 +1092,7 @@ int ws_read_stream(int in, int root, uint64_t max_bytes, char *why, size_t cap)
             char target[PATH_MAX + 1];
             if (e.size > PATH_MAX)
                 rc = -EPROTO;
-            else if ((rc = in_exact(in, target, (size_t)e.size, &budget)) == 0) {
+            else if ((rc = in_exact(in, target, (size_t)e.size)) == 0) {
                 target[e.size] = '\0';
                 rc = symlinkat(target, dir, leaf) < 0 ? -errno : 0;
                 if (rc == 0)
@@ -1079,6 +1101,10 @@ int ws_read_stream(int in, int root, uint64_t max_bytes, char *why, size_t cap)
         }
         close(dir);
     }
+    /* What was read is what was written. */
+    uint64_t hash = XXH3_64bits_digest(f.hash), said = 0;
+    if (rc == 0 && (read_full(fd, &said, sizeof(said)) != (ssize_t)sizeof(said) || said != hash))
+        rc = -EBADMSG;
     /* Directories last, their modes and times, deepest first. */
     for (uint32_t i = ix.n; rc == 0 && i-- > 0;) {
         if (!S_ISDIR(ix.v[i].mode))
@@ -1094,8 +1120,11 @@ int ws_read_stream(int in, int root, uint64_t max_bytes, char *why, size_t cap)
     }
     if (rc < 0)
         errmsg(why, cap, rc, "reading the session's files: %s",
-               rc == -EPROTO ? "the stream is out of form" : strerror(-rc));
+               rc == -EPROTO    ? "the stream is out of form"
+               : rc == -EBADMSG ? "the stream is not as it was written (its check fails)"
+                                : strerror(-rc));
     ws_index_free(&ix);
+    XXH3_freeState(f.hash);
     free(buf);
     return rc;
 }
