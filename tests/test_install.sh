@@ -71,7 +71,10 @@ bad=$(nm -D --defined-only "$LIBDIR/libpysbx.so" | awk '{print $3}' | grep -v '^
 [ -z "$bad" ] || fail "libpysbx.so exports more than sbx_*: $bad"
 nm -D --defined-only "$LIBDIR/libpysbx.so" | grep -q ' sbx_run$' || fail "libpysbx.so lacks sbx_run"
 soname=$(readelf -d "$LIBDIR/libpysbx.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
-[ "$soname" = "libpysbx.so.0.5" ] || fail "SONAME is '$soname', not libpysbx.so.0.5"
+# This release's 0.y (the ABI rule), from the header; the ones around it.
+minor=$(sed -n 's/^#define PYSBX_VERSION_MINOR \([0-9]*\)$/\1/p' "$SRC/include/pysbx.h")
+this=0.$minor before=0.$((minor - 1)) after=0.$((minor + 1))
+[ "$soname" = "libpysbx.so.$this" ] || fail "SONAME is '$soname', not libpysbx.so.$this"
 grep -q "^#define PYSBX_SONAME \"$soname\"" "$P/include/pysbx.h" || fail "pysbx.h names another SONAME"
 echo "ok   libpysbx.so exports sbx_* only; SONAME $soname"
 
@@ -116,7 +119,7 @@ int main(void)
 }
 EOF
 # shellcheck disable=SC2046
-cc -Wall -Werror -I"$P/include" "$T/host.c" "$LIBDIR/libpysbx.a" $(pkg-config --libs jansson) \
+cc -Wall -Werror -I"$P/include" "$T/host.c" "$LIBDIR/libpysbx.a" $(pkg-config --libs jansson libxxhash) \
     -lpthread -o "$T/host" || fail "a host defining now_ns, fmt, read_full does not link"
 out=$(PYSBX_TEMPLATE="$HELPER" "$T/host")
 printf '%s\n' "$out"
@@ -136,21 +139,22 @@ cmake -S "$SRC/examples/embed" -B "$T/embed-build" -DCMAKE_PREFIX_PATH="$P" >/de
 cmake --build "$T/embed-build" >/dev/null
 "$T/embed-build/embed" | grep -q "status completed, exit code 0" || fail "embed (find_package)"
 
-# The CMake package follows the ABI rule: 0.5 is accepted, 0.4, 0.6 and 0.0 are not.
+# The CMake package follows the ABI rule: this 0.y is accepted, the ones
+# around it and 0.0 are not.
 mkdir "$T/want"
 cat >"$T/want/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.18)
 project(want C)
 find_package(pysbx ${WANT} REQUIRED)
 EOF
-for want in 0.5 0.5.0 0.4 0.6 0.0 1.0; do
+for want in $this $this.0 $before $after 0.0 1.0; do
     status=0
     cmake -S "$T/want" -B "$T/want-$want" -DWANT="$want" -DCMAKE_PREFIX_PATH="$P" \
         >"$T/want.log" 2>&1 || status=$?
-    case $want in 0.5*) expect=0 ;; *) expect=1 ;; esac
+    case $want in "$this" | "$this.0") expect=0 ;; *) expect=1 ;; esac
     [ "$status" -eq 0 ] && got=0 || got=1
     [ "$got" = "$expect" ] || { cat "$T/want.log"; fail "find_package(pysbx $want): status $status"; }
 done
 grep -q "not compatible\|version" "$T/want.log" || fail "a refused version says nothing"
-echo "ok   find_package(pysbx 0.5) found; 0.4, 0.6, 0.0, 1.0 refused"
+echo "ok   find_package(pysbx $this) found; $before, $after, 0.0, 1.0 refused"
 echo "install test passed"
