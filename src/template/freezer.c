@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -50,7 +51,10 @@ static int own_cgroup(char *path, size_t cap)
 }
 
 /* Each cgroup under |dir| whose name starts with |prefix|, removed if it
- * is empty (after its own children, one level down). */
+ * is empty (after its own children, one level down). A sandbox's
+ * directory (|depth| 1) only once no template holds its lock: a live
+ * template keeps it locked for its whole life, the kernel lets go when
+ * the template is gone, whatever pid namespace either of us is in. */
 static void remove_empty(int dir, const char *prefix, int depth)
 {
     int fd = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -65,11 +69,12 @@ static void remove_empty(int dir, const char *prefix, int depth)
         if (e->d_type != DT_DIR || e->d_name[0] == '.' ||
             strncmp(e->d_name, prefix, strlen(prefix)) != 0)
             continue;
-        /* A sandbox's: only once the template it names is gone. */
-        long owner = depth ? strtol(e->d_name + strlen(prefix), NULL, 10) : 0;
-        if (owner > 0 && (kill((pid_t)owner, 0) == 0 || errno != ESRCH))
-            continue;
         int sub = depth ? openat(dir, e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+        if (depth && (sub < 0 || flock(sub, LOCK_EX | LOCK_NB) < 0)) {
+            if (sub >= 0)
+                close(sub);
+            continue;
+        }
         if (sub >= 0) {
             remove_empty(sub, "", depth - 1);
             close(sub);
@@ -180,12 +185,25 @@ int freezer_open(struct freezer *f, char *why, size_t cap)
     }
     /* What templates killed before us left: gone once empty. */
     remove_empty(parent, SANDBOX_PREFIX, 1);
-    (void)getrandom(&rnd, sizeof(rnd), 0);
-    fmt(f->name, sizeof(f->name), SANDBOX_PREFIX "%d-%08x", (int)getpid(), rnd);
-    rc = mkdirat(parent, f->name, 0700) < 0 ? -errno : 0;
-    if (rc == 0) {
-        f->dir = openat(parent, f->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        rc = f->dir < 0 ? -errno : try_out(f);
+    /* Locked for our life (remove_empty). Another template's sweep may
+     * take the empty directory between its making and our lock (the lock
+     * refused, or a removed cgroup that has no files left): a new name. */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (attempt) {
+            close_fd(&f->dir);
+            (void)unlinkat(parent, f->name, AT_REMOVEDIR);
+        }
+        (void)getrandom(&rnd, sizeof(rnd), 0);
+        fmt(f->name, sizeof(f->name), SANDBOX_PREFIX "%d-%08x", (int)getpid(), rnd);
+        rc = mkdirat(parent, f->name, 0700) < 0 ? -errno : 0;
+        if (rc == 0) {
+            f->dir = openat(parent, f->name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            rc = f->dir < 0 ? -errno : 0;
+        }
+        if (rc == 0)
+            rc = flock(f->dir, LOCK_EX | LOCK_NB) < 0 ? -errno : try_out(f);
+        if (rc != -ENOENT && rc != -EWOULDBLOCK)
+            break;
     }
     if (rc < 0) {
         fmt(why, cap, "cgroup v2 at %s cannot be used here (%s)", path, strerror(-rc));

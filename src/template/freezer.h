@@ -46,7 +46,10 @@ struct freezer_cg {
 
 /* Makes the sandbox's cgroup beside the template's own and tries it out.
  * Returns 1 when there is a freezer, 0 when not (|why| says why). Before
- * the private root, before any thread or pid namespace of ours. */
+ * the private root, before any thread or pid namespace of ours. The
+ * directory is flock()ed for the template's life; the sandbox cgroups of
+ * templates that are gone (no lock held: the kernel dropped it with their
+ * last descriptor) are removed here once empty. */
 int freezer_open(struct freezer *f, char *why, size_t cap);
 
 /* A cgroup for session |id|, not frozen. Returns 0 or -errno. */

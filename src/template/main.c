@@ -329,12 +329,13 @@ int main(void)
     if (wire_send(t.ctl, &hello, sizeof(hello), NULL, 0) < 0)
         return 1;
     pool_run(&t);
-    freezer_close(&t.freezer);
     sweeper_stop(&t.sweeper);
     /* Nothing of ours outlives us, and the range is free for the next
      * sandbox, once we have returned. */
     ids_release(&t.claim);
     keeper_stop(&t.keeper);
+    /* Once every process of ours is reaped: a cgroup with one is busy. */
+    freezer_close(&t.freezer);
     return 0;
 
 fail:
