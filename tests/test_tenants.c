@@ -9,6 +9,8 @@
  * no run of that tenant may wait for the attack (before, they waited
  * seconds), and each attack's own invariant is checked (the branch is an
  * exact copy, a stopped state uses no CPU). The latencies are printed.
+ * The last test has another sandbox, in a pid namespace of its own, start
+ * and end beside ours: our frozen sessions' cgroup must outlive it.
  *
  * Runs as pid 1 of its own pid namespace (tests/in_pidns.sh), as the other
  * session tests do: it reads the sessions' processes from /proc.
@@ -17,12 +19,15 @@
 #include "session_helpers.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SBX(state) (((struct fixture *)*(state))->sbx)
@@ -491,14 +496,77 @@ static void a_stopped_state_does_not_run(void **state)
         assert_int_equal(wait_processes_of(uid, 0), 0);
 }
 
+/* Each sandbox's frozen sessions live in a cgroup of the sandbox's; one
+ * starting removes what sandboxes that are gone left. Another sandbox,
+ * started and closed in a pid namespace of its own (where our template's
+ * pid names nothing, or another process), must take ours for live: before,
+ * it took it for gone and removed it, and no session of ours opened. */
+static void another_sandbox_elsewhere_leaves_ours_alone(void **state)
+{
+    struct sbx_layer_info layers[SBX_LAYER_COUNT];
+
+    sbx_layers(SBX(state), layers);
+    if (!layers[__builtin_ctz(SBX_LAYER_FREEZE)].active)
+        skip();
+    char buf[32] = "";
+    int fd = open("/proc/sys/kernel/ns_last_pid", O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0 && read(fd, buf, sizeof(buf) - 1) > 0);
+    close(fd);
+    pid_t last = (pid_t)atoi(buf) + 64;
+    assert_true(last < 1 << 16);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (unshare(CLONE_NEWPID) < 0)
+            _exit(77);
+        pid_t other = fork();
+        if (other == 0) {
+            /* Past every pid of ours (the namespace numbers from 1, as
+             * ours does): our template's pid names nothing here. */
+            for (pid_t p = 0; p <= last && p >= 0;)
+                if ((p = fork()) == 0)
+                    _exit(0);
+                else if (p > 0)
+                    waitpid(p, NULL, 0);
+            setenv("TENANTS_ONE_SANDBOX", "1", 1);
+            execl("/proc/self/exe", "test_tenants", (char *)NULL);
+            _exit(127);
+        }
+        int st = 0;
+        while (other > 0 && waitpid(other, &st, 0) < 0)
+            ;
+        _exit(other > 0 && WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        ;
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77)
+        skip();
+    assert_int_equal(WEXITSTATUS(st), 0);
+    struct sbx_session *a = open_session(SBX(state), NULL);
+    expect_cell(a, "x = 41", "");
+    expect_cell(a, "print(x + 1)", "42\n");
+    uid_t uid = session_uid(a);
+    sbx_session_close(a);
+    if (geteuid() == 0)
+        assert_int_equal(wait_processes_of(uid, 0), 0);
+}
+
 int main(void)
 {
+    /* The other sandbox of the test above. */
+    if (getenv("TENANTS_ONE_SANDBOX")) {
+        void *f = NULL;
+        return fixture_open(&f) == 0 && fixture_close(&f) == 0 ? 0 : 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(names_that_read_as_mappings_are_names, stop_victim),
         cmocka_unit_test_teardown(names_that_read_as_stacks_are_names, stop_victim),
         cmocka_unit_test_teardown(a_state_of_many_mappings_is_branched_off_the_loop, stop_victim),
         cmocka_unit_test_teardown(a_state_that_read_a_lot_is_branched_off_the_loop, stop_victim),
         cmocka_unit_test_teardown(a_stopped_state_does_not_run, stop_victim),
+        cmocka_unit_test(another_sandbox_elsewhere_leaves_ours_alone),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));
