@@ -74,8 +74,10 @@ static void *bg_main(void *p)
     req.limits = b->limits;
     req.on_output = bg_output;
     req.user = b;
-    if (test_run(b->sbx, &req, &b->res, &err) < 0)
+    if (test_run(b->sbx, &req, &b->res, &err) < 0) {
+        fprintf(stderr, "the run in the background was refused: %s\n", err.message);
         b->res = NULL;
+    }
     pthread_mutex_lock(&b->lock);
     b->done = true;
     pthread_cond_broadcast(&b->cond);

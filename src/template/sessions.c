@@ -1392,6 +1392,10 @@ static void cell_looked_at(struct tmpl *t, struct session_rec *s)
     for (int i = 0; i < 2; i++)
         got[i] = status_number(t, w->pid, fields[i]);
     s->recheck_ns = 0;
+    /* Threads still leaving are the kernel's work of ending them, on the
+     * process's CPU clock after its stop was seen: its clock is held from
+     * each look (watch_stopped leaves it alone meanwhile). */
+    hold_stopped(w);
     if (got[0] != 1 && now_ns() < s->done_ns + THREAD_GRACE_NS) {
         s->recheck_ns = now_ns() + RECHECK_NS;
         return;
@@ -2253,7 +2257,10 @@ static void watch_stopped(struct tmpl *t)
                 w->stop_sent_ns = now_ns();
                 kill(w->pid, SIGSTOP);
             }
-            uint64_t used = ran_while_stopped(w);
+            /* A cell whose threads are still leaving is looked at again
+             * meanwhile (cell_looked_at); it is a moment, and a SIGCONT
+             * that lets it run is reported all the same. */
+            uint64_t used = w == s->cell && s->recheck_ns ? 0 : ran_while_stopped(w);
             if (!used)
                 continue;
             char why[WIRE_TEXT_MAX];
