@@ -254,6 +254,42 @@ static void what_cannot_be_kept_is_named(void **state)
     sbx_session_close(s);
 }
 
+/* The state's memory is the tenant's, and so is what it does while it is
+ * let run to fork the next cell: here a SIGCONT handler of its own (a C
+ * callback, through ctypes) puts a FIFO at its kept file's number. The
+ * template gives the cell only what, looked at, is the regular file that
+ * was kept: the cell finds that number closed, never the FIFO, and the
+ * sandbox goes on (a plain run meanwhile answers). */
+static void a_state_that_swaps_a_kept_descriptor_is_not_believed(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+
+    expect_cell(s,
+                "import ctypes, os, signal, stat\n"
+                "open('k.txt', 'w').write('kept')\n"
+                "f = open('k.txt')\n"
+                "os.mkfifo('fifo')\n"
+                "N = f.fileno()\n"
+                "def swap(sig):\n"
+                "    fd = os.open('fifo', os.O_RDWR | os.O_NONBLOCK)\n"
+                "    os.dup2(fd, N)\n"
+                "    os.close(fd)\n"
+                "handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(swap)\n"
+                "libc = ctypes.CDLL(None)\n"
+                "libc.signal.restype = ctypes.c_void_p\n"
+                "libc.signal(signal.SIGCONT, handler)",
+                "");
+    expect_stdout(SBX(state), "print(6 * 7)", "42\n");
+    expect_cell(s,
+                "try:\n"
+                "    print(stat.S_ISFIFO(os.fstat(N).st_mode), f.read())\n"
+                "except OSError as e:\n"
+                "    print(e.errno == __import__('errno').EBADF)",
+                "True\n");
+    expect_stdout(SBX(state), "print(6 * 7)", "42\n");
+    sbx_session_close(s);
+}
+
 /* A branch of a state with kept files carries them as copies of its own:
  * its writes, seeks and rollbacks are its own, and its origin's are the
  * origin's. */
@@ -300,6 +336,7 @@ int main(void)
         cmocka_unit_test(a_kept_file_made_huge_comes_back),
         cmocka_unit_test(sixty_four_files_are_kept),
         cmocka_unit_test(what_cannot_be_kept_is_named),
+        cmocka_unit_test(a_state_that_swaps_a_kept_descriptor_is_not_believed),
         cmocka_unit_test(a_branch_carries_kept_files),
     };
     if (getenv("TEST_FILTER"))
