@@ -2086,6 +2086,11 @@ static void watch_stopped(struct tmpl *t)
                 w->stop_sent_ns = now_ns();
                 kill(w->pid, SIGSTOP);
             }
+            /* A cell killed to roll it back (or by its limits) runs only
+             * the kernel's exit until it is reaped, which its CPU clock
+             * counts: freeing a large address space takes milliseconds. */
+            if (w && w == s->cell && (s->phase == SESS_ROLLING || w->cpu_killed || w->wall_killed))
+                continue;
             uint64_t used = ran_while_stopped(w);
             if (!used)
                 continue;
