@@ -278,6 +278,20 @@ int kept_hand_out(int proc_fd, pid_t self, pid_t state, dev_t ws_dev, struct kep
     return given;
 }
 
+void kept_prune(int proc_fd, pid_t state, dev_t ws_dev, struct kept_files *k)
+{
+    uint32_t kept = 0;
+
+    for (uint32_t i = 0; i < k->n; i++) {
+        int file = kept_path(proc_fd, state, ws_dev, &k->v[i]);
+        if (file >= 0)
+            close(file);
+        if (file != -ESTALE)
+            k->v[kept++] = k->v[i];
+    }
+    k->n = kept;
+}
+
 int kept_adopt(int state_chan, dev_t ws_dev, struct kept_files *k, const struct wire_adopt *a,
                const int *fds, int nfds)
 {

@@ -42,6 +42,10 @@
  *   descriptors, following no link, within the workspace's size. A file
  *   the cell deleted or replaced (its inode has no name to be put back
  *   at) comes back as a new inode that the state takes on (adopt).
+ * - Keep open a file the sandbox removes after the cell (the report of its
+ *   value, WIRE_VALUE_FILE, made by its own code): no cell is given a file
+ *   with no name (kept_hand_out), nor a branch (kept_prune); the number is
+ *   closed in later cells.
  * - Do anything with what it is given: it is its own file, and what a cell
  *   does with it is the tenant's business, within its own session.
  */
@@ -84,6 +88,10 @@ int kept_look(int proc_fd, pid_t pid, ino_t chan_ino, dev_t ws_dev, struct kept_
  * the template could not (then nothing is left open). */
 int kept_hand_out(int proc_fd, pid_t self, pid_t state, dev_t ws_dev, struct kept_files *k,
                   struct cell_go *go, int *cell_fds, int *sup_fds);
+
+/* |k| without the kept files that the stopped state |state| does not
+ * hold as they were kept (as kept_hand_out finds them). */
+void kept_prune(int proc_fd, pid_t state, dev_t ws_dev, struct kept_files *k);
 
 /* The state (on its channel |state_chan|) takes on the |nfds| files |fds|
  * (regular files of the tmpfs |ws_dev|) at the numbers of the kept files

@@ -1559,6 +1559,7 @@ static void branch_resumed(struct tmpl *t, struct session_rec *b)
      * of them (its supervisor sends them once it has copied the files),
      * before its first cell is made. */
     b->files = a->files;
+    kept_prune(t->proc_fd, a->state->pid, ws_dev(a), &b->files);
     m.held = b->files.n;
     for (uint32_t i = 0; i < b->files.n; i++)
         m.held_ino[i] = b->files.v[i].ino;
