@@ -958,6 +958,10 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
     enum {
         SMALL,
         PLAIN,
+        KEPT2,
+        KEPT64,
+        ROLLBACK,
+        ROLLBACK_KEPT,
         SMALL_PAUSED,
         BIG_PAUSED,
         BIG_BACK,
@@ -972,11 +976,12 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         N_S
     };
     static const char *const names[N_S] = {
-        "cell, small state",        "plain run (sbx_run)",        "cell, small state, paused",
-        "cell, 200 MB, paused",     "cell, 200 MB, back to back", "cell replacing 1/10 of it",
-        "branch, small state",      "branch, 200 MB state",       "a 200 MB branch's 1st cell",
-        "branch, 200 MB, runs on",  "plain run, 200 MB branch",   "branch, 1 GiB state",
-        "a 1 GiB branch's 1st cell"};
+        "cell, small state",          "plain run (sbx_run)",      "cell, 2 kept files",
+        "cell, 64 kept files",        "rolled back, then a cell", "... with 2 kept files",
+        "cell, small state, paused",  "cell, 200 MB, paused",     "cell, 200 MB, back to back",
+        "cell replacing 1/10 of it",  "branch, small state",      "branch, 200 MB state",
+        "a 200 MB branch's 1st cell", "branch, 200 MB, runs on",  "plain run, 200 MB branch",
+        "branch, 1 GiB state",        "a 1 GiB branch's 1st cell"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
     struct sbx_config cfg;
@@ -994,22 +999,46 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
     }
     usleep(500000); /* let the pool fill */
     int sessions = iterations / SESSION_CELLS > 0 ? iterations / SESSION_CELLS : 1;
+    /* The same cells in sessions whose state keeps files open (a sqlite3
+     * connection and a log; 64 files): each cell gets its own descriptions
+     * of them. */
+    static const char *const opening[3] = {
+        "rows = []",
+        "import sqlite3\nc = sqlite3.connect('db.sqlite')\nlog = open('log.txt', 'a')\nrows = []",
+        "fs = [open('f%02d' % i, 'w') for i in range(64)]\nrows = []"};
+    static const int kinds[4] = {SMALL, PLAIN, KEPT2, KEPT64};
     for (int k = 0; k < sessions; k++) {
-        struct sbx_session *s = bench_session(sbx);
-        if (!s)
+        struct sbx_session *s[3] = {bench_session(sbx), bench_session(sbx), bench_session(sbx)};
+        if (!s[0] || !s[1] || !s[2])
             return 1;
-        failures[SMALL] += (session_cell(s, "rows = []", &ok), !ok);
+        for (int m = 0; m < 3; m++)
+            failures[kinds[m ? m + 1 : 0]] += (session_cell(s[m], opening[m], &ok), !ok);
         for (int i = 0; i < SESSION_CELLS; i++) {
-            /* Alternating, which goes first turning each time. */
-            for (int j = 0; j < 2; j++) {
-                bool cell = (i + j) % 2 == 0;
-                double ms = cell ? session_cell(s, "rows.append(len(rows))", &ok)
-                                 : plain_run(sbx, "rows = []\nrows.append(len(rows))", &ok);
-                add_sample(&lat[cell ? SMALL : PLAIN], ms);
-                failures[cell ? SMALL : PLAIN] += !ok;
+            /* In turn, which goes first turning each time. */
+            for (int j = 0; j < 4; j++) {
+                int kind = kinds[(i + j) % 4];
+                double ms = kind == PLAIN ? plain_run(sbx, "rows = []\nrows.append(len(rows))", &ok)
+                                          : session_cell(s[kind == SMALL   ? 0
+                                                           : kind == KEPT2 ? 1
+                                                                           : 2],
+                                                         "rows.append(len(rows))", &ok);
+                add_sample(&lat[kind], ms);
+                failures[kind] += !ok;
             }
         }
-        sbx_session_close(s);
+        /* A cell rolled back, and the one after it (a state that keeps
+         * files forks the next cell only once the files are put back). */
+        for (int i = 0; i < SESSION_CELLS / 5; i++)
+            for (int m = 0; m < 2; m++) {
+                usleep(THINK_US);
+                double ms = session_cell(s[m], "rows.append(0)\nraise ValueError", &ok);
+                failures[m ? ROLLBACK_KEPT : ROLLBACK] += ok;
+                ms += session_cell(s[m], "rows.append(len(rows))", &ok);
+                add_sample(&lat[m ? ROLLBACK_KEPT : ROLLBACK], ms);
+                failures[m ? ROLLBACK_KEPT : ROLLBACK] += !ok;
+            }
+        for (int m = 0; m < 3; m++)
+            sbx_session_close(s[m]);
     }
     /* A small state and a 200 MB one (a list of 5.6 million distinct ints,
      * 36 bytes each), cells alternating between them, a pause before
@@ -1143,16 +1172,20 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         if (!out)
             continue;
         machine(out);
-        fprintf(out,
-                "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
-                "of the same code;\nthen a small and a 200 MB state, %d cells each, alternating, "
-                "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
-                "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
-                "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
-                "half of the 200 MB branches made while plain runs of 'pass' go on back to back;\n"
-                "%d branches of a state that wrote 1 GiB, and their first cells\n\n",
-                sessions, SESSION_CELLS, SESSION_CELLS, THINK_US / 1000, SESSION_CELLS / 5,
-                SESSION_CELLS / 5, HUGE_FORKS);
+        fprintf(
+            out,
+            "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
+            "of the same code and with the same cells of sessions that keep files open (a "
+            "sqlite3\nconnection and a log; 64 files); in each session with none and with "
+            "2, %d cells that raise (rolled back), each timed with the cell after it;\n"
+            "then a small and a 200 MB state, %d cells each, alternating, "
+            "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
+            "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
+            "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
+            "half of the 200 MB branches made while plain runs of 'pass' go on back to back;\n"
+            "%d branches of a state that wrote 1 GiB, and their first cells\n\n",
+            sessions, SESSION_CELLS, SESSION_CELLS / 5, SESSION_CELLS, THINK_US / 1000,
+            SESSION_CELLS / 5, SESSION_CELLS / 5, HUGE_FORKS);
         fprintf(out, "%-28s %8s %8s %8s %8s %11s %12s\n", "", "min ms", "p50 ms", "p99 ms", "n",
                 "p50/plain", "faults p50");
         for (int k = 0; k < N_S; k++) {

@@ -557,6 +557,10 @@ PYSBX_API const char *sbx_error_code_name(enum sbx_error_code code); /* "invalid
  * session's state; if it is rolled back, its process is killed and the
  * session is exactly as it was before the cell, its workspace files
  * included. Between cells the state process is stopped: nothing of it runs.
+ * A cell may leave regular files of its workspace open (at most 64, no
+ * lock held: a sqlite3 connection, a log) for the cells after it, each of
+ * which gets descriptions of its own of them; a rolled-back cell leaves
+ * their contents, offsets and flags as the state had them.
  *
  *          struct sbx_session *s;
  *          rc = sbx_session_open(sbx, NULL, &s, &err);
@@ -593,8 +597,9 @@ struct sbx_session_limits {
 
 /* What a cell that did not end well does to the session. Whatever the
  * choice, a cell whose process is gone (a timeout, the memory limit, a
- * crash, os._exit) or that left a thread running cannot become the state
- * and is rolled back. */
+ * crash, os._exit), that left a thread running or a descriptor a session
+ * cannot keep (anything but regular files of its workspace; a lock) cannot
+ * become the state and is rolled back. */
 enum sbx_rollback {
     /* "on_error" (the default): an uncaught exception or a non-zero
      * sys.exit() rolls back too. */

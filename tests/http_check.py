@@ -810,6 +810,38 @@ for name, who, body, want in [
           == "invalid_request", (r.status, data))
 r, data = A.request("DELETE", "/v1/sessions/nb~b")
 check("a branch closes as any session", r.status == 200, (r.status, data))
+# Kept files: a sqlite3 connection and an open file from one cell to the
+# next; a failed cell through them rolled back exactly; a pipe refused.
+st, a = cell(A, "kf", {"code": "import sqlite3\nc = sqlite3.connect('db.sqlite')\n"
+                               "c.execute('create table t (x)')\n"
+                               "c.execute('insert into t values (1)')\nc.commit()\n"
+                               "f = open('log.txt', 'w+')\nf.write('hello')\nf.flush()\n"
+                               "print(f.tell())"})
+check("kept files over HTTP: a cell that leaves a sqlite3 connection and a file open is kept",
+      st == 200 and a["stdout"] == "5\n" and a["session"]["rolled_back"] is False, a)
+st, a = cell(A, "kf", {"code": "f.write('x' * 100)\nf.flush()\nf.seek(0)\n"
+                               "c.execute('insert into t values (2)')\nc.commit()\n"
+                               "raise ValueError('undo')"})
+check("kept files over HTTP: a failed cell through them is rolled back",
+      st == 200 and a["session"]["rolled_back"] is True and a["error"]["type"] == "ValueError", a)
+st, a = cell(A, "kf", {"code": "print(f.tell(), repr(open('log.txt').read()), "
+                               "c.execute('select x from t').fetchall())"})
+check("kept files over HTTP: the offset, the file and the database are the state's",
+      st == 200 and a["stdout"] == "5 'hello' [(1,)]\n" and not a["session"]["rolled_back"], a)
+st, a = cell(A, "kf", {"code": "import os\nr, w = os.pipe()\nprint(r)"})
+check("kept files over HTTP: a pipe left open is refused, the reason naming it",
+      st == 200 and a["session"]["rolled_back"] is True
+      and f"fd {a['stdout'].strip()} (a pipe)" in (a.get("reason") or ""), a)
+r, data = A.request("POST", "/v1/sessions/kf/fork", {"to": "kf~b"})
+st, a = cell(A, "kf~b", {"code": "f.write(' from b')\nf.flush()\n"
+                                 "print(f.tell(), open('log.txt').read())"})
+check("kept files over HTTP: a branch carries them as its own", r.status == 200 and st == 200
+      and a["stdout"] == "12 hello from b\n", (r.status, data, a))
+st, a = cell(A, "kf", {"code": "print(f.tell(), open('log.txt').read())"})
+check("kept files over HTTP: and its origin's are the origin's",
+      st == 200 and a["stdout"] == "5 hello\n", a)
+A.request("DELETE", "/v1/sessions/kf~b")
+A.request("DELETE", "/v1/sessions/kf")
 st, a = cell(A, "nb", {"code": "print(x)", "cell": 9})
 check("a cell number that is not the next: 410 session_lost, the session ended", st == 410
       and a["error"]["code"] == "session_lost", (st, a))

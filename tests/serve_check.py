@@ -865,6 +865,59 @@ def branches_on_standard_input():
     check("serve exits 0", rc == 0, rc)
 
 
+def kept_files_on_standard_input():
+    """A sqlite3 connection and an open file kept in variables from one
+    cell to the next; a failed cell that wrote 100 bytes through the file,
+    seeked it and committed rows is rolled back exactly (the file's offset
+    and content, the database's rows); a pipe left open is still refused,
+    the reason naming it; a branch carries the files as its own."""
+    lines = [
+        {"id": "k1", "session": "k",
+         "code": "import sqlite3\nc = sqlite3.connect('db.sqlite')\n"
+                 "c.execute('create table t (x)')\nc.execute('insert into t values (1)')\n"
+                 "c.commit()\nf = open('log.txt', 'w+')\nf.write('hello')\nf.flush()\n"
+                 "print(f.tell())"},
+        {"id": "k2", "session": "k",
+         "code": "f.write('x' * 100)\nf.flush()\nf.seek(0)\n"
+                 "c.execute('insert into t values (2)')\nc.commit()\nraise ValueError('undo')"},
+        {"id": "k3", "session": "k",
+         "code": "print(f.tell(), repr(open('log.txt').read()), "
+                 "c.execute('select x from t').fetchall())"},
+        {"id": "k4", "session": "k",
+         "code": "f.write(' world')\nf.flush()\nc.execute('insert into t values (3)')\n"
+                 "c.commit()\nprint(open('log.txt').read(), c.execute('select x from t').fetchall())"},
+        {"id": "k5", "session": "k", "code": "import os\nr, w = os.pipe()\nprint(r)"},
+        {"id": "k6", "session": "k", "code": "print('r' in globals(), f.tell())"},
+        {"id": "kfork", "session_fork": {"from": "k", "to": "kb"}},
+        {"id": "kb1", "session": "kb",
+         "code": "f.write('!')\nf.flush()\nprint(f.tell(), open('log.txt').read())"},
+        {"id": "k7", "session": "k", "code": "print(f.tell(), open('log.txt').read())"},
+    ]
+    rc, answers = serve([json.dumps(l) for l in lines], "--jobs", "2")
+    by = {a.get("id"): a for a in answers}
+    get = lambda k: by.get(k, {})
+    check("kept files: a cell that leaves a sqlite3 connection and a file open is kept",
+          get("k1").get("stdout") == "5\n" and cell_of(get("k1")) == (1, False), get("k1"))
+    check("a failed cell that wrote, seeked and committed through them is rolled back",
+          cell_of(get("k2")) == (2, True) and "ValueError" in get("k2").get("stderr", ""),
+          get("k2"))
+    check("after it, the file's offset and content and the database are the state's",
+          get("k3").get("stdout") == "5 'hello' [(1,)]\n" and cell_of(get("k3")) == (3, False),
+          get("k3"))
+    check("and the next cells go on through them",
+          get("k4").get("stdout") == "hello world [(1,), (3,)]\n"
+          and cell_of(get("k4")) == (4, False), get("k4"))
+    fd = get("k5").get("stdout", "").strip()
+    check("a pipe left open is still refused, the reason naming it",
+          cell_of(get("k5")) == (5, True) and f"fd {fd} (a pipe)" in (get("k5").get("reason") or ""),
+          get("k5"))
+    check("after it, the session is as before", get("k6").get("stdout") == "False 11\n", get("k6"))
+    check("a branch carries the kept files as its own",
+          get("kb1").get("stdout") == "12 hello world!\n"
+          and get("k7").get("stdout") == "11 hello world\n", (get("kb1"), get("k7")))
+    check("serve exits 0", rc == 0, rc)
+
+
 def a_sessions_memory_is_its_first_cells():
     """A session's memory limit is fixed when it opens: its first cell's
     (the default when it asks for none); a later cell's figure does not move
@@ -1485,6 +1538,7 @@ section(a_deep_call_is_refused_to_the_code)
 section(code_that_never_reads_its_answers)
 section(sessions_on_standard_input)
 section(branches_on_standard_input)
+section(kept_files_on_standard_input)
 section(a_sessions_memory_is_its_first_cells)
 section(sessions_need_the_templates_own_proc)
 section(two_servers_never_share_a_uid)

@@ -73,6 +73,30 @@ void expect_cell(struct sbx_session *s, const char *code, const char *want)
     sbx_result_free(r);
 }
 
+void expect_rolled_back(struct sbx_session *s, const char *code)
+{
+    char buf[8192];
+
+    snprintf(buf, sizeof(buf), "%s\nraise RuntimeError('undo this')\n", code);
+    struct sbx_result *r = cell(s, buf);
+    expect_completed(r, 1);
+    if (!r->rolled_back)
+        fail_msg("the failed cell was kept");
+    if (r->reason && strstr(r->reason, "could not"))
+        fail_msg("the rollback was not done: %s", r->reason);
+    sbx_result_free(r);
+}
+
+struct sbx_session *expect_fork(struct sbx_session *from)
+{
+    struct sbx_session *b = NULL;
+    struct sbx_error err = {0};
+
+    if (sbx_session_fork(from, &b, &err) < 0)
+        fail_msg("sbx_session_fork: %s", err.message);
+    return b;
+}
+
 void expect_lost(struct sbx_session *s, const char *why_part)
 {
     struct sbx_error err = {0};

@@ -23,6 +23,11 @@ struct sbx_result *cell_rb(struct sbx_session *s, const char *code, enum sbx_rol
 struct sbx_result *cell(struct sbx_session *s, const char *code);
 /* A cell that must complete, be kept, and print |want|. */
 void expect_cell(struct sbx_session *s, const char *code, const char *want);
+/* |code| then a raise, as a cell that must be rolled back, its files put
+ * back (no "could not" in its reason). */
+void expect_rolled_back(struct sbx_session *s, const char *code);
+/* A branch of |from| that must be made. */
+struct sbx_session *expect_fork(struct sbx_session *from);
 /* The next cell is refused as session_lost, with |why_part| in the reason,
  * and so is the one after. */
 void expect_lost(struct sbx_session *s, const char *why_part);

@@ -23,16 +23,6 @@
 
 #define SBX(state) (((struct fixture *)*(state))->sbx)
 
-static struct sbx_session *fork_of(struct sbx_session *from)
-{
-    struct sbx_session *b = NULL;
-    struct sbx_error err = {0};
-
-    if (sbx_session_fork(from, &b, &err) < 0)
-        fail_msg("sbx_session_fork: %s", err.message);
-    return b;
-}
-
 /* A state with more than variables in it: a module the template had not
  * loaded (an extension's code and data mapped by the state alone), a
  * generator part-way through, a closure, a class, a large list, files in
@@ -71,7 +61,7 @@ static void a_branch_is_a_copy_and_then_its_own(void **state)
     struct sbx_session *a = open_session(SBX(state), NULL);
 
     expect_cell(a, RICH_STATE, "");
-    struct sbx_session *b = fork_of(a);
+    struct sbx_session *b = expect_fork(a);
     /* Both see the state as the last kept cell left it, and each draws
      * its own next value of the generator and the closure. */
     expect_cell(b, RICH_CHECK, RICH_WANT);
@@ -100,7 +90,7 @@ static void a_branch_numbers_on_and_rolls_back_to_itself(void **state)
 
     expect_cell(a, "x = 1", "");
     expect_cell(a, "x += 1", "");
-    struct sbx_session *b = fork_of(a);
+    struct sbx_session *b = expect_fork(a);
     struct sbx_result *r = cell(b, "x += 10\nprint(x)");
     assert_int_equal(r->cell, 3);
     assert_false(r->rolled_back);
@@ -129,7 +119,7 @@ static void a_branch_has_its_own_uid_and_processes(void **state)
 
     expect_cell(a, "open('f', 'w').write('f')", "");
     uid_t ua = session_uid(a);
-    struct sbx_session *b = fork_of(a);
+    struct sbx_session *b = expect_fork(a);
     uid_t ub = session_uid(b);
     if (geteuid() == 0)
         assert_int_not_equal(ua, ub);
@@ -142,7 +132,7 @@ static void a_branch_has_its_own_uid_and_processes(void **state)
         assert_int_equal(wait_processes_of(ua, 0), 0);
     expect_cell(b, "print(open('f').read())", "f\n");
     /* A branch of the branch, then the branch closed: the grandchild goes on. */
-    struct sbx_session *c = fork_of(b);
+    struct sbx_session *c = expect_fork(b);
     sbx_session_close(b);
     if (geteuid() == 0)
         assert_int_equal(wait_processes_of(ub, 0), 0);
@@ -166,14 +156,14 @@ static void a_branch_counts_among_max_sessions(void **state)
     assert_int_equal(sbx_open(&cfg, &sbx, &err), 0);
     struct sbx_session *a = open_session(sbx, NULL);
     expect_cell(a, "x = 1", "");
-    struct sbx_session *b = fork_of(a);
+    struct sbx_session *b = expect_fork(a);
     struct sbx_session *c = NULL;
     assert_int_equal(sbx_session_fork(a, &c, &err), -EBUSY);
     assert_int_equal(err.code, SBX_ERR_BUSY);
     assert_null(c);
     expect_cell(a, "print(x)", "1\n");
     sbx_session_close(b);
-    c = fork_of(a);
+    c = expect_fork(a);
     expect_cell(c, "print(x)", "1\n");
     sbx_session_close(c);
     sbx_session_close(a);
@@ -210,7 +200,7 @@ static void what_a_fork_would_carry_carries_over(void **state)
                 "import os, signal\nos.makedirs('sub')\nos.chdir('sub')\nos.umask(0o027)\n"
                 "hits = []\nsignal.signal(signal.SIGUSR1, lambda *a: hits.append(1))",
                 "");
-    struct sbx_session *b = fork_of(a);
+    struct sbx_session *b = expect_fork(a);
     expect_cell(b,
                 "import os, signal\nos.kill(os.getpid(), signal.SIGUSR1)\n"
                 "print(hits, os.path.basename(os.getcwd()), oct(os.umask(0o022)))",
@@ -226,7 +216,7 @@ static void many_branches_leak_nothing(void **state)
 
     expect_cell(a, "n = 0", "");
     for (int i = 0; i < 20; i++) {
-        struct sbx_session *b = fork_of(a);
+        struct sbx_session *b = expect_fork(a);
         char code[64], want[32];
         snprintf(code, sizeof(code), "n += %d\nprint(n)", i);
         snprintf(want, sizeof(want), "%d\n", i);
@@ -251,7 +241,7 @@ static void a_branch_cannot_reach_its_origin(void **state)
     expect_cell(a, "x = 1\nopen('f', 'w').write('mine')", "");
     uid_t ua = session_uid(a);
     int before = geteuid() == 0 ? processes_of(ua) : -1;
-    struct sbx_session *b = fork_of(a);
+    struct sbx_session *b = expect_fork(a);
     expect_cell(b,
                 "import os, signal\n"
                 "me = os.getpid()\n"
@@ -296,7 +286,7 @@ static void a_mapped_file_is_copied_not_shared(void **state)
                 "m = lambda: ctypes.string_at(p, 1) + ctypes.string_at(p + 8191, 1)\n"
                 "print(m())",
                 "b'aa'\n");
-    struct sbx_session *b = fork_of(a);
+    struct sbx_session *b = expect_fork(a);
     expect_cell(a, "with open('m', 'r+b') as f: f.write(b'z' * 8192)\nprint(m())", "b'zz'\n");
     expect_cell(b, "print(m(), open('m', 'rb').read(1))", "b'aa' b'a'\n");
     expect_cell(b, "with open('m', 'r+b') as f: f.write(b'y' * 8192)\nprint(m())", "b'aa'\n");

@@ -5,8 +5,9 @@
  * links, holes, modes and times, the cell count); an image restores into
  * as many sessions as asked, each its own; a changed, cut or foreign image
  * is refused, saying why, and nothing of it runs; one forged to pass the
- * checks runs confined as any session, reaching nothing; and with a fixed
- * layout an image outlives its sandbox.
+ * checks runs confined as any session, reaching nothing; with a fixed
+ * layout an image outlives its sandbox; and a state that keeps files open
+ * is not written.
  *
  * Runs as pid 1 of its own pid namespace (tests/in_pidns.sh), as the other
  * session tests do.
@@ -343,6 +344,39 @@ static void an_image_outlives_its_sandbox_with_a_fixed_layout(void **state)
     remove_dir(root);
 }
 
+/* A state that keeps a file open (a sqlite3 connection) is not written:
+ * an image holds no open file, and a state restored without it would use
+ * a number that names nothing. The caller hears why, as a request it
+ * can change, and the session goes on with its connection; once the
+ * connection is closed in a cell, its image is written and restores. */
+static void a_state_that_keeps_files_is_not_imaged(void **state)
+{
+    struct sbx_session *a = open_session(SBX(state), NULL);
+    struct sbx_error err = {0};
+    int fd = memfd_create("image", MFD_CLOEXEC);
+
+    assert_true(fd >= 0);
+    expect_cell(a,
+                "import sqlite3\ndb = sqlite3.connect('t.db')\n"
+                "db.execute('create table t (v)'); db.execute('insert into t values (7)')\n"
+                "db.commit()\n",
+                "");
+    int rc = sbx_session_save(a, fd, &err);
+    assert_true(rc < 0);
+    if (err.code != SBX_ERR_INVALID_REQUEST || !strstr(err.message, "keeps 1 files open"))
+        fail_msg("refused as %s: %s", sbx_error_code_name(err.code), err.message);
+    expect_cell(a, "print(db.execute('select v from t').fetchone()[0])", "7\n");
+    expect_cell(a, "db.close()", "");
+    close(fd);
+    fd = save_of(a);
+    sbx_session_close(a);
+    struct sbx_session *b = restore_of(SBX(state), fd);
+    expect_cell(b, "db = sqlite3.connect('t.db')\nprint(db.execute('select v from t').fetchone()[0])",
+                "7\n");
+    sbx_session_close(b);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -351,6 +385,7 @@ int main(void)
         cmocka_unit_test(a_changed_or_cut_image_is_refused),
         cmocka_unit_test(a_forged_image_stays_in_its_session),
         cmocka_unit_test(an_image_outlives_its_sandbox_with_a_fixed_layout),
+        cmocka_unit_test(a_state_that_keeps_files_is_not_imaged),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));

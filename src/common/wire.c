@@ -8,7 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define WIRE_MAX_FDS 8
+/* A cell's WIRE_WORKER: its own, and one for each kept file. */
+#define WIRE_MAX_FDS (WFD_SESSION_COUNT + WIRE_HELD_MAX)
 
 int wire_send(int sock, const void *msg, size_t len, const int *fds, int nfds)
 {

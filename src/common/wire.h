@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define WIRE_VERSION 8
+#define WIRE_VERSION 9
 
 enum wire_msg_type {
     WIRE_CONFIG = 1,
@@ -40,6 +40,7 @@ enum wire_msg_type {
     WIRE_SAVE,         /* supervisor -> template, on the channel: the state's image, to the fd */
     WIRE_SAVED,        /* template -> supervisor, on the channel: written (struct wire_saved) */
     WIRE_RESTORE,      /* supervisor -> template, on a restored session's channel: its image */
+    WIRE_ADOPT,        /* supervisor -> template, on a branch's channel: its kept files */
 };
 
 /* Descriptors attached to WIRE_WORKER, in this order. */
@@ -54,9 +55,19 @@ enum wire_worker_fd {
 };
 
 /* A cell's WIRE_WORKER carries one more: the session's saved workspace,
- * the files as of the last kept cell. */
+ * the files as of the last kept cell. Then one (O_PATH) for each regular
+ * file of the workspace the session's state holds open (kept files, below),
+ * in the order the template keeps them: the files a rollback puts back in
+ * their own inodes. */
 #define WFD_SAVED         WFD_COUNT
 #define WFD_SESSION_COUNT (WFD_COUNT + 1)
+
+/* The most regular files of its workspace a session's state may hold open
+ * from one cell to the next (kept files): a cell that leaves more is
+ * rolled back. A cell gets each as a descriptor of its own, and the
+ * supervisor each with the cell (WFD_SESSION_COUNT + this, at most, on a
+ * cell's WIRE_WORKER; the descriptors one message may carry are more). */
+#define WIRE_HELD_MAX 64
 
 #define WIRE_TEXT_MAX 1024
 #define WIRE_NAME_MAX 64
@@ -144,8 +155,13 @@ struct wire_session {
     struct wire_hdr hdr;
     int32_t pid; /* the session's first state process */
     uint32_t uid, gid;
-    uint32_t reserved;
+    /* A branch whose origin's state holds files open (kept files): how
+     * many, and their inodes in the origin's workspace. The supervisor
+     * answers WIRE_ADOPT with the branch's copy of each (after it copied
+     * the files), before any cell: its state takes them on. */
+    uint32_t held;
     uint64_t id; /* the template's name for it (wire_session_open.branch_of) */
+    uint64_t held_ino[WIRE_HELD_MAX];
 };
 #define WIRE_BRANCH_FDS  3
 #define WIRE_RESTORE_FDS 2
@@ -182,13 +198,33 @@ struct wire_cell {
     uint64_t wall_ms;
 };
 
+/* Files the session's state holds open that now have another inode: a
+ * rolled-back cell deleted or replaced one (its old inode can have no name
+ * again), or a branch's copy. |n| descriptors come with the message, one
+ * for each; which[i] says which of the kept files (as the cell's
+ * WIRE_WORKER carried them; a branch: as its WIRE_SESSION listed them)
+ * the i-th replaces. The state takes each on at the kept file's number. */
+struct wire_adopt {
+    uint32_t n;
+    uint32_t reserved;
+    uint8_t which[WIRE_HELD_MAX];
+};
+
 struct wire_settle {
     struct wire_hdr hdr;
     uint32_t keep; /* 1: the cell kept (its status said KEPT); 0: rolled back */
     uint32_t reserved;
+    struct wire_adopt adopt; /* rolled back: kept files put back in new inodes */
 };
 
-#define WIRE_STATUS_MAGIC 0x70737473u /* "psts" */
+/* WIRE_ADOPT: a branch's kept files (wire_session.held of them, in order). */
+struct wire_adopt_msg {
+    struct wire_hdr hdr;
+    struct wire_adopt adopt;
+};
+
+#define WIRE_STATUS_MAGIC   0x70737473u /* "psts" */
+#define WIRE_STATUS_WHY_MAX 256
 
 struct wire_status {
     uint32_t magic;
@@ -203,6 +239,9 @@ struct wire_status {
      * (its claim); past 64 bits, INT64_MAX or -1 with
      * WIRE_STATUS_EXIT_PAST in flags. */
     int64_t cell_status;
+    /* WIRE_STATUS_FDS_LEFT: which descriptor, and why it cannot be kept
+     * (the template's words, from what the kernel says of it; NUL-ended). */
+    char fds_why[WIRE_STATUS_WHY_MAX];
 };
 
 /* The template killed the worker when its CPU time reached the limit (a
@@ -225,8 +264,10 @@ struct wire_status {
 #define WIRE_STATUS_THREADS_LEFT 32u
 /* ... its output was still open: something could still write to it. */
 #define WIRE_STATUS_OUTPUT_OPEN 64u
-/* ... it left a descriptor open beyond its standard streams and its
- * channel: what later cells did through it could not be rolled back. */
+/* ... it left a descriptor open that a session cannot keep (anything but
+ * its standard streams, its channel and at most WIRE_HELD_MAX regular
+ * files of its workspace, unlocked): what later cells did through it could
+ * not be rolled back. fds_why names it. */
 #define WIRE_STATUS_FDS_LEFT 128u
 /* The session ended while this cell was out (WIRE_ENDED says why): the
  * cell was killed with it. */

@@ -47,6 +47,10 @@ static void read_status(struct supervision *sv)
             .flags = st.flags,
             .cell_status = st.cell_status,
         };
+        /* A reason of a result: a string, valid UTF-8, whatever came. */
+        st.fds_why[sizeof(st.fds_why) - 1] = '\0';
+        fmt(sv->outcome.fds_why, sizeof(sv->outcome.fds_why), "%s", st.fds_why);
+        utf8_terminate(sv->outcome.fds_why);
         sv->have_outcome = true;
     } else {
         sv->lost = true;

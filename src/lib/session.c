@@ -46,6 +46,10 @@ struct sbx_session {
     struct ws_index index;     /* the workspace as of the last cell */
     struct ws_changes changes; /* what the cell running changed */
     bool changes_known;
+    /* The files the state holds open (kept files), as the cell out came
+     * with them (O_PATH): a rollback puts them back in their inodes. */
+    int kept[WIRE_HELD_MAX];
+    unsigned n_kept;
     char unknown_why[160];    /* why they are not known */
     char lost[WIRE_TEXT_MAX]; /* why it is gone, once it is */
 };
@@ -129,7 +133,8 @@ static ssize_t await(struct sbx_session *s, void *buf, size_t cap, int *fds, int
 }
 
 static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t max_cells, int *fds,
-                 int want, int image_fd, struct sbx_session **out, struct sbx_error *err);
+                 int want, int image_fd, struct wire_session *ready, struct sbx_session **out,
+                 struct sbx_error *err);
 static void look_for_end(struct sbx_session *s);
 static bool ended(struct sbx_session *s, struct wire_fail *m, ssize_t n);
 
@@ -160,7 +165,8 @@ int sbx_session_open(struct sbx *sbx, const struct sbx_session_limits *given,
         .lifetime_ms = (uint64_t)(l.lifetime_seconds * 1000.0 + 0.5),
         .memory_bytes = l.memory_bytes ? l.memory_bytes : SBX_DEFAULT_MEMORY_BYTES,
     };
-    int rc = start(sbx, &m, l.max_cells, NULL, 0, -1, &s, err);
+    struct wire_session ready;
+    int rc = start(sbx, &m, l.max_cells, NULL, 0, -1, &ready, &s, err);
     if (rc == 0) {
         clock_gettime(CLOCK_REALTIME, &s->index.taken); /* an empty workspace */
         *out = s;
@@ -179,9 +185,10 @@ static void discard(struct sbx_session *s)
 }
 
 /* A session's place among max_sessions and its channel, asked for with
- * |m|: 0 and *out once the template says it is ready (with |want|
- * descriptors, into |fds|), or -errno with |err|. A restored session's
- * image (|image_fd|) goes to the template as soon as it has the channel. */
+ * |m|: 0, *out and the template's word (*ready) once it says it is ready
+ * (with |want| descriptors, into |fds|), or -errno with |err|. A restored
+ * session's image (|image_fd|) goes to the template as soon as it has the
+ * channel. */
 /* The most an image of a session of |memory| may be: its memory, and the
  * interpreter's own (what the template maps, with numpy and friends some
  * hundreds of MiB), beside its files, which are bounded apart. */
@@ -191,7 +198,8 @@ static uint64_t image_max_bytes(uint64_t memory)
 }
 
 static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t max_cells, int *fds,
-                 int want, int image_fd, struct sbx_session **out, struct sbx_error *err)
+                 int want, int image_fd, struct wire_session *ready, struct sbx_session **out,
+                 struct sbx_error *err)
 {
     struct sbx_session *s = NULL;
     int sv[2] = {-1, -1};
@@ -224,7 +232,6 @@ static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t ma
         struct wire_session session;
         struct wire_fail fail;
     } r;
-    struct wire_session ready;
     uint64_t until = now_ns() + SESSION_OPEN_TIMEOUT_NS;
     ssize_t n = 0;
     /* A template that died just before (its end not yet seen) takes the
@@ -263,17 +270,17 @@ static int start(struct sbx *sbx, const struct wire_session_open *m, uint64_t ma
                                       : "the template ended before the session was ready");
         goto fail;
     }
-    if ((rc = wire_decode_session(&r, (size_t)n, &ready, why, sizeof(why))) < 0) {
+    if ((rc = wire_decode_session(&r, (size_t)n, ready, why, sizeof(why))) < 0) {
         rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, rc, "%s", why);
         goto fail;
     }
-    if (nfds != want) {
+    if (nfds != want || ready->held > (m->branch_of ? WIRE_HELD_MAX : 0)) {
         rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, -EPROTO, "the template's answer was cut");
         goto fail;
     }
-    s->uid = ready.uid;
-    s->gid = ready.gid;
-    s->id = ready.id;
+    s->uid = ready->uid;
+    s->gid = ready->gid;
+    s->id = ready->id;
     *out = s;
     return 0;
 
@@ -281,6 +288,32 @@ fail:
     close_fds(sv, 2);
     close_fds(fds, (size_t)nfds);
     discard(s);
+    return rc;
+}
+
+/* The branch |s| of |from| gets its copies of the files |from|'s state
+ * holds open (ready->held of them, by their inodes in |from|'s workspace):
+ * the same names in its own workspace |ws_fd|, which its state takes on
+ * before its first cell (WIRE_ADOPT). Returns 0 or -errno with |why|. */
+static int give_kept(struct sbx_session *s, const struct sbx_session *from, int ws_fd,
+                     const struct wire_session *ready, char *why, size_t cap)
+{
+    struct wire_adopt_msg m = {.hdr = {WIRE_ADOPT, WIRE_VERSION}, .adopt = {.n = ready->held}};
+    int fds[WIRE_HELD_MAX];
+    uint32_t n = 0;
+    int rc = 0;
+
+    for (; n < ready->held; n++) {
+        fds[n] = ws_open_ino(ws_fd, &from->index, (ino_t)ready->held_ino[n], O_PATH);
+        if (fds[n] < 0) {
+            rc = errmsg(why, cap, fds[n], "a file its state holds open: %s", strerror(-fds[n]));
+            break;
+        }
+        m.adopt.which[n] = (uint8_t)n;
+    }
+    if (rc == 0 && (rc = wire_send(s->chan, &m, sizeof(m), fds, (int)n)) < 0)
+        fmt(why, cap, "telling the template: %s", strerror(-rc));
+    close_fds(fds, n);
     return rc;
 }
 
@@ -308,7 +341,8 @@ int sbx_session_fork(struct sbx_session *from, struct sbx_session **out, struct 
         .memory_bytes = from->memory,
         .branch_of = from->id,
     };
-    rc = start(from->sbx, &m, from->max_cells, fds, WIRE_BRANCH_FDS, -1, &s, err);
+    struct wire_session ready;
+    rc = start(from->sbx, &m, from->max_cells, fds, WIRE_BRANCH_FDS, -1, &ready, &s, err);
     if (rc < 0) {
         /* The branch failed; the origin too, if the template says so. */
         look_for_end(from);
@@ -329,6 +363,8 @@ int sbx_session_fork(struct sbx_session *from, struct sbx_session **out, struct 
             rc = ws_index_build(fds[0], &s->index, why, sizeof(why));
         else
             fmt(why, sizeof(why), "%s", strerror(-rc));
+        if (rc == 0 && ready.held)
+            rc = give_kept(s, from, fds[0], &ready, why, sizeof(why));
         fsid_leave(switched);
     } else
         fmt(why, sizeof(why), "taking the branch's user: %s", strerror(-rc));
@@ -411,8 +447,10 @@ int sbx_session_save(struct sbx_session *s, int fd, struct sbx_error *err)
     }
     r.saved.why[sizeof(r.saved.why) - 1] = '\0';
     if (r.saved.rc < 0 || nfds != 1) {
-        rc = sbx_fail(err, SBX_ERR_UNAVAILABLE, r.saved.rc < 0 ? r.saved.rc : -EPROTO,
-                      "the state's image was not written: %s", r.saved.why);
+        /* -EBUSY: the state's own doing (it keeps files open); it goes on. */
+        rc = sbx_fail(err, r.saved.rc == -EBUSY ? SBX_ERR_INVALID_REQUEST : SBX_ERR_UNAVAILABLE,
+                      r.saved.rc < 0 ? r.saved.rc : -EPROTO, "the state's image was not written: %s",
+                      r.saved.why);
         goto out;
     }
     /* The files as of the last kept cell (the saved copy), as the
@@ -476,7 +514,8 @@ int sbx_session_restore(struct sbx *sbx, const struct sbx_session_limits *limits
         m.memory_bytes = limits->memory_bytes ? limits->memory_bytes : head.memory;
         max_cells = limits->max_cells;
     }
-    rc = start(sbx, &m, max_cells, fds, WIRE_RESTORE_FDS, fd, &s, err);
+    struct wire_session ready;
+    rc = start(sbx, &m, max_cells, fds, WIRE_RESTORE_FDS, fd, &ready, &s, err);
     if (rc < 0) {
         if (err && err->code == SBX_ERR_UNAVAILABLE && rc != -EBUSY)
             err->code = SBX_ERR_SESSION_LOST; /* the template refused the image */
@@ -538,6 +577,13 @@ static void look_for_end(struct sbx_session *s)
         lose(s, "the template said something out of turn");
 }
 
+/* The kept files the last cell came with, let go of. */
+static void drop_kept(struct sbx_session *s)
+{
+    close_fds(s->kept, s->n_kept);
+    s->n_kept = 0;
+}
+
 int session_take_cell(struct sbx_session *s, const struct sbx_request *req, uint64_t deadline,
                       struct taken_worker *w, int *saved, char *why, size_t whylen)
 {
@@ -551,16 +597,17 @@ int session_take_cell(struct sbx_session *s, const struct sbx_request *req, uint
         .cpu_ms = (uint64_t)(req->limits.cpu_seconds * 1000.0 + 0.5),
         .wall_ms = (uint64_t)(req->limits.wall_seconds * 1000.0 + 0.5),
     };
-    int fds[WFD_SESSION_COUNT];
+    int fds[WFD_SESSION_COUNT + WIRE_HELD_MAX];
     int nfds = 0;
 
     for (int i = 0; i < WFD_COUNT; i++)
         w->fds[i] = -1;
+    drop_kept(s);
     if (!s->lost[0] && wire_send(s->chan, &cell, sizeof(cell), NULL, 0) < 0)
         look_for_end(s);
     if (s->lost[0])
         return errmsg(why, whylen, -ENOLINK, "%s", s->lost);
-    ssize_t n = await(s, &m, sizeof(m), fds, WFD_SESSION_COUNT, &nfds, deadline);
+    ssize_t n = await(s, &m, sizeof(m), fds, WFD_SESSION_COUNT + WIRE_HELD_MAX, &nfds, deadline);
     if (n == -ETIMEDOUT) {
         /* The template answers in the end; the channel is out of step
          * until it does, so the session cannot go on. */
@@ -576,13 +623,17 @@ int session_take_cell(struct sbx_session *s, const struct sbx_request *req, uint
         close_fds(fds, (size_t)nfds);
         return errmsg(why, whylen, -ENOLINK, "%s", s->lost);
     }
-    int rc = wire_decode_worker_fds(&m, (size_t)n, nfds, WFD_SESSION_COUNT, &worker, why, whylen);
+    /* The cell's descriptors, then one for each file the state keeps. */
+    int want = nfds > WFD_SESSION_COUNT ? nfds : WFD_SESSION_COUNT;
+    int rc = wire_decode_worker_fds(&m, (size_t)n, nfds, want, &worker, why, whylen);
     if (rc < 0) {
         close_fds(fds, (size_t)nfds);
         return rc;
     }
     memcpy(w->fds, fds, sizeof(w->fds));
     *saved = fds[WFD_SAVED];
+    s->n_kept = (unsigned)(nfds - WFD_SESSION_COUNT);
+    memcpy(s->kept, fds + WFD_SESSION_COUNT, s->n_kept * sizeof(int));
     control_taken(w, &worker);
     return 0;
 }
@@ -622,10 +673,12 @@ static const char *rollback_reason(const struct supervision *sv, const struct sb
     if (f & WIRE_STATUS_OUTPUT_OPEN)
         return "rolled back: the cell's output was still open when it said it had ended (only "
                "a cell whose output has ended can be kept)";
-    if (f & WIRE_STATUS_FDS_LEFT)
-        return "rolled back: the cell left a file or other descriptor open; a kept cell may "
-               "leave none (a rollback could not undo what later cells did through it): close "
-               "it before the cell ends";
+    if (f & WIRE_STATUS_FDS_LEFT) {
+        fmt(buf, cap, "rolled back: %s",
+            sv->outcome.fds_why[0] ? sv->outcome.fds_why
+                                   : "the cell left a descriptor open that a session cannot keep");
+        return buf;
+    }
     if (f & WIRE_STATUS_ROLLED_BACK) {
         long long v = sv->outcome.cell_status;
         if (f & WIRE_STATUS_EXIT_PAST)
@@ -652,12 +705,20 @@ void session_lost_why(const struct sbx_session *s, char *why, size_t cap)
     fmt(why, cap, "%s", s->lost[0] ? s->lost : "the session ended");
 }
 
-/* Tells the template whether the cell it offered is kept. */
-static void send_settle(struct sbx_session *s, bool keep)
+/* Tells the template whether the cell it offered is kept, and (rolled
+ * back) which kept files are in new inodes now: |adopt|, one per kept file,
+ * -1 for those in their own. */
+static void send_settle(struct sbx_session *s, bool keep, const int *adopt)
 {
     struct wire_settle m = {.hdr = {WIRE_SETTLE, WIRE_VERSION}, .keep = keep};
+    int fds[WIRE_HELD_MAX];
 
-    if (!s->lost[0] && wire_send(s->chan, &m, sizeof(m), NULL, 0) < 0)
+    for (unsigned k = 0; !keep && k < s->n_kept; k++)
+        if (adopt[k] >= 0) {
+            m.adopt.which[m.adopt.n] = (uint8_t)k;
+            fds[m.adopt.n++] = adopt[k];
+        }
+    if (!s->lost[0] && wire_send(s->chan, &m, sizeof(m), fds, (int)m.adopt.n) < 0)
         look_for_end(s);
 }
 
@@ -674,8 +735,12 @@ int session_cell_settle(struct sbx_session *s, struct supervision *sv, int saved
     bool keep_files = offered || s->rollback == SBX_ROLLBACK_NEVER;
     bool switched;
     char buf[WIRE_TEXT_MAX], refused[200] = "";
+    int adopt[WIRE_HELD_MAX];
+    struct ws_kept kept_files = {.fds = s->kept, .n = s->n_kept, .adopt = adopt};
     int rc = -EIO;
 
+    for (unsigned k = 0; k < s->n_kept; k++)
+        adopt[k] = -1;
     res->cell = ++s->cells;
     if (keep_files && !s->changes_known) {
         /* What cannot be saved is not kept: the cell rolls back, files and
@@ -695,8 +760,12 @@ int session_cell_settle(struct sbx_session *s, struct supervision *sv, int saved
                 ws_index_take(&s->index, &s->changes);
             kept = rc == 0 && offered;
         } else {
-            rc = s->changes_known ? ws_restore(sv->ws_fd, saved, &s->changes)
-                                  : ws_restore_all(sv->ws_fd, saved);
+            /* The state's kept files in their own inodes, where they can
+             * be (its descriptors name them). */
+            if (s->changes_known)
+                rc = ws_restore(sv->ws_fd, saved, &s->changes, &kept_files);
+            else if ((rc = ws_restore_all(sv->ws_fd, saved)) == 0)
+                rc = ws_restore_kept(sv->ws_fd, saved, &s->index, &kept_files);
             if (rc == 0)
                 rc = ws_index_build(sv->ws_fd, &s->index, buf, sizeof(buf));
         }
@@ -704,7 +773,10 @@ int session_cell_settle(struct sbx_session *s, struct supervision *sv, int saved
     }
     ws_changes_free(&s->changes);
     if (sv->have_outcome)
-        send_settle(s, kept);
+        send_settle(s, kept, adopt);
+    for (unsigned k = 0; k < s->n_kept; k++)
+        close_fd(&adopt[k]);
+    drop_kept(s);
     res->rolled_back = !kept;
     if (rc < 0) {
         /* Neither kept nor put back: the session cannot go on, and the
@@ -811,6 +883,7 @@ void sbx_session_close(struct sbx_session *s)
     close_fd(&s->template_pidfd);
     ws_index_free(&s->index);
     ws_changes_free(&s->changes);
+    drop_kept(s);
     pthread_mutex_unlock(&s->lock);
     pthread_mutex_destroy(&s->lock);
     atomic_fetch_sub(&s->sbx->sessions, 1);

@@ -11,6 +11,7 @@
 
 #include "outbuf.h"
 #include "tools.h"
+#include "wire.h"
 #include "pysbx.h"
 
 #include <stdbool.h>
@@ -30,6 +31,7 @@ struct run_outcome {
     int64_t maxrss_kb;
     uint32_t flags;      /* WIRE_STATUS_* as the template sent them */
     int64_t cell_status; /* a session's cell: its code's own value (its claim; wire.h) */
+    char fds_why[WIRE_STATUS_WHY_MAX]; /* WIRE_STATUS_FDS_LEFT: the template's words */
 };
 
 struct supervision {

@@ -8,10 +8,15 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+/* Names tried for parking one kept file (park) before giving up on it. */
+#define PARK_ATTEMPTS 32
 
 /* Change times this close before the index was taken may share a clock
  * tick with a later change (file systems stamp them from a coarse clock):
@@ -662,6 +667,157 @@ static int make_node(int src, int dst, const struct ws_index *ix, uint32_t i, st
     return rc;
 }
 
+/* --- kept files ------------------------------------------------------------------- */
+
+/* The first regular file of |ix| whose inode is |ino|, or WS_NONE. */
+static uint32_t node_of_ino(const struct ws_index *ix, ino_t ino)
+{
+    for (uint32_t i = 0; i < ix->n; i++)
+        if (S_ISREG(ix->v[i].mode) && ix->v[i].ino == ino)
+            return i;
+    return WS_NONE;
+}
+
+int ws_open_ino(int root, const struct ws_index *ix, ino_t ino, int flags)
+{
+    char leaf[NAME_MAX + 1];
+    uint32_t i = node_of_ino(ix, ino);
+
+    if (i == WS_NONE)
+        return -ENOENT;
+    int dir = open_parent(root, ix, i, leaf);
+    if (dir < 0)
+        return dir;
+    int fd = openat(dir, leaf, flags | O_NOFOLLOW | O_CLOEXEC);
+    int rc = fd < 0 ? -errno : fd;
+    close(dir);
+    return rc;
+}
+
+/* Whether inode |ino| is still at one of the names the index gave it (the
+ * restore leaves it there, and rewrites it in place). */
+static bool still_named(const struct ws_changes *c, ino_t ino)
+{
+    for (uint32_t i = 0; i < c->now.n; i++) {
+        const struct ws_node *n = &c->now.v[i];
+        if (n->ino == ino && S_ISREG(n->mode) && n->twin != WS_NONE &&
+            c->old->v[n->twin].ino == ino)
+            return true;
+    }
+    return false;
+}
+
+/* A kept file the cell moved off all its names, linked under a name of
+ * ours at the top while the restore removes what the cell made (its last
+ * name may be among it, and an inode with no name can never get one
+ * again), then moved back to the first of its names (unpark). */
+struct parked {
+    ino_t ino;
+    char name[48]; /* "" once moved back */
+};
+
+/* A hard link to the file |fd| (O_PATH will do) at a free name of ours in
+ * |ws_fd|: by the descriptor itself, or else through /proc (which needs no
+ * capability). Returns 0, or -errno when it could not be made (then the
+ * file may be left with no name: ws_restore puts it back as a new inode). */
+static int park(int ws_fd, int fd, unsigned k, struct parked *p)
+{
+    char proc[40];
+    int rc = -EEXIST;
+
+    fmt(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    for (unsigned attempt = 0; rc == -EEXIST && attempt < PARK_ATTEMPTS; attempt++) {
+        fmt(p->name, sizeof(p->name), ".pysbx-kept-%u-%u", k, attempt);
+        rc = linkat(fd, "", ws_fd, p->name, AT_EMPTY_PATH) == 0 ? 0 : -errno;
+        if (rc < 0 && rc != -EEXIST)
+            rc = linkat(AT_FDCWD, proc, ws_fd, p->name, AT_SYMLINK_FOLLOW) == 0 ? 0 : -errno;
+    }
+    if (rc < 0)
+        p->name[0] = '\0';
+    return rc;
+}
+
+/* Each kept file the cell left at none of its old names, parked. */
+static unsigned park_kept(int ws_fd, const struct ws_changes *c, const struct ws_kept *kept,
+                          struct parked *parked)
+{
+    unsigned n = 0;
+
+    for (unsigned k = 0; kept && k < kept->n; k++) {
+        struct stat st;
+        if (fstat(kept->fds[k], &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink == 0 ||
+            node_of_ino(c->old, st.st_ino) == WS_NONE || still_named(c, st.st_ino))
+            continue;
+        parked[n].ino = st.st_ino;
+        if (park(ws_fd, kept->fds[k], k, &parked[n]) == 0)
+            n++;
+    }
+    return n;
+}
+
+/* Node |i| of |old| (a regular file about to be made) is a parked file's
+ * first name: the file goes back there, to be rewritten in place. */
+static int unpark(int ws_fd, const struct ws_index *old, uint32_t i, const struct links *l,
+                  struct parked *parked, unsigned n)
+{
+    ssize_t g = group_of(l, old, i);
+
+    if (g >= 0 && l->anchor[g] != WS_NONE)
+        return 0; /* another name of it is made already: linked to that */
+    for (unsigned k = 0; k < n; k++) {
+        if (!parked[k].name[0] || parked[k].ino != old->v[i].ino)
+            continue;
+        char leaf[NAME_MAX + 1];
+        int dir = open_parent(ws_fd, old, i, leaf);
+        if (dir < 0)
+            return dir;
+        int rc = renameat(ws_fd, parked[k].name, dir, leaf) < 0 ? -errno : 0;
+        close(dir);
+        if (rc == 0)
+            parked[k].name[0] = '\0';
+        return rc;
+    }
+    return 0;
+}
+
+int ws_restore_kept(int ws_fd, int saved_fd, const struct ws_index *old, struct ws_kept *kept)
+{
+    int rc = 0;
+
+    for (unsigned k = 0; rc == 0 && kept && k < kept->n; k++) {
+        struct stat st;
+        char leaf[NAME_MAX + 1], proc[40];
+        if (fstat(kept->fds[k], &st) < 0 || st.st_nlink > 0)
+            continue; /* named: put back in place */
+        uint32_t i = node_of_ino(old, st.st_ino);
+        if (i == WS_NONE)
+            continue; /* never in the workspace's index: nothing to put back */
+        /* Its content as the state had it, for the state's mappings of the
+         * inode; its names have a new one, which the state takes on. */
+        fmt(proc, sizeof(proc), "/proc/self/fd/%d", kept->fds[k]);
+        int dir = open_parent(saved_fd, old, i, leaf);
+        int in = dir < 0 ? -1 : openat(dir, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        int out = in < 0 ? -1 : open(proc, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (dir < 0 || in < 0 || out < 0)
+            rc = dir < 0 ? dir : -errno;
+        else if (ftruncate(out, 0) < 0)
+            rc = -errno;
+        else if ((rc = copy_data(in, out, old->v[i].size)) == 0)
+            rc = finish_file(out, &old->v[i]);
+        if (dir >= 0)
+            close(dir);
+        if (in >= 0)
+            close(in);
+        if (out >= 0)
+            close(out);
+        if (rc == 0) {
+            kept->adopt[k] = ws_open_ino(ws_fd, old, st.st_ino, O_PATH);
+            rc = kept->adopt[k] < 0 ? kept->adopt[k] : 0;
+        }
+    }
+    return rc;
+}
+
 /* --- commit and restore --------------------------------------------------------- */
 
 int ws_commit(int ws_fd, int saved_fd, const struct ws_changes *c)
@@ -695,17 +851,20 @@ static void mark_old_tree(const struct ws_index *ix, uint32_t i, bool *mark)
             mark_old_tree(ix, ix->v[i].kids + k, mark);
 }
 
-int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c)
+int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c, struct ws_kept *kept)
 {
     const struct ws_index *now = &c->now, *old = c->old;
     bool *back = calloc((size_t)old->n + 1, sizeof(*back));
+    struct parked *parked = kept && kept->n ? calloc(kept->n, sizeof(*parked)) : NULL;
     struct links l;
-    int rc = back ? links_of(old, &l) : -ENOMEM;
+    int rc = back && (parked || !kept || !kept->n) ? links_of(old, &l) : -ENOMEM;
 
     if (rc < 0) {
         free(back);
+        free(parked);
         return rc;
     }
+    unsigned n_parked = parked ? park_kept(ws_fd, c, kept, parked) : 0;
     /* What the cell made or changed goes, what it holds first; a directory
      * that was there stays (its mode is put back below), and so does a
      * file in the inode it had, rewritten in place below: the state may
@@ -730,12 +889,23 @@ int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c)
         if (g >= 0 && l.anchor[g] == WS_NONE)
             l.anchor[g] = n->twin;
     }
-    /* Then what was there comes back, parents first. */
+    /* Then what was there comes back, parents first; a kept file moved
+     * off its names to its first one, in its own inode. */
     for (uint32_t i = 0; rc == 0 && i < old->n; i++)
-        if (back[i])
-            rc = make_node(saved_fd, ws_fd, old, i, &l, old->v[i].ino);
+        if (back[i]) {
+            if (n_parked && S_ISREG(old->v[i].mode))
+                rc = unpark(ws_fd, old, i, &l, parked, n_parked);
+            if (rc == 0)
+                rc = make_node(saved_fd, ws_fd, old, i, &l, old->v[i].ino);
+        }
+    for (unsigned k = 0; k < n_parked; k++)
+        if (parked[k].name[0])
+            (void)unlinkat(ws_fd, parked[k].name, 0);
+    if (rc == 0)
+        rc = ws_restore_kept(ws_fd, saved_fd, old, kept);
     links_free(&l);
     free(back);
+    free(parked);
     return rc;
 }
 

@@ -94,12 +94,36 @@ int ws_commit(int ws_fd, int saved_fd, const struct ws_changes *c);
  * that a kept cell's workspace is walked once, not twice. */
 void ws_index_take(struct ws_index *ix, struct ws_changes *c);
 
-/* A rolled-back cell: the workspace gets back what it had. Returns 0 or
- * -errno. */
-int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c);
+/* The regular files of the workspace that the session's state holds open
+ * (kept files): |n| descriptors of them (O_PATH will do), in |fds|. A
+ * rollback puts each back in its own inode at its names (the state's
+ * descriptors name it), even when the cell renamed it or linked it
+ * elsewhere; an inode the cell left with no name at all cannot have one
+ * again: its content is put back (for the state's mappings of it), its
+ * names get a new inode, and adopt[i] (else -1) is a descriptor (O_PATH)
+ * of it, for the state to take on in place of the old one. */
+struct ws_kept {
+    const int *fds;
+    unsigned n;
+    int *adopt; /* |n| of them; the caller closes those not -1 */
+};
+
+/* A rolled-back cell: the workspace gets back what it had, |kept| (may be
+ * NULL) in their inodes. Returns 0 or -errno. */
+int ws_restore(int ws_fd, int saved_fd, const struct ws_changes *c, struct ws_kept *kept);
 /* The same when what changed is not known (the workspace went past a
  * bound): everything goes, and the saved copy comes back whole. */
 int ws_restore_all(int ws_fd, int saved_fd);
+/* After ws_restore_all: the kept files, whose names all went, put back as
+ * ws_restore does an inode left with no name (|old|: the index as of the
+ * last sync). Returns 0 or -errno. */
+int ws_restore_kept(int ws_fd, int saved_fd, const struct ws_index *old, struct ws_kept *kept);
+
+/* The regular file whose inode is |ino| in |ix|, opened beneath |root|
+ * (which holds the files |ix| names, or a copy of them) with |flags|,
+ * following no link. Returns a descriptor, -ENOENT when |ix| has none, or
+ * -errno. */
+int ws_open_ino(int root, const struct ws_index *ix, ino_t ino, int flags);
 
 /* The tree beneath |root| (a saved copy) written to |out| as a stream:
  * every entry (regular files with their holes, directories, symbolic

@@ -45,11 +45,13 @@
  * RLIMIT_AS its first state set before any of the tenant's code ran.
  * A cell that says it is done is stopped; its answer goes out only once
  * the kernel has reported it stopped, with one thread, its output pipes
- * without a writer and no descriptor open but its standard streams and its
- * channel. Anything else is a rollback. Between cells the state is stopped
- * and seen stopped; SIGCONT is sent only to let it fork the next cell,
- * whose CPU limit that fork is charged to, and the next cell runs ahead of
- * its request only to copy pages (its CPU is its own from its birth).
+ * without a writer and no descriptor open but its standard streams, its
+ * channel and regular files of its workspace that it may keep (kept.h:
+ * each later cell gets descriptions of its own of them). Anything else is
+ * a rollback. Between cells the state is stopped and seen stopped;
+ * SIGCONT is sent only to let it fork the next cell, whose CPU limit that
+ * fork is charged to, and the next cell runs ahead of its request only to
+ * copy pages (its CPU is its own from its birth).
  *
  * All of a session's processes share its uid; they live in the template's
  * pid namespace (keeper.h). A session ends by killing the processes it
@@ -59,6 +61,7 @@
  */
 #define _GNU_SOURCE
 #include "branch.h"
+#include "kept.h"
 #include "pysbx.h"
 #include "sysutil.h"
 #include "template.h"
@@ -262,6 +265,13 @@ struct session_rec {
     uint64_t save_look_ns; /* SAVE_WAIT: looked at again then */
     int image_fd;
     uint64_t image_max;
+    /* The files its state holds open (kept.h), and those of the cell being
+     * settled; why the last cell's descriptors could not be kept. A branch
+     * whose origin kept files waits for its copies of them (WIRE_ADOPT)
+     * before its first cell is made (adopt_due). */
+    struct kept_files files, cand_files;
+    char fds_why[WIRE_STATUS_WHY_MAX];
+    bool adopt_due;
 };
 
 /* Room for the fork command being sent (16 KiB: not on the stack). */
@@ -473,34 +483,13 @@ static bool output_closed(const struct worker_rec *w)
     return poll(p, 2, 0) == 2 && (p[0].revents & POLLHUP) && (p[1].revents & POLLHUP);
 }
 
-/* The cell holds its standard streams on /dev/null and its own channel,
- * nothing else: no descriptor through which a later cell could change
- * what a rollback cannot put back (an offset, a pipe's content). */
-static bool only_its_own_descriptors(const struct tmpl *t, const struct worker_rec *w)
+/* The device of the session's workspace: a kept file is a regular file of
+ * it. */
+static dev_t ws_dev(const struct session_rec *s)
 {
-    DIR *d = fd_dir(t, w->pid);
-    bool clean = true;
-    int seen = 0;
+    struct stat st;
 
-    if (!d)
-        return false;
-    for (struct dirent *e; clean && (e = readdir(d));) {
-        if (e->d_name[0] == '.')
-            continue;
-        struct stat st;
-        int n = atoi(e->d_name);
-        if (fstatat(dirfd(d), e->d_name, &st, 0) < 0)
-            clean = false;
-        else if (n == FD_STDIN || n == FD_STDOUT || n == FD_STDERR)
-            clean = S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3);
-        else if (n == FD_READY)
-            clean = S_ISSOCK(st.st_mode) && st.st_ino == w->chan_ino;
-        else
-            clean = false;
-        seen++;
-    }
-    closedir(d);
-    return clean && seen == 4;
+    return fstat(s->ws_fd, &st) == 0 ? st.st_dev : (dev_t)-1;
 }
 
 /* --- processes ------------------------------------------------------------ */
@@ -1240,14 +1229,20 @@ static void made(struct tmpl *t, struct session_rec *s)
 
 /* --- a cell ------------------------------------------------------------------ */
 
+/* Room for what a cell is told as it is handed out (not on the stack). */
+static struct cell_go cell_go;
+
 /* The pipes of the cell |w| about to run: the supervisor's ends in its
- * sup_fds, the cell's sent to it on its channel. They are made now, not
- * when the cell was forked: a write end the template held meanwhile would
- * be in every process it forks meanwhile, for a moment each, and the cell's
- * output would not be the cell's alone to end. Returns 0 or -errno. */
-static int cell_pipes(struct session_rec *s, struct worker_rec *w)
+ * sup_fds, the cell's sent to it on its channel, with its own descriptions
+ * of the state's kept files (|own|, |n_own| of them, as cell_go says).
+ * They are made now, not when the cell was forked: a write end the
+ * template held meanwhile would be in every process it forks meanwhile,
+ * for a moment each, and the cell's output would not be the cell's alone
+ * to end. Returns 0 or -errno. */
+static int cell_pipes(struct session_rec *s, struct worker_rec *w, const int *own, int n_own)
 {
     int req[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
+    int fds[CELL_FDS + WIRE_HELD_MAX];
     int rc = 0;
 
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, req) < 0 || pipe2(out, O_CLOEXEC) < 0 ||
@@ -1257,8 +1252,12 @@ static int cell_pipes(struct session_rec *s, struct worker_rec *w)
         (w->out_watch[1] = fcntl(err[0], F_DUPFD_CLOEXEC, 0)) < 0)
         rc = -errno;
     else {
-        char go = CELL_GO;
-        rc = wire_send(w->ready_fd, &go, 1, (const int[]){req[1], out[1], err[1]}, CELL_FDS);
+        fds[0] = req[1];
+        fds[1] = out[1];
+        fds[2] = err[1];
+        memcpy(fds + CELL_FDS, own, (size_t)n_own * sizeof(int));
+        cell_go.cmd = CELL_GO;
+        rc = wire_send(w->ready_fd, &cell_go, sizeof(cell_go), fds, CELL_FDS + n_own);
     }
     close_fd(&req[1]);
     close_fd(&out[1]);
@@ -1277,11 +1276,19 @@ static void announce(struct tmpl *t, struct session_rec *s)
 {
     struct worker_rec *w = s->coming;
     struct wire_worker m = {.hdr = {WIRE_WORKER, WIRE_VERSION}, .pid = w->pid};
-    int fds[WFD_SESSION_COUNT];
+    int fds[WFD_SESSION_COUNT + WIRE_HELD_MAX], own[WIRE_HELD_MAX];
     char why[WIRE_TEXT_MAX];
 
-    int rc = cell_pipes(s, w);
+    /* The cell's own descriptions of the kept files, from the state it is
+     * a fork of (stopped); the supervisor gets the files. */
+    int n_kept = kept_hand_out(t->proc_fd, t->pid, s->state ? s->state->pid : 0, ws_dev(s),
+                               &s->files, &cell_go, own, fds + WFD_SESSION_COUNT);
+    int rc = n_kept < 0 ? n_kept : cell_pipes(s, w, own, n_kept);
+    if (n_kept > 0)
+        close_fds(own, (size_t)n_kept);
     if (rc < 0) {
+        if (n_kept > 0)
+            close_fds(fds + WFD_SESSION_COUNT, (size_t)n_kept);
         /* The cell goes; the next one asked for is made afresh. */
         fmt(why, sizeof(why), "template: making a cell's pipes: %s", strerror(-rc));
         release(t, &s->coming);
@@ -1303,8 +1310,10 @@ static void announce(struct tmpl *t, struct session_rec *s)
     fmt(m.workspace, sizeof(m.workspace), "%s", w->name);
     memcpy(fds, w->sup_fds, sizeof(w->sup_fds));
     fds[WFD_SAVED] = s->saved_fd;
-    rc = wire_send(s->chan, &m, sizeof(m), fds, WFD_SESSION_COUNT);
+    rc = wire_send(s->chan, &m, sizeof(m), fds, WFD_SESSION_COUNT + n_kept);
     close_fds(w->sup_fds, WFD_COUNT);
+    if (n_kept > 0)
+        close_fds(fds + WFD_SESSION_COUNT, (size_t)n_kept);
     w->announced = true;
     w->started = true; /* the tenant's process: anything may have run */
     s->phase = SESS_RUNNING;
@@ -1405,7 +1414,8 @@ static void cell_looked_at(struct tmpl *t, struct session_rec *s)
         flags |= WIRE_STATUS_THREADS_LEFT;
     if (!output_closed(w))
         flags |= WIRE_STATUS_OUTPUT_OPEN;
-    if (!only_its_own_descriptors(t, w))
+    if (kept_look(t->proc_fd, w->pid, w->chan_ino, ws_dev(s), &s->cand_files, s->fds_why,
+                  sizeof(s->fds_why)) < 0)
         flags |= WIRE_STATUS_FDS_LEFT;
     bool wanted = s->cell_status == 0 || s->rollback != SBX_ROLLBACK_ON_ERROR;
     if (!flags && wanted) {
@@ -1417,7 +1427,11 @@ static void cell_looked_at(struct tmpl *t, struct session_rec *s)
     kill(w->pid, SIGKILL); /* its status goes out when it is reaped */
 }
 
-static void settle(struct tmpl *t, struct session_rec *s, bool keep)
+/* The supervisor's word on the cell settling: keep it, or not; then
+ * |adopt| (with |nfds| descriptors) says which kept files it put back in
+ * new inodes. */
+static void settle(struct tmpl *t, struct session_rec *s, bool keep, const struct wire_adopt *adopt,
+                   const int *fds, int nfds)
 {
     if (keep) {
         if (!s->candidate) {
@@ -1427,12 +1441,26 @@ static void settle(struct tmpl *t, struct session_rec *s, bool keep)
         release(t, &s->state); /* the state it replaces */
         s->state = s->candidate;
         s->candidate = NULL;
-    } else if (s->candidate) {
+        s->files = s->cand_files;
+    } else {
         /* What was made or is being made of it goes with it. */
-        if (s->coming_of == s->candidate->id)
+        bool remake = s->candidate || s->making == NEXT_NONE;
+        if (s->candidate && s->coming_of == s->candidate->id)
             drop_coming(t, s);
         release(t, &s->candidate);
-        start_making(t, s, s->state);
+        /* Kept files the supervisor put back in new inodes: the state
+         * takes them on before it forks the next cell (session_reaped
+         * waits for this when the state keeps files). */
+        int rc =
+            adopt->n ? kept_adopt(s->state->ready_fd, ws_dev(s), &s->files, adopt, fds, nfds) : 0;
+        if (rc < 0) {
+            end_session(t, s,
+                        "template: the supervisor's files for the session's kept files "
+                        "could not be given to its state");
+            return;
+        }
+        if (remake)
+            start_making(t, s, s->state);
     }
     s->phase = SESS_WAITING;
     s->idle_since_ns = now_ns();
@@ -1551,6 +1579,7 @@ bool session_heard(const struct worker_rec *w)
 static bool exportable(const struct session_rec *a)
 {
     return a->phase == SESS_WAITING && a->state && a->state->stop_seen && !a->held_by &&
+           !a->adopt_due &&
            !(a->making >= NEXT_FORKING && a->making <= NEXT_FAILING);
 }
 
@@ -1676,13 +1705,28 @@ static void branch_resumed(struct tmpl *t, struct session_rec *b)
         end_session(t, b, "the session branched from ended before its files were copied");
         return;
     }
+    char why[WIRE_STATUS_WHY_MAX];
     if (status_number(t, b->state->pid, "Threads:") != 1 ||
-        !only_its_own_descriptors(t, b->state)) {
+        kept_look(t->proc_fd, b->state->pid, b->state->chan_ino, ws_dev(b), &b->files, why,
+                  sizeof(why)) < 0 ||
+        b->files.n) {
         end_session(t, b,
                     "the branch's copy of the state holds a thread or a descriptor that a "
                     "state may not");
         return;
     }
+    /* The origin's kept files: the branch's state takes on its own copies
+     * of them (its supervisor sends them once it has copied the files),
+     * before its first cell is made. A restored state has none: an image
+     * is made of a state that keeps none (save_advance). */
+    if (a) {
+        b->files = a->files;
+        kept_prune(t->proc_fd, a->state->pid, ws_dev(a), &b->files);
+    }
+    m.held = b->files.n;
+    for (uint32_t i = 0; i < b->files.n; i++)
+        m.held_ino[i] = b->files.v[i].ino;
+    b->adopt_due = b->files.n > 0;
     b->branch_step = BR_NONE;
     if (a)
         release_hold(t, a);
@@ -1694,7 +1738,10 @@ static void branch_resumed(struct tmpl *t, struct session_rec *b)
     }
     b->phase = SESS_WAITING;
     b->idle_since_ns = now_ns();
-    start_making(t, b, b->state);
+    if (b->adopt_due)
+        proc_stop(b->state); /* nothing of it runs until then */
+    else
+        start_making(t, b, b->state);
 }
 
 /* --- images --------------------------------------------------------------- */
@@ -1712,7 +1759,16 @@ static void save_advance(struct tmpl *t, struct session_rec *s)
             return;
         }
         s->save_look_ns = 0;
-        if (ask_export(t, s, s->id) < 0)
+        /* An image is the state's memory and its workspace's files: no
+         * open file goes into it, and a state restored without the files
+         * it holds would use numbers that name nothing, or another's. */
+        if (s->files.n) {
+            fmt(why, sizeof(why),
+                "the state keeps %u files open from one cell to the next, and an image holds "
+                "no open file: close them in a cell, then save",
+                s->files.n);
+            save_done(t, s, -EBUSY, 0, why);
+        } else if (ask_export(t, s, s->id) < 0)
             save_done(t, s, -EPIPE, 0, "the session's state does not listen");
         else
             s->saving = SAVE_EXPORTING;
@@ -1825,6 +1881,8 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
             /* It ended by itself; we killed it to roll it back. */
             st.wait_status = W_EXITCODE(s->cell_status & 0xff, 0);
             st.flags |= s->cell_flags;
+            if (s->cell_flags & WIRE_STATUS_FDS_LEFT)
+                fmt(st.fds_why, sizeof(st.fds_why), "%s", s->fds_why);
         }
         st.cell_status = s->cell_status;
         if (s->cell_past)
@@ -1836,7 +1894,10 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
         s->recheck_ns = 0;
         if (s->phase != SESS_ENDING) {
             s->phase = SESS_SETTLING;
-            start_making(t, s, s->state);
+            /* A state that keeps files may have to take some on first, if
+             * the cell deleted or replaced them (settle). */
+            if (!s->files.n)
+                start_making(t, s, s->state);
         }
     } else if (w == s->state) {
         s->state = NULL;
@@ -2052,6 +2113,20 @@ void session_said(struct tmpl *t, struct worker_rec *w)
 
 /* --- the supervisor's requests ----------------------------------------------- */
 
+/* A branch's copies of its origin's kept files, from its supervisor: its
+ * state takes them on, then its first cell is made. */
+static void branch_adopt(struct tmpl *t, struct session_rec *b, const struct wire_adopt *a,
+                         const int *fds, int nfds)
+{
+    if (a->n != b->files.n ||
+        kept_adopt(b->state->ready_fd, ws_dev(b), &b->files, a, fds, nfds) < 0) {
+        end_session(t, b, "template: the branch's kept files could not be given to its state");
+        return;
+    }
+    b->adopt_due = false;
+    start_making(t, b, b->state);
+}
+
 static void on_channel(struct tmpl *t, struct session_rec *s)
 {
     union {
@@ -2059,16 +2134,17 @@ static void on_channel(struct tmpl *t, struct session_rec *s)
         struct wire_cell cell;
         struct wire_settle settle;
         struct wire_image image;
+        struct wire_adopt_msg adopt;
     } m;
-    int fd;
-    ssize_t n = wire_recv_one(s->chan, &m, sizeof(m), &fd);
+    int fds[WIRE_HELD_MAX], nfds = 0;
+    ssize_t n = wire_recv(s->chan, &m, sizeof(m), fds, WIRE_HELD_MAX, &nfds);
 
     /* An image's descriptor: to write a waiting session's state to, or to
      * read a restored one's from. */
-    if (n == (ssize_t)sizeof(m.image) && fd >= 0 && s->image_fd < 0 &&
+    if (n == (ssize_t)sizeof(m.image) && nfds == 1 && s->image_fd < 0 &&
         ((m.h.type == WIRE_SAVE && s->phase == SESS_WAITING && !s->saving && !s->held_by) ||
          (m.h.type == WIRE_RESTORE && s->restoring && s->phase == SESS_OPENING))) {
-        s->image_fd = fd;
+        s->image_fd = fds[0];
         s->image_max = m.image.max_bytes;
         if (m.h.type == WIRE_SAVE) {
             s->saving = SAVE_WAIT;
@@ -2077,7 +2153,6 @@ static void on_channel(struct tmpl *t, struct session_rec *s)
             restore_advance(t, s);
         return;
     }
-    close_fd(&fd);
     if (n == -EINTR || n == -EAGAIN)
         return;
     if (n <= 0) {
@@ -2085,15 +2160,23 @@ static void on_channel(struct tmpl *t, struct session_rec *s)
         return;
     }
     if (n == (ssize_t)sizeof(m.cell) && m.h.type == WIRE_CELL && s->phase == SESS_WAITING &&
-        m.cell.rollback <= SBX_ROLLBACK_NEVER) {
+        !s->adopt_due && m.cell.rollback <= SBX_ROLLBACK_NEVER && nfds == 0) {
         cell_asked(t, s, &m.cell);
         return;
     }
     if (n == (ssize_t)sizeof(m.settle) && m.h.type == WIRE_SETTLE && s->phase == SESS_SETTLING &&
-        m.settle.keep <= 1) {
-        settle(t, s, m.settle.keep == 1);
+        m.settle.keep <= 1 && (m.settle.keep == 0 || nfds == 0)) {
+        settle(t, s, m.settle.keep == 1, &m.settle.adopt, fds, nfds);
+        close_fds(fds, (size_t)nfds);
         return;
     }
+    if (n == (ssize_t)sizeof(m.adopt) && m.h.type == WIRE_ADOPT && s->phase == SESS_WAITING &&
+        s->adopt_due) {
+        branch_adopt(t, s, &m.adopt.adopt, fds, nfds);
+        close_fds(fds, (size_t)nfds);
+        return;
+    }
+    close_fds(fds, (size_t)nfds);
     end_session(t, s, "template: the supervisor asked out of turn");
 }
 
@@ -2257,6 +2340,11 @@ static void watch_stopped(struct tmpl *t)
                 w->stop_sent_ns = now_ns();
                 kill(w->pid, SIGSTOP);
             }
+            /* A cell killed to roll it back (or by its limits) runs only
+             * the kernel's exit until it is reaped, which its CPU clock
+             * counts: freeing a large address space takes milliseconds. */
+            if (w && w == s->cell && (s->phase == SESS_ROLLING || w->cpu_killed || w->wall_killed))
+                continue;
             /* A cell whose threads are still leaving is looked at again
              * meanwhile (cell_looked_at); it is a moment, and a SIGCONT
              * that lets it run is reported all the same. */

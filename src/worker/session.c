@@ -73,26 +73,11 @@ static int send_fd(int sock, char byte, int fd)
     return sendmsg(sock, &m, MSG_NOSIGNAL) == 1 ? 0 : -errno;
 }
 
-/* A command of the template's: |byte| with |n| descriptors, in |fds|.
- * Returns 1, 0 when the template is gone, or -errno (-EPROTO for anything
- * else, whose descriptors are closed). */
-static int recv_command(int sock, char byte, int *fds, int n)
-{
-    char got_byte = 0;
-    int got = 0;
-    ssize_t len = wire_recv(sock, &got_byte, 1, fds, (size_t)n, &got);
-
-    if (len <= 0)
-        return (int)len;
-    if (got_byte != byte || got != n) {
-        close_fds(fds, (size_t)got);
-        return -EPROTO;
-    }
-    return 1;
-}
-
-/* SESSION_FORK, with the cell's channel in *chan and its plan in |m|, or
- * SESSION_EXPORT alone (m->cmd says which). Returns as recv_command. */
+/* SESSION_FORK, with the cell's channel in *chan and its plan in |m|,
+ * SESSION_EXPORT alone, or SESSION_ADOPT (struct session_adopt_msg at the
+ * start of |m|) with its file in *chan (m->cmd says which). Returns 1, 0
+ * when the template is gone, or -errno (-EPROTO for anything else, whose
+ * descriptors are closed). */
 static int recv_fork(int sock, struct session_fork_msg *m, int *chan)
 {
     int got = 0;
@@ -101,6 +86,8 @@ static int recv_fork(int sock, struct session_fork_msg *m, int *chan)
     if (len <= 0)
         return (int)len;
     if (len == 1 && got == 0 && m->cmd == SESSION_EXPORT)
+        return 1;
+    if ((size_t)len == sizeof(struct session_adopt_msg) && got == 1 && m->cmd == SESSION_ADOPT)
         return 1;
     size_t head = offsetof(struct session_fork_msg, ranges);
     if (m->cmd != SESSION_FORK || got != 1 || (size_t)len < head ||
@@ -161,6 +148,38 @@ static void warm(const struct session_fork_msg *plan)
     }
 }
 
+/* The kept files (go->held, their |n| descriptors in |fds|) at the
+ * numbers the state holds them at: each a description of the cell's own,
+ * at the state's offset and with its flags, so that a seek, a write's
+ * offset or a flag set through it is the cell's alone and goes with it if
+ * it is rolled back. What the state holds at a number the template gave
+ * nothing for is closed. */
+static int take_kept_files(const struct cell_go *go, int *fds, int n)
+{
+    int k = 0;
+
+    for (uint32_t i = 0; i < go->n_held; i++)
+        k += go->held[i].given != 0;
+    if (k != n)
+        return -EPROTO;
+    k = 0;
+    for (uint32_t i = 0; i < go->n_held; i++) {
+        const struct cell_held *h = &go->held[i];
+        if (!h->given) {
+            close(h->num);
+            continue;
+        }
+        int rc = fds[k] == h->num ? fcntl(h->num, F_SETFD, h->cloexec ? FD_CLOEXEC : 0)
+                                  : dup3(fds[k], h->num, h->cloexec ? O_CLOEXEC : 0);
+        if (rc < 0)
+            return -errno;
+        if (fds[k] != h->num)
+            close(fds[k]);
+        fds[k++] = -1;
+    }
+    return 0;
+}
+
 /* |fds| to the numbers |at|, whatever numbers they arrived at. */
 static int place(const int *fds, const int *at, int n)
 {
@@ -192,7 +211,9 @@ static int place(const int *fds, const int *at, int n)
 static void cell_main(const struct worker_args *a, int chan, const struct session_fork_msg *plan)
 {
     static const int at[CELL_FDS] = {FD_REQUEST, FD_STDOUT, FD_STDERR};
-    int fds[CELL_FDS];
+    static struct cell_go go;
+    int fds[CELL_FDS + WIRE_HELD_MAX];
+    int got = 0;
     struct wire_req req;
     struct request_input in = {.stdin_fd = -1};
     char err[WIRE_TEXT_MAX];
@@ -211,8 +232,17 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
         _exit(127);
     /* The cell's own pipes come from the template when it is handed out,
      * straight to us: the state never holds a cell's output, so the end of
-     * the output is the cell's alone to make. */
-    if (recv_command(FD_READY, CELL_GO, fds, CELL_FDS) != 1 || place(fds, at, CELL_FDS) < 0)
+     * the output is the cell's alone to make. Its kept files come with
+     * them; the one that may have come at the request's number moves. */
+    if (wire_recv(FD_READY, &go, sizeof(go), fds, CELL_FDS + WIRE_HELD_MAX, &got) !=
+            (ssize_t)sizeof(go) ||
+        go.cmd != CELL_GO || go.n_held > WIRE_HELD_MAX || got < CELL_FDS)
+        _exit(127);
+    for (int i = CELL_FDS; i < got; i++)
+        if (fds[i] == FD_REQUEST &&
+            (fds[i] = fcntl(FD_REQUEST, F_DUPFD_CLOEXEC, FD_FIRST_FREE)) < 0)
+            _exit(127);
+    if (place(fds, at, CELL_FDS) < 0)
         _exit(127);
 
     /* The workspace by its path (the code of earlier cells may have moved
@@ -239,9 +269,12 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
         (void)chdir(exported.cwd);
         exported.chdir_due = false;
     }
-    /* While the code runs, it holds its three streams and its channel. */
+    /* While the code runs, it holds its three streams, its channel and
+     * its kept files. */
     close(ws);
     close(FD_REQUEST);
+    if (take_kept_files(&go, fds + CELL_FDS, got - CELL_FDS) < 0)
+        _exit(127);
     struct pyrun_exit status =
         pyrun_cell(code, req.code_len, req.max_output_chars, in.args, in.n_args, in.filename);
     request_input_free(&in);
@@ -417,6 +450,16 @@ _Noreturn static void state_loop(const struct worker_args *a)
             continue;
         if (rc < 0)
             _exit(127);
+        if (fork_msg.cmd == SESSION_ADOPT) {
+            /* A kept file in a new inode: the cells forked after find it. */
+            struct session_adopt_msg adopt;
+            memcpy(&adopt, &fork_msg, sizeof(adopt));
+            if (adopt.num != chan) {
+                (void)dup3(chan, adopt.num, adopt.cloexec ? O_CLOEXEC : 0);
+                close(chan);
+            }
+            continue;
+        }
         if (fork_msg.cmd == SESSION_EXPORT) {
             export_self();
             char said = SESSION_EXPORTED;

@@ -6,6 +6,7 @@
 #define PYSBX_WORKER_H
 
 #include "confine.h"
+#include "wire.h"
 
 #include <stdint.h>
 #include <sys/resource.h>
@@ -100,9 +101,37 @@ struct branch_op {
     uint64_t lo, hi, off;
 };
 /* ... and the cell, on its channel, when it is handed out: run; its
- * request socket, stdout and stderr are attached. */
+ * request socket, stdout and stderr are attached, then one descriptor for
+ * each kept file the message gives (struct cell_go): a description of the
+ * file of its own (its offset and flags the state's), which the cell puts
+ * at the file's number before its code runs, so that nothing it does
+ * through it (a seek, a flag) is the state's. A kept file the template
+ * could not give (the state's descriptor is not what was kept) the cell
+ * closes. */
 #define CELL_GO  'G'
 #define CELL_FDS 3
+struct cell_held {
+    int32_t num;     /* the descriptor's number in the state */
+    uint8_t cloexec; /* its close-on-exec flag */
+    uint8_t given;   /* a descriptor is attached for it (in order); 0: close |num| */
+    uint8_t reserved[2];
+};
+struct cell_go {
+    char cmd; /* CELL_GO */
+    uint8_t reserved[3];
+    uint32_t n_held;
+    struct cell_held held[WIRE_HELD_MAX];
+};
+/* What the template tells the state that holds a kept file whose inode
+ * changed (a rollback put it back as a new one, or a branch's copy): take
+ * the attached descriptor on at |num|; the cells forked after have it. */
+#define SESSION_ADOPT 'A'
+struct session_adopt_msg {
+    char cmd; /* SESSION_ADOPT */
+    uint8_t cloexec;
+    uint8_t reserved[2];
+    int32_t num;
+};
 
 /* The worker's descriptors once it has set itself up; nothing else is open. */
 enum {
