@@ -371,7 +371,8 @@ static void a_state_that_keeps_files_is_not_imaged(void **state)
     fd = save_of(a);
     sbx_session_close(a);
     struct sbx_session *b = restore_of(SBX(state), fd);
-    expect_cell(b, "db = sqlite3.connect('t.db')\nprint(db.execute('select v from t').fetchone()[0])",
+    expect_cell(b,
+                "db = sqlite3.connect('t.db')\nprint(db.execute('select v from t').fetchone()[0])",
                 "7\n");
     sbx_session_close(b);
     close(fd);
