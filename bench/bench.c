@@ -1172,20 +1172,19 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         if (!out)
             continue;
         machine(out);
-        fprintf(
-            out,
-            "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
-            "of the same code and with the same cells of sessions that keep files open (a "
-            "sqlite3\nconnection and a log; 64 files); in each session with none and with "
-            "2, %d cells that raise (rolled back), each timed with the cell after it;\n"
-            "then a small and a 200 MB state, %d cells each, alternating, "
-            "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
-            "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
-            "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
-            "half of the 200 MB branches made while plain runs of 'pass' go on back to back;\n"
-            "%d branches of a state that wrote 1 GiB, and their first cells\n\n",
-            sessions, SESSION_CELLS, SESSION_CELLS / 5, SESSION_CELLS, THINK_US / 1000,
-            SESSION_CELLS / 5, SESSION_CELLS / 5, HUGE_FORKS);
+        fprintf(out,
+                "%d sessions of %d cells (rows.append(len(rows))) interleaved with plain runs "
+                "of the same code and with the same cells of sessions that keep files open (a "
+                "sqlite3\nconnection and a log; 64 files); in each session with none and with "
+                "2, %d cells that raise (rolled back), each timed with the cell after it;\n"
+                "then a small and a 200 MB state, %d cells each, alternating, "
+                "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
+                "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
+                "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
+                "half of the 200 MB branches made while plain runs of 'pass' go on back to back;\n"
+                "%d branches of a state that wrote 1 GiB, and their first cells\n\n",
+                sessions, SESSION_CELLS, SESSION_CELLS / 5, SESSION_CELLS, THINK_US / 1000,
+                SESSION_CELLS / 5, SESSION_CELLS / 5, HUGE_FORKS);
         fprintf(out, "%-28s %8s %8s %8s %8s %11s %12s\n", "", "min ms", "p50 ms", "p99 ms", "n",
                 "p50/plain", "faults p50");
         for (int k = 0; k < N_S; k++) {

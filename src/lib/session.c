@@ -449,8 +449,8 @@ int sbx_session_save(struct sbx_session *s, int fd, struct sbx_error *err)
     if (r.saved.rc < 0 || nfds != 1) {
         /* -EBUSY: the state's own doing (it keeps files open); it goes on. */
         rc = sbx_fail(err, r.saved.rc == -EBUSY ? SBX_ERR_INVALID_REQUEST : SBX_ERR_UNAVAILABLE,
-                      r.saved.rc < 0 ? r.saved.rc : -EPROTO, "the state's image was not written: %s",
-                      r.saved.why);
+                      r.saved.rc < 0 ? r.saved.rc : -EPROTO,
+                      "the state's image was not written: %s", r.saved.why);
         goto out;
     }
     /* The files as of the last kept cell (the saved copy), as the

@@ -1579,8 +1579,7 @@ bool session_heard(const struct worker_rec *w)
 static bool exportable(const struct session_rec *a)
 {
     return a->phase == SESS_WAITING && a->state && a->state->stop_seen && !a->held_by &&
-           !a->adopt_due &&
-           !(a->making >= NEXT_FORKING && a->making <= NEXT_FAILING);
+           !a->adopt_due && !(a->making >= NEXT_FORKING && a->making <= NEXT_FAILING);
 }
 
 /* |a|'s state told to export itself for |holder| (a branch, or |a| itself
