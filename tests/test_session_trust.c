@@ -336,33 +336,48 @@ static void a_message_out_of_turn_from_the_state_ends_the_session(void **state)
     }
 }
 
+/* A cell of |s| that takes over the state's channel with |on_export|
+ * (what it does when asked to export itself, no descriptors given) and
+ * answers every fork command "not here"; then a branch of it, which is
+ * refused (|err| says why). */
+static void branch_refused_by(struct sbx_session *s, const char *on_export, struct sbx_error *err)
+{
+    char code[4096];
+    struct sbx_session *b = NULL;
+    int rc;
+
+    snprintf(code, sizeof(code),
+             LOOKS_DONE COMMAND "looks_done()\n"
+                                "while True:\n"
+                                "    fds = command(4)\n"
+                                "    if not fds:\n"
+                                "%s"
+                                "    os.write(4, b'Fnot here')\n",
+             on_export);
+    struct sbx_result *r =
+        cell_limited(s, code, SBX_ROLLBACK_ON_ERROR, 2.0, 2.0, NULL, 0, &rc, err);
+    if (rc == 0)
+        sbx_result_free(r);
+    rc = sbx_session_fork(s, &b, err);
+    if (rc == 0)
+        fail_msg("a branch of a state that never exported itself was made");
+    assert_null(b);
+}
+
 /* The state, told to export itself for a branch, spins instead of
  * answering (its fork commands it refuses, keeping what came with them, so
- * that the session lives until then): the branch is refused, and the state is killed at the fork's
- * CPU budget, not let run on. */
+ * that the session lives until then): the branch is refused, and the
+ * state is killed at the fork's CPU budget, not let run on. */
 static void a_state_that_spins_when_asked_to_export(void **state)
 {
     struct sbx_session *s = open_session(SBX(state), NULL);
     uid_t uid = session_uid(s);
-    struct sbx_session *b = NULL;
     struct sbx_error err = {0};
-    int rc;
 
-    struct sbx_result *r = cell_limited(s,
-                                        LOOKS_DONE COMMAND "looks_done()\n"
-                                                           "while True:\n"
-                                                           "    fds = command(4)\n"
-                                                           "    if not fds:\n"
-                                                           "        while True:\n"
-                                                           "            pass\n"
-                                                           "    os.write(4, b'Fnot here')\n",
-                                        SBX_ROLLBACK_ON_ERROR, 2.0, 2.0, NULL, 0, &rc, &err);
-    if (rc == 0)
-        sbx_result_free(r);
-    rc = sbx_session_fork(s, &b, &err);
-    if (rc == 0)
-        fail_msg("a branch of a state that never exported itself was made");
-    assert_null(b);
+    branch_refused_by(s,
+                      "        while True:\n"
+                      "            pass\n",
+                      &err);
     if (err.code != SBX_ERR_SESSION_LOST || !strstr(err.message, "export"))
         fail_msg("refused as %s: %s", sbx_error_code_name(err.code), err.message);
     /* Nothing of the session runs on. */
@@ -383,28 +398,16 @@ static void a_state_that_answers_its_export_late(void **state)
 {
     struct sbx_session *s = open_session(SBX(state), NULL);
     uid_t uid = session_uid(s);
-    struct sbx_session *b = NULL;
     struct sbx_error err = {0};
     int rc;
 
-    struct sbx_result *r = cell_limited(s,
-                                        LOOKS_DONE COMMAND "looks_done()\n"
-                                                           "while True:\n"
-                                                           "    fds = command(4)\n"
-                                                           "    if not fds:\n"
-                                                           "        time.sleep(12)\n"
-                                                           "        os.write(4, b'x')\n"
-                                                           "        continue\n"
-                                                           "    os.write(4, b'Fnot here')\n",
-                                        SBX_ROLLBACK_ON_ERROR, 2.0, 2.0, NULL, 0, &rc, &err);
-    if (rc == 0)
-        sbx_result_free(r);
-    rc = sbx_session_fork(s, &b, &err);
-    if (rc == 0)
-        fail_msg("a branch of a state that never exported itself was made");
-    assert_null(b);
+    branch_refused_by(s,
+                      "        time.sleep(12)\n"
+                      "        os.write(4, b'x')\n"
+                      "        continue\n",
+                      &err);
     /* The session ended, saying why; nothing of it is left. */
-    r = cell_full(s, "print(1)", SBX_ROLLBACK_ON_ERROR, 0, NULL, 0, &rc, &err);
+    struct sbx_result *r = cell_full(s, "print(1)", SBX_ROLLBACK_ON_ERROR, 0, NULL, 0, &rc, &err);
     if (rc == 0)
         fail_msg("the session still runs cells: %s", r->stdout_text);
     assert_int_equal(err.code, SBX_ERR_SESSION_LOST);
