@@ -348,14 +348,16 @@ static int revive(struct session_cell *c, struct sbx_session **s, struct sbx_err
     }
     state_dir_release(t->state, ticket, false);
     if (rc < 0) {
+        char lib[sizeof(err->message)];
+        fmt(lib, sizeof(lib), "%s", err ? err->message : "");
         fprintf(stderr,
                 "pysbx serve: the image of session \"%s\" could not be restored, and was "
                 "removed: %s\n",
-                e->name, err ? err->message : "");
+                e->name, lib);
         lose_locked(e);
         return sbx_fail(err, SBX_ERR_SESSION_LOST, rc,
                         "session \"%s\" could not be restored from its image (removed): %.150s",
-                        e->name, err ? err->message : "");
+                        e->name, lib);
     }
     pthread_mutex_lock(&t->lock);
     e->cells = info.cells;
