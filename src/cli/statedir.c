@@ -200,11 +200,13 @@ static struct held *oldest(struct state_dir *d, bool lost)
 /* A tombstone for |hex| saying |why|, in place of whatever it had. A
  * tombstone that cannot be written is told to no one: the session's next
  * cell then finds nothing and starts afresh. */
-static void bury(struct state_dir *d, const char *hex, const char *why)
+static void bury(struct state_dir *d, const char *hex_, const char *why)
 {
-    struct held *h = find_held(d, hex);
-    char name[HEX_LEN + 8];
+    char hex[HEX_LEN + 1], name[HEX_LEN + 8];
 
+    /* |hex_| may be the name of the entry this replaces, freed below. */
+    memcpy(hex, hex_, sizeof(hex));
+    struct held *h = find_held(d, hex);
     if (h) {
         unlink_held(d, h);
         forget(d, h);
