@@ -41,7 +41,7 @@ static int open_state(const struct opts *o, struct state_dir **out)
         .module_dirs = cfg.module_dirs,
     };
     if (state_dir_open(&c, out, why, sizeof(why)) < 0) {
-        fprintf(stderr, "pysbx serve: --state-dir %s\n", why);
+        fprintf(stderr, "pysbx serve: --state-dir %s: %s\n", o->state_dir, why);
         return 1;
     }
     return 0;

@@ -950,26 +950,26 @@ static int load_key(int dir_fd, uint8_t key[MAC_KEY_BYTES], char *why, size_t ca
 
 /* |name| beneath |parent| (|parent| -1: a path), made 0700 if missing; it
  * must be a directory of this user's, and is made 0700 if it was not.
- * Returns its descriptor or -errno with why. */
-static int own_dir(int parent, const char *name, char *why, size_t cap)
+ * Returns its descriptor or -errno with why (which names it as |what|). */
+static int own_dir(int parent, const char *name, const char *what, char *why, size_t cap)
 {
     struct stat st;
     int fd;
 
     if ((parent < 0 ? mkdir(name, 0700) : mkdirat(parent, name, 0700)) < 0 && errno != EEXIST)
-        return errmsg(why, cap, -errno, "%s: %s", name, strerror(errno));
+        return errmsg(why, cap, -errno, "%s: %s", what, strerror(errno));
     fd = parent < 0 ? open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
                     : openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
-        return errmsg(why, cap, -errno, "%s: %s", name, strerror(errno));
+        return errmsg(why, cap, -errno, "%s: %s", what, strerror(errno));
     if (fstat(fd, &st) < 0 || st.st_uid != geteuid()) {
         close(fd);
-        return errmsg(why, cap, -EPERM, "%s is not this user's directory", name);
+        return errmsg(why, cap, -EPERM, "%s is not this user's", what);
     }
     if ((st.st_mode & 077) && fchmod(fd, 0700) < 0) {
         int rc = -errno;
         close(fd);
-        return errmsg(why, cap, rc, "%s: making it 0700: %s", name, strerror(-rc));
+        return errmsg(why, cap, rc, "%s: making it 0700: %s", what, strerror(-rc));
     }
     return fd;
 }
@@ -986,12 +986,12 @@ int state_dir_open(const struct state_dir_config *c, struct state_dir **out, cha
     d->dir_fd = d->images_fd = d->lock_fd = -1;
     d->max_bytes = c->max_bytes;
     pthread_mutex_init(&d->lock, NULL);
-    if ((rc = d->dir_fd = own_dir(-1, c->path, why, cap)) < 0)
+    if ((rc = d->dir_fd = own_dir(-1, c->path, "the directory", why, cap)) < 0)
         goto fail;
     d->lock_fd = openat(d->dir_fd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (d->lock_fd < 0 || flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0) {
         rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-        errmsg(why, cap, rc, "%s: %s", c->path,
+        errmsg(why, cap, rc, "%s",
                rc == -EBUSY ? "another server uses this state directory" : strerror(-rc));
         goto fail;
     }
@@ -999,7 +999,7 @@ int state_dir_open(const struct state_dir_config *c, struct state_dir **out, cha
         (rc = mac_key_new(key, &d->key, why, cap)) < 0 ||
         (rc = build_id(c, d->build, why, cap)) < 0)
         goto fail;
-    if ((rc = d->images_fd = own_dir(d->dir_fd, "images", why, cap)) < 0 ||
+    if ((rc = d->images_fd = own_dir(d->dir_fd, "images", "its images/", why, cap)) < 0 ||
         (rc = index_images(d, why, cap)) < 0)
         goto fail;
     explicit_bzero(key, sizeof(key));
