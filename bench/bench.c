@@ -949,6 +949,55 @@ static void *fork_in_thread(void *p)
     return NULL;
 }
 
+/* Images (sbx_session_save, sbx_session_restore) of each state, made
+ * afresh each time. */
+#define IMAGE_ROUNDS 10
+
+/* A session that ran |code| written to the file |path|, then closed (what
+ * hibernating it is: *save_ms); after a pause, a session restored from it
+ * and its first cell (what its next cell is: *wake_ms). Returns 0, or -1
+ * having said why. */
+static int image_round(struct sbx *sbx, const char *code, const char *path, double *save_ms,
+                       double *wake_ms)
+{
+    struct sbx_session *s = bench_session(sbx), *r = NULL;
+    struct sbx_error err;
+    bool ok;
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), rc = -1;
+
+    if (!s || fd < 0 || (session_cell(s, code, &ok), !ok)) {
+        fprintf(stderr, "pysbx-bench: a state to write: %s\n", fd < 0 ? strerror(errno) : "failed");
+        goto out;
+    }
+    usleep(THINK_US);
+    uint64_t t0 = now_ns();
+    rc = sbx_session_save(s, fd, &err);
+    sbx_session_close(s);
+    s = NULL;
+    *save_ms = ms_since(t0);
+    if (rc < 0) {
+        fprintf(stderr, "pysbx-bench: sbx_session_save: %s\n", err.message);
+        goto out;
+    }
+    usleep(THINK_US);
+    t0 = now_ns();
+    if (lseek(fd, 0, SEEK_SET) < 0 || (rc = sbx_session_restore(sbx, NULL, fd, &r, &err)) < 0) {
+        fprintf(stderr, "pysbx-bench: sbx_session_restore: %s\n", err.message);
+        rc = -1;
+        goto out;
+    }
+    session_cell(r, "small.append(len(small))", &ok);
+    *wake_ms = ms_since(t0);
+    rc = ok ? 0 : -1;
+out:
+    sbx_session_close(s);
+    sbx_session_close(r);
+    if (fd >= 0)
+        close(fd);
+    unlink(path);
+    return rc;
+}
+
 /* Sessions: cells of a growing list against plain runs of the same code,
  * interleaved; then, with a pause before each cell, cells of a small and a
  * 200 MB state; the 200 MB state's cells back to back; and cells that
@@ -973,15 +1022,20 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         PLAIN_DURING,
         FORK_HUGE,
         FORK_HUGE_CELL,
+        SAVE_SMALL,
+        WAKE_SMALL,
+        SAVE_100,
+        WAKE_100,
         N_S
     };
     static const char *const names[N_S] = {
-        "cell, small state",          "plain run (sbx_run)",      "cell, 2 kept files",
-        "cell, 64 kept files",        "rolled back, then a cell", "... with 2 kept files",
-        "cell, small state, paused",  "cell, 200 MB, paused",     "cell, 200 MB, back to back",
-        "cell replacing 1/10 of it",  "branch, small state",      "branch, 200 MB state",
-        "a 200 MB branch's 1st cell", "branch, 200 MB, runs on",  "plain run, 200 MB branch",
-        "branch, 1 GiB state",        "a 1 GiB branch's 1st cell"};
+        "cell, small state",          "plain run (sbx_run)",       "cell, 2 kept files",
+        "cell, 64 kept files",        "rolled back, then a cell",  "... with 2 kept files",
+        "cell, small state, paused",  "cell, 200 MB, paused",      "cell, 200 MB, back to back",
+        "cell replacing 1/10 of it",  "branch, small state",       "branch, 200 MB state",
+        "a 200 MB branch's 1st cell", "branch, 200 MB, runs on",   "plain run, 200 MB branch",
+        "branch, 1 GiB state",        "a 1 GiB branch's 1st cell", "save+close, small state",
+        "restore+1st cell, small",    "save+close, wrote 100 MB",  "restore+1st cell, 100 MB"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
     struct sbx_config cfg;
@@ -1143,6 +1197,24 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         sbx_session_close(job.b);
     }
     sbx_session_close(huge);
+    /* Images of a small state and of one that wrote 100 MB (every page
+     * of a bytearray), alternating: in a file beside the results. */
+    char image[700];
+    snprintf(image, sizeof(image), "%s/session-image.tmp", out_dir);
+    for (int i = 0; i < IMAGE_ROUNDS; i++)
+        for (int j = 0; j < 2; j++) {
+            bool hundred = (i + j) % 2 == 1;
+            double save_ms = 0, wake_ms = 0;
+            int rc = image_round(sbx,
+                                 hundred ? "b = bytearray(b'x') * (100 * 1000 * 1000)\nsmall = []"
+                                         : "small = []",
+                                 image, &save_ms, &wake_ms);
+            failures[hundred ? SAVE_100 : SAVE_SMALL] += rc < 0;
+            if (rc == 0) {
+                add_sample(&lat[hundred ? SAVE_100 : SAVE_SMALL], save_ms);
+                add_sample(&lat[hundred ? WAKE_100 : WAKE_SMALL], wake_ms);
+            }
+        }
     long state_kb = 0;
     {
         struct sbx_request req;
@@ -1182,9 +1254,12 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
                 "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
                 "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
                 "half of the 200 MB branches made while plain runs of 'pass' go on back to back;\n"
-                "%d branches of a state that wrote 1 GiB, and their first cells\n\n",
+                "%d branches of a state that wrote 1 GiB, and their first cells;\n"
+                "%d images (sbx_session_save to a file, then close) of a small state and of one "
+                "that wrote 100 MB,\nalternating, each restored (sbx_session_restore) and its "
+                "first cell run, the pause before each\n\n",
                 sessions, SESSION_CELLS, SESSION_CELLS / 5, SESSION_CELLS, THINK_US / 1000,
-                SESSION_CELLS / 5, SESSION_CELLS / 5, HUGE_FORKS);
+                SESSION_CELLS / 5, SESSION_CELLS / 5, HUGE_FORKS, IMAGE_ROUNDS);
         fprintf(out, "%-28s %8s %8s %8s %8s %11s %12s\n", "", "min ms", "p50 ms", "p99 ms", "n",
                 "p50/plain", "faults p50");
         for (int k = 0; k < N_S; k++) {
@@ -1232,7 +1307,9 @@ static void usage(void)
           "--sessions runs the session case instead: cells of 100-cell sessions that\n"
           "append to a list, against plain runs, interleaved (N/100 sessions); then\n"
           "cells in a 200 MB state, and branches (sbx_session_fork) of a small and of the\n"
-          "200 MB state; writes DIR/sessions.txt.\n",
+          "200 MB state; then images (sbx_session_save, then close; sbx_session_restore\n"
+          "and the first cell) of a small state and of one that wrote 100 MB; writes\n"
+          "DIR/sessions.txt.\n",
           stdout);
 }
 

@@ -2,12 +2,14 @@
 docs/openapi.yaml (and the result schema it refers to). Run by test_http.sh
 with Debian's python3 (python3-jsonschema, python3-yaml); exits non-zero when
 a check failed. Servers listen on loopback only."""
-import atexit, http.client, json, os, re, signal, socket, subprocess, sys, tempfile, threading
+import atexit, http.client, json, os, re, shutil, signal, socket, subprocess, sys, tempfile
+import threading
 import time
 
 import jsonschema
 import yaml
-from procs import children, comm
+from procs import children, comm, none_of_uids
+from statedir import flip, image_path, images, wait_for
 
 PYSBX, SRC = sys.argv[1], sys.argv[2]
 DOCS = os.path.join(SRC, "docs")
@@ -986,6 +988,156 @@ check("sessions: the server exits 0", sp.wait(30) == 0, sp.returncode)
 left = [p for p in before if os.path.exists(f"/proc/{p}")]
 check("sessions: and leaves none of its processes (the template, the sessions')",
       len(before) >= 2 and not left, (before, left))
+
+# --- hibernation: --state-dir -----------------------------------------------------------
+# A session hibernated frees its processes; its next cell restores it
+# (restored: true); the listing shows it hibernated; an image changed on
+# disk, or another tenant's copied into a tenant's place, is refused (410)
+# and the server goes on; a restarted server restores its tenants' sessions
+# (by token, wherever the token is in the file).
+STATE = os.path.join(tempfile.mkdtemp(), "state")
+hp_, hport_ = start("--state-dir", STATE, tokens=(TOKEN, TOKEN_B))
+HA, HB = Client(hport_), Client(hport_, token=TOKEN_B)
+
+
+def no_process_of(uid):
+    return os.geteuid() != 0 or not none_of_uids(uid, uid + 1)
+
+
+def hibernate(client, name, **kw):
+    r, data = client.request("POST", f"/v1/sessions/{name}/hibernate", **kw)
+    return r.status, json.loads(data) if data else None
+
+
+for _ in range(100):
+    if HA.request("GET", "/healthz", check_doc=False)[0].status == 200:
+        break
+    time.sleep(0.05)
+st, a = cell(HA, "nb", {"code": "x = 41\nopen('f.txt', 'w').write('kept')\nimport os\n"
+                                "print(os.getuid())"})
+uid = int(a.get("stdout") or -1)
+st, h = hibernate(HA, "nb")
+check("POST /v1/sessions/NAME/hibernate: 200 session_hibernated, with its image's bytes",
+      st == 200 and h["session_hibernated"]["name"] == "nb" and h["session_hibernated"]["bytes"]
+      == sum(os.path.getsize(image_path(STATE, f)) for f in images(STATE)), (st, h))
+check("a hibernated session keeps no process (none of its uid is left)",
+      uid > 0 and no_process_of(uid), (uid, none_of_uids(uid, uid + 1)))
+r, data = HA.request("GET", "/v1/sessions")
+listed = json.loads(data)["sessions"] if r.status == 200 else []
+check("GET /v1/sessions lists it hibernated, with its cells", len(listed) == 1
+      and listed[0]["hibernated"] is True and listed[0]["name"] == "nb" and listed[0]["cells"] == 1
+      and listed[0]["running"] is False, listed)
+r, data = HB.request("GET", "/v1/sessions")
+check("another token does not see it", json.loads(data) == {"sessions": []}, data)
+st, a = cell(HA, "nb", {"code": "print(x + 1, open('f.txt').read())"})
+check("its next cell restores it: variables and files, restored: true", st == 200
+      and a["stdout"] == "42 kept\n"
+      and a["session"] == {"name": "nb", "cell": 2, "rolled_back": False, "restored": True}, a)
+st, a = cell(HA, "nb", {"code": "x += 1"})
+check("the cell after has no restored", st == 200 and "restored" not in a["session"], a)
+r, data = HA.request("GET", "/v1/sessions")
+check("restored, it is listed open", [(i["name"], i["hibernated"]) for i in
+                                      json.loads(data)["sessions"]] == [("nb", False)], data)
+for name, path, method, body, want in [
+    ("no such session", "/v1/sessions/nope/hibernate", "POST", None, 404),
+    ("a body that is not {}", "/v1/sessions/nb/hibernate", "POST", {"to": "x"}, 400),
+    ("by GET", "/v1/sessions/nb/hibernate", "GET", None, 405),
+]:
+    r, data = HA.request(method, path, body)
+    check(f"hibernate: {name} is {want}", r.status == want, (r.status, data))
+# Another tenant's image copied into a tenant's place (a session of the
+# same name, so that only the tenant tells them apart): refused.
+cell(HA, "twin", {"code": "secret = 'A'"})
+before = set(images(STATE))
+hibernate(HA, "twin")
+mine = sorted(set(images(STATE)) - before)
+cell(HB, "twin", {"code": "secret = 'B'"})
+before = set(images(STATE))
+hibernate(HB, "twin")
+theirs = sorted(set(images(STATE)) - before)
+if len(mine) == 1 and len(theirs) == 1:
+    shutil.copyfile(image_path(STATE, mine[0]), image_path(STATE, theirs[0]))
+st, a = cell(HB, "twin", {"code": "print(secret)"})
+check("another tenant's image copied into a tenant's place: 410 session_lost, nothing run",
+      len(mine) == 1 and len(theirs) == 1 and st == 410 and a["error"]["code"] == "session_lost"
+      and "not this tenant's" in a["error"]["message"] and "stdout" not in a, (mine, theirs, st, a))
+check("the refused copy is removed, the original stays", images(STATE) == mine, images(STATE))
+st, a = cell(HA, "twin", {"code": "print(secret)"})
+check("and the tenant whose image it was restores its own", st == 200 and a["stdout"] == "A\n"
+      and a["session"].get("restored") is True, a)
+hibernate(HA, "twin")
+r, data = HA.request("DELETE", "/v1/sessions/twin")
+check("DELETE of a hibernated session: 200, its image removed", r.status == 200
+      and images(STATE) == [], (r.status, data, images(STATE)))
+# One byte changed: refused, and the server goes on.
+cell(HA, "fl", {"code": "y = 1"})
+hibernate(HA, "fl")
+fl = images(STATE)
+if fl:
+    flip(image_path(STATE, fl[0]))
+st, a = cell(HA, "fl", {"code": "print(y)"})
+check("a flipped byte in an image: 410 session_lost, it failed its check", len(fl) == 1
+      and st == 410 and "failed its check" in a["error"]["message"], (fl, st, a))
+st, a = cell(HA, "fl", {"code": "print('y' in globals())"})
+check("and the server goes on: the name starts a new session", st == 200
+      and a["stdout"] == "False\n" and a["session"]["cell"] == 1, (st, a))
+r, text = HA.request("GET", "/metrics", check_doc=False)
+check("metrics: hibernated sessions and the state directory's bytes",
+      re.search(r"^pysbx_sessions_hibernated 0$", text, re.M)
+      and re.search(r"^pysbx_state_bytes 0$", text, re.M), [l for l in text.splitlines()
+                                                             if "hibernated" in l or "state" in l])
+# A restart: SIGTERM hibernates the open sessions; the next server, its
+# tokens in another order, restores each tenant's own.
+hp_.send_signal(signal.SIGTERM)
+check("--state-dir over HTTP: SIGTERM exits 0", hp_.wait(30) == 0, hp_.returncode)
+hp_, hport_ = start("--state-dir", STATE, tokens=(TOKEN_B, TOKEN))
+HA, HB = Client(hport_), Client(hport_, token=TOKEN_B)
+st, a = cell(HA, "nb", {"code": "print(x, open('f.txt').read())", "cell": 4})
+check("a restarted server (tokens in another order) restores the tenant's session, numbered on",
+      st == 200 and a["stdout"] == "42 kept\n"
+      and a["session"] == {"name": "nb", "cell": 4, "rolled_back": False, "restored": True}, a)
+r, data = HB.request("GET", "/v1/sessions")
+check("and the other tenant still sees none of it", all(i["name"] != "nb" for i in
+                                                         json.loads(data)["sessions"]), data)
+hp_.send_signal(signal.SIGTERM)
+check("--state-dir: the restarted server exits 0", hp_.wait(30) == 0, hp_.returncode)
+# --hibernate-after and --state-max-bytes.
+hp_, hport_ = start("--state-dir", os.path.join(STATE, "..", "other"), "--hibernate-after", "1",
+                    "--session-idle", "60", "--state-max-bytes", "20M")
+HA = Client(hport_)
+STATE2 = os.path.join(STATE, "..", "other")
+st, a = cell(HA, "idle", {"code": "import os\nw = 'idle'\nprint(os.getuid())"})
+uid = int(a.get("stdout") or -1)
+
+
+def listed_hibernated():
+    r, data = HA.request("GET", "/v1/sessions", check_doc=False)
+    return [i["name"] for i in json.loads(data)["sessions"] if i["hibernated"]] == ["idle"]
+
+
+check("--hibernate-after 1: an idle session hibernates by itself, its processes gone",
+      wait_for(lambda: listed_hibernated() and no_process_of(uid), 30), uid)
+st, a = cell(HA, "idle", {"code": "print(w)"})
+check("and its next cell restores it", st == 200 and a["stdout"] == "idle\n"
+      and a["session"].get("restored") is True, a)
+HA.request("DELETE", "/v1/sessions/idle")
+sizes = {}
+for i, name in enumerate(["c1", "c2", "c3"]):
+    cell(HA, name, {"code": f"v = {i}"})
+    st, h = hibernate(HA, name)
+    sizes[name] = (h or {}).get("session_hibernated", {}).get("bytes", 0)
+on_disk = sum(os.path.getsize(image_path(STATE2, f)) for f in images(STATE2))
+check("--state-max-bytes 20M: within it, the oldest image dropped to make room",
+      sizes["c1"] + sizes["c2"] <= 20 << 20 < sum(sizes.values()) and on_disk <= 20 << 20
+      and len(images(STATE2)) == 2, (sizes, on_disk))
+st, a = cell(HA, "c1", {"code": "print(v)"})
+check("its next cell: 410 session_lost, saying why", st == 410
+      and "--state-max-bytes" in a["error"]["message"], (st, a))
+st, a = cell(HA, "c3", {"code": "print(v)"})
+check("a newer one restores", st == 200 and a["stdout"] == "2\n", (st, a))
+hp_.send_signal(signal.SIGTERM)
+check("--hibernate-after over HTTP: SIGTERM exits 0", hp_.wait(30) == 0, hp_.returncode)
+shutil.rmtree(os.path.dirname(STATE), True)
 
 # --- start-up refusals --------------------------------------------------------------------
 for name, args, want in [

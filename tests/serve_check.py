@@ -4,6 +4,7 @@ import atexit, json, os, random, select, shutil, signal, socket, stat, subproces
 import base64, re
 import jsonschema
 from procs import children, comm, none_of_uids
+from statedir import flip, image_path, images, wait_for
 
 PYSBX = sys.argv[1]
 failures = 0
@@ -1132,6 +1133,224 @@ def session_lost_and_cancelled():
     check("sessions on stdin: exit 0", srv.wait(timeout=60) == 0)
 
 
+# --- hibernation: --state-dir ------------------------------------------------------
+
+STATE_CELL = "x = 41\nopen('f.txt', 'w').write('kept')\nimport os\nprint(os.getuid())"
+
+
+def ask(sock, lines, msg, timeout=60):
+    """Sends |msg| and reads its answer (the connection's only request in flight)."""
+    send(sock, msg)
+    return json.loads(lines.next(timeout))
+
+
+def state_dir():
+    d = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, d, True)
+    return os.path.join(d, "state")
+
+
+def no_process_of(uid):
+    """Whether no process has |uid| (as root, where a session has a uid of
+    its own); True when not root."""
+    return os.geteuid() != 0 or not none_of_uids(uid, uid + 1)
+
+
+def hibernation_on_a_socket():
+    """--state-dir: a hibernated session keeps no process; its next cell,
+    from any connection (names are the server's with a state directory),
+    finds its variables and files, restored; a flipped byte is refused and
+    the server goes on; a restarted server restores it; a second server is
+    refused the directory."""
+    d = state_dir()
+    srv, path, log = listening("--state-dir", d)
+    a, ain = connect(path)
+    r = ask(a, ain, {"id": 1, "session": "nb", "code": STATE_CELL})
+    uid = int(r.get("stdout") or -1)
+    h = ask(a, ain, {"id": 2, "session_hibernate": "nb"})
+    check("session_hibernate is answered session_hibernated, with its image's bytes",
+          set(h) == {"id", "session_hibernated"} and h["session_hibernated"]["name"] == "nb"
+          and h["session_hibernated"]["bytes"] > 0, h)
+    check("a hibernated session keeps no process (none of its uid is left)",
+          uid > 0 and no_process_of(uid), (uid, none_of_uids(uid, uid + 1)))
+    on_disk = images(d)
+    check("its image is in the state directory, which is 0700, with a key 0600",
+          len(on_disk) == 1 and stat.S_IMODE(os.stat(d).st_mode) == 0o700
+          and stat.S_IMODE(os.stat(os.path.join(d, "key")).st_mode) == 0o600
+          and os.path.getsize(image_path(d, on_disk[0])) == h["session_hibernated"]["bytes"],
+          (on_disk, oct(os.stat(d).st_mode)))
+    b, bin_ = connect(path)
+    r = ask(b, bin_, {"id": 3, "session": "nb", "code": "print(x + 1, open('f.txt').read())"})
+    check("its next cell, from another connection, restores it: variables, files, restored: true",
+          r.get("stdout") == "42 kept\n" and r.get("session") ==
+          {"name": "nb", "cell": 2, "rolled_back": False, "restored": True}, r)
+    check("restored, its image leaves the directory", images(d) == [], images(d))
+    r = ask(b, bin_, {"id": 4, "session": "nb", "code": "x += 1"})
+    check("the cell after has no restored", r.get("session") ==
+          {"name": "nb", "cell": 3, "rolled_back": False}, r)
+    r = ask(a, ain, {"id": 5, "session_hibernate": "never-opened"})
+    check("hibernating a session nobody opened: invalid_request",
+          refusal(r).get("code") == "invalid_request" and "never-opened" in r["error"]["message"],
+          r)
+    r = ask(a, ain, {"id": 6, "session_hibernate": "nb", "code": "pass"})
+    check("a session_hibernate message has only id and session_hibernate",
+          refusal(r).get("code") == "invalid_request", r)
+    # One byte of an image changed on disk: refused, removed, and the server goes on.
+    ask(a, ain, {"id": 7, "session": "fl", "code": "y = 1"})
+    ask(a, ain, {"id": 8, "session_hibernate": "fl"})
+    fl = images(d)
+    if fl:
+        flip(image_path(d, fl[0]))
+    r = ask(a, ain, {"id": 9, "session": "fl", "code": "print(y)"})
+    check("a flipped byte: session_lost, the image failed its check, nothing ran",
+          len(fl) == 1 and refusal(r).get("code") == "session_lost"
+          and "failed its check" in r["error"]["message"] and "stdout" not in r, (fl, r))
+    check("the refused image is removed", images(d) == [], images(d))
+    r = ask(a, ain, {"id": 10, "session": "fl", "code": "print('y' in globals())"})
+    check("and the server goes on: the name starts a new session",
+          r.get("stdout") == "False\n" and cell_of(r) == (1, False), r)
+    # A byte of the server's own head (its cell count, at offset 128), which
+    # the library never sees: only the MAC covers it.
+    ask(a, ain, {"id": 12, "session_hibernate": "fl"})
+    fl = images(d)
+    if fl:
+        flip(image_path(d, fl[0]), at=128)
+    r = ask(a, ain, {"id": 13, "session": "fl", "code": "print('y' in globals())"})
+    check("a changed head (the cell count the server keeps): refused as failing its check",
+          len(fl) == 1 and refusal(r).get("code") == "session_lost"
+          and "failed its check" in r["error"]["message"], (fl, r))
+    ask(a, ain, {"id": 14, "session": "fl", "code": "pass"})
+    # A restart: SIGTERM hibernates what is open; the next server restores it.
+    a.close()
+    b.close()
+    srv.send_signal(signal.SIGTERM)
+    check("--state-dir: SIGTERM exits 0", srv.wait(timeout=60) == 0)
+    check("at shutdown the open sessions hibernate", len(images(d)) == 2, images(d))
+    srv, path, log = listening("--state-dir", d)
+    c, cin = connect(path)
+    r = ask(c, cin, {"id": 11, "session": "nb", "cell": 4,
+                     "code": "print(x, open('f.txt').read())"})
+    check("a restarted server with the same --state-dir restores it, its cells numbered on",
+          r.get("stdout") == "42 kept\n" and r.get("session") ==
+          {"name": "nb", "cell": 4, "rolled_back": False, "restored": True}, r)
+    p = subprocess.run([PYSBX, "serve", "--state-dir", d], input="", capture_output=True,
+                       text=True, timeout=60)
+    check("a second server on the same --state-dir is refused", p.returncode == 1
+          and "another server uses this state directory" in p.stderr, (p.returncode, p.stderr))
+    c.close()
+    srv.send_signal(signal.SIGTERM)
+    check("--state-dir: the restarted server exits 0", srv.wait(timeout=60) == 0)
+
+
+def hibernated_sessions_among_the_others():
+    """A restore takes a place among --max-sessions (none free: sandbox_busy,
+    the image kept); a branch of a hibernated session restores it first;
+    closing a hibernated session removes its image."""
+    d = state_dir()
+    srv, path, log = listening("--state-dir", d, "--max-sessions", "2")
+    s, lines = connect(path)
+    ask(s, lines, {"id": 1, "session": "a", "code": "x = 1"})
+    ask(s, lines, {"id": 2, "session": "b", "code": "pass"})
+    ask(s, lines, {"id": 3, "session_hibernate": "a"})
+    r = ask(s, lines, {"id": 4, "session": "c", "code": "pass"})
+    check("a hibernated session holds no place among --max-sessions", cell_of(r) == (1, False), r)
+    r = ask(s, lines, {"id": 5, "session": "a", "code": "print(x)"})
+    check("no place to restore it in: sandbox_busy, and its image stays",
+          refusal(r).get("code") == "sandbox_busy" and len(images(d)) == 1, (r, images(d)))
+    ask(s, lines, {"id": 6, "session_close": "b"})
+    ask(s, lines, {"id": 7, "session_close": "c"})
+    r = ask(s, lines, {"id": 8, "session_fork": {"from": "a", "to": "a2"}})
+    check("a branch of a hibernated session restores it, then branches it",
+          r.get("session_forked") == {"from": "a", "to": "a2", "cell": 1}, r)
+    r = ask(s, lines, {"id": 9, "session": "a2", "code": "print(x)"})
+    check("the branch has its state", r.get("stdout") == "1\n" and cell_of(r) == (2, False), r)
+    ask(s, lines, {"id": 10, "session_hibernate": "a2"})
+    r = ask(s, lines, {"id": 11, "session_close": "a2"})
+    check("closing a hibernated session: session_closed, its image removed",
+          r.get("session_closed") == "a2" and images(d) == [], (r, images(d)))
+    r = ask(s, lines, {"id": 12, "session": "a2", "code": "print('x' in globals())"})
+    check("and its name then starts afresh", r.get("stdout") == "False\n", r)
+    s.close()
+    srv.send_signal(signal.SIGTERM)
+    check("--max-sessions with --state-dir: SIGTERM exits 0", srv.wait(timeout=60) == 0)
+
+
+def hibernation_on_standard_input():
+    """On standard input the sessions hibernate at the end of input, and a
+    server run again with the same directory restores them."""
+    d = state_dir()
+    rc, first = serve([json.dumps({"id": 1, "session": "s", "code": "z = [1, 2]"})],
+                      "--state-dir", d)
+    rc2, second = serve([json.dumps({"id": 2, "session": "s", "code": "z.append(3)\nprint(z)"})],
+                        "--state-dir", d)
+    check("standard input: the end of input hibernates, the next run restores",
+          rc == 0 and rc2 == 0 and second and second[0].get("stdout") == "[1, 2, 3]\n"
+          and second[0].get("session", {}).get("restored") is True, (first, second))
+    rc, answers = serve([json.dumps({"id": 1, "session_hibernate": "s"})])
+    check("without --state-dir, session_hibernate is invalid_request, saying so",
+          answers and refusal(answers[0]).get("code") == "invalid_request"
+          and "--state-dir" in answers[0]["error"]["message"], answers)
+    for args, want in [(["--hibernate-after", "5"], "goes with --state-dir"),
+                       (["--state-max-bytes", "1G"], "goes with --state-dir"),
+                       (["--state-dir", d, "--hibernate-after", "700"], "not below --session-idle"),
+                       (["--state-dir", d, "--state-max-bytes", "1M"], "at least 16M"),
+                       (["--state-dir", d, "--backend", "python3"], "no sessions")]:
+        p = subprocess.run([PYSBX, "serve", *args], input="", capture_output=True, text=True,
+                           timeout=60)
+        check(f"serve {' '.join(args)}: refused, saying why", p.returncode == 2
+              and want in p.stderr, (p.returncode, p.stderr))
+
+
+def hibernation_by_itself_and_the_cap():
+    """--hibernate-after: an idle session hibernates by itself. --state-max-bytes:
+    past it the oldest image is dropped, and its next cell says so; an image
+    larger than the cap alone is not kept, and its session goes on."""
+    d = state_dir()
+    srv, path, log = listening("--state-dir", d, "--hibernate-after", "1", "--session-idle", "60",
+                               "--state-max-bytes", "20M")
+    s, lines = connect(path)
+    r = ask(s, lines, {"id": 1, "session": "idle", "code": "import os\nw = 'idle'\nprint(os.getuid())"})
+    uid = int(r.get("stdout") or -1)
+    gone = wait_for(lambda: len(images(d)) == 1 and no_process_of(uid), 30)
+    check("--hibernate-after 1: an idle session hibernates by itself, its processes gone", gone,
+          (images(d), none_of_uids(uid, uid + 1)))
+    r = ask(s, lines, {"id": 2, "session": "idle", "code": "print(w)"})
+    check("and its next cell restores it", r.get("stdout") == "idle\n"
+          and r.get("session", {}).get("restored") is True, r)
+    ask(s, lines, {"id": 3, "session_close": "idle"})
+    sizes = {}
+    for i, name in enumerate(["c1", "c2", "c3"]):
+        ask(s, lines, {"id": f"o{i}", "session": name, "code": f"v = {i}"})
+        h = ask(s, lines, {"id": f"h{i}", "session_hibernate": name})
+        sizes[name] = h.get("session_hibernated", {}).get("bytes", 0)
+    cap = 20 << 20
+    fits = sizes["c1"] + sizes["c2"] <= cap < sum(sizes.values())
+    on_disk = sum(os.path.getsize(image_path(d, f)) for f in images(d))
+    check("--state-max-bytes 20M: the images together stay within it", fits and on_disk <= cap
+          and len(images(d)) == 2, (sizes, on_disk, images(d)))
+    r = ask(s, lines, {"id": 4, "session": "c1", "code": "print(v)"})
+    check("the oldest image was dropped: its next cell is session_lost, saying why",
+          refusal(r).get("code") == "session_lost"
+          and "--state-max-bytes" in r["error"]["message"], r)
+    r = ask(s, lines, {"id": 5, "session": "c1", "code": "print('v' in globals())"})
+    check("then the name starts a new session", r.get("stdout") == "False\n", r)
+    r = ask(s, lines, {"id": 6, "session": "c2", "code": "print(v)"})
+    check("the newer images are restored", r.get("stdout") == "1\n"
+          and r.get("session", {}).get("restored") is True, r)
+    ask(s, lines, {"id": 7, "session": "big", "code": "b = bytearray(24 << 20)\nb[::4096] = b'x' * len(b[::4096])"})
+    r = ask(s, lines, {"id": 8, "session_hibernate": "big"})
+    check("an image larger than --state-max-bytes alone is not kept: sandbox_unavailable",
+          refusal(r).get("code") == "sandbox_unavailable" and "larger" in r["error"]["message"],
+          r)
+    r = ask(s, lines, {"id": 9, "session": "big", "code": "print(len(b))"})
+    check("and its session goes on, as it was", r.get("stdout") == f"{24 << 20}\n"
+          and "restored" not in r.get("session", {}), r)
+    s.close()
+    srv.send_signal(signal.SIGTERM)
+    check("--hibernate-after: SIGTERM exits 0", srv.wait(timeout=60) == 0)
+
+
+
 def sessions_need_a_backend_that_has_them():
     rc, answers = serve([json.dumps({"id": 1, "session": "s", "code": "print(1)"}),
                          json.dumps({"id": 2, "code": "print(2)"})], "--backend", "python3")
@@ -1545,6 +1764,10 @@ section(two_servers_never_share_a_uid)
 section(nothing_outlives_a_one_shot_run)
 section(sessions_are_the_connections)
 section(session_lost_and_cancelled)
+section(hibernation_on_a_socket)
+section(hibernation_on_standard_input)
+section(hibernated_sessions_among_the_others)
+section(hibernation_by_itself_and_the_cap)
 section(sessions_need_a_backend_that_has_them)
 section(the_id_comes_back_as_written)
 section(ids_of_objects_past_what_the_parser_holds)

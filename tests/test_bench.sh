@@ -23,4 +23,8 @@ grep -q "x floor" "$OUT/summary.txt"
     --calls 20 --out "$OUT" >/dev/null
 grep -q "^tool call, socket" "$OUT/tools.txt"
 grep -q "^tool call, http" "$OUT/tools.txt"
+# Hibernation through the server (bench/hibernate.py), one round.
+/usr/bin/python3 "$(dirname "$0")/../bench/hibernate.py" "$(dirname "$BENCH")/pysbx" --rounds 1 \
+    --out "$OUT" >/dev/null
+grep -q "^first cell after, 100 MB" "$OUT/hibernate.txt"
 echo "bench smoke test passed"

@@ -17,7 +17,7 @@ trap 'rm -rf "$T"' EXIT
 DEB=$("$SRC/scripts/deb" "$BUILD" "$T/pkg")
 depends=$(dpkg-deb -f "$DEB" Depends)
 echo "Depends: $depends"
-for lib in libc6 libjansson4 libseccomp2 libcap2 libpython3 libmicrohttpd; do
+for lib in libc6 libjansson4 libseccomp2 libcap2 libpython3 libmicrohttpd libssl; do
     echo "$depends" | grep -q "$lib" || fail "Depends lacks $lib"
 done
 # The interpreter is the system's shared libpython (its security updates

@@ -105,7 +105,7 @@ static void *run_cell(void *p)
     struct cell *c = p;
     struct sbx_result *res = NULL;
 
-    c->rc = session_run(c->place, &c->req, SBX_ROLLBACK_ON_ERROR, &res, &c->err);
+    c->rc = session_run(c->place, &c->req, SBX_ROLLBACK_ON_ERROR, &res, NULL, &c->err);
     c->number = res ? res->cell : 0;
     sbx_result_free(res);
     return NULL;
@@ -210,7 +210,7 @@ static void a_numbered_cell_runs_only_as_the_next_one(void **state)
         assert_int_equal(c.rc, 0);
         assert_int_equal(c.number, n);
     }
-    assert_int_equal(session_list(*state, info, 2), 1);
+    assert_int_equal(session_list(*state, false, info, 2), 1);
     assert_string_equal(info[0].name, "s");
     assert_int_equal(info[0].cells, 3);
     assert_false(info[0].running);
@@ -219,7 +219,7 @@ static void a_numbered_cell_runs_only_as_the_next_one(void **state)
     assert_int_equal(c.err.code, SBX_ERR_SESSION_LOST);
     assert_non_null(strstr(c.err.message, "holds it at another cell"));
     assert_int_equal(stub.closes, 1);
-    assert_int_equal(session_list(*state, info, 2), 0);
+    assert_int_equal(session_list(*state, false, info, 2), 0);
     enter_n(*state, "s", &c, "x", 1);
     run_cell(&c);
     assert_int_equal(c.number, 1);

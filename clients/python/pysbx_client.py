@@ -532,6 +532,21 @@ class Session:
             req["stream"] = True
         return _result(self._ask(req, on_output))
 
+    def hibernate(self) -> int:
+        """Has the server (started with --state-dir) write the session to
+        its state directory and end its processes; the next run() restores
+        it (its result's session then says "restored": True). Returns the
+        image's bytes. SandboxError when the server keeps no images or
+        holds no such session (invalid_request), or could not write it
+        (sandbox_unavailable: the session goes on)."""
+        answer = self._ask({"session_hibernate": self.name})
+        if isinstance(answer, dict) and "error" in answer:
+            _result(answer)  # raises SandboxError
+        done = answer.get("session_hibernated")
+        if not isinstance(done, dict) or done.get("name") != self.name:
+            raise ProtocolError(f"not an answer to session_hibernate: {_shown(answer)}")
+        return done["bytes"]
+
     def reset(self) -> None:
         """Closes the session on the server: the next run() starts a new one.
         SandboxError when it has none open (no cell ran, or it was lost)."""
@@ -653,6 +668,18 @@ class HttpSession:
         if not isinstance(forked, dict) or forked.get("to") != name:
             raise ProtocolError(f"not an answer to a fork: {_shown(answer)}")
         return HttpSession(self._client, name, next_cell=forked["cell"] + 1)
+
+    def hibernate(self) -> int:
+        """As Session.hibernate, over HTTP (POST /v1/sessions/NAME/hibernate):
+        SandboxError not_found when the token has no such session here."""
+        with self._lock:
+            if self._closed:
+                raise ValueError("the session is closed")
+            answer = self._client._post(b"{}", path=f"/v1/sessions/{self.name}/hibernate")
+        done = answer.get("session_hibernated") if isinstance(answer, dict) else None
+        if not isinstance(done, dict) or done.get("name") != self.name:
+            raise ProtocolError(f"not an answer to a hibernation: {_shown(answer)}")
+        return done["bytes"]
 
     def reset(self) -> None:
         """Closes the session on the server: the next run() starts a new one.

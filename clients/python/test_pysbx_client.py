@@ -587,7 +587,8 @@ class OverHttp(Common, AsyncChecks, SessionChecks, unittest.TestCase):
         with socket.socket() as s:  # a free loopback port
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        cls.server = Server("--http", f"127.0.0.1:{port}", "--jobs", "4")
+        cls.server = Server("--http", f"127.0.0.1:{port}", "--jobs", "4", "--state-dir",
+                            "{dir}/state")
 
         def up():
             try:
@@ -641,6 +642,18 @@ class OverHttp(Common, AsyncChecks, SessionChecks, unittest.TestCase):
                 a.fork("elsewhere")  # not of its family
             self.assertEqual(e.exception.http_status, 400)
             b.close()
+
+    def test_a_session_hibernates_and_its_next_cell_restores_it(self):
+        with self.client.session("sleepy") as a:
+            a.run("n = 7\nopen('f', 'w').write('kept')")
+            self.assertGreater(a.hibernate(), 0)
+            r = a.run("print(n, open('f').read())")
+            self.assertEqual((r.stdout, r.session["cell"], r.session.get("restored")),
+                             ("7 kept\n", 2, True))
+            self.assertNotIn("restored", a.run("pass").session)
+        with self.assertRaises(SandboxError) as e:
+            self.client.session("never-opened").hibernate()
+        self.assertEqual(e.exception.http_status, 404)
 
 
 if __name__ == "__main__":

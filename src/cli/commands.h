@@ -3,6 +3,7 @@
 #define PYSBX_COMMANDS_H
 
 #include "pysbx.h"
+#include "statedir.h"
 
 #include <stddef.h>
 #include <sys/types.h>
@@ -27,6 +28,8 @@ struct serve_opts {
     const char *metrics_addr;        /* HTTP: ADDR:PORT serving /metrics alone, no token */
     unsigned max_client_connections; /* HTTP: connections from one address */
     struct sbx_session_limits session_limits; /* each session's idle time and lifetime */
+    struct state_dir *state; /* --state-dir: where sessions hibernate (NULL: nowhere) */
+    double hibernate_after;  /* idle seconds before a session hibernates (0: never) */
 };
 
 int serve_main(const struct serve_opts *o);

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "drain.h"
 
+#include "sessions.h"
 #include "sysutil.h"
 
 #include <errno.h>
@@ -28,6 +29,25 @@ int stop_signals_open(void)
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     int fd = signalfd(-1, &stop, SFD_CLOEXEC);
     return fd < 0 ? -errno : fd;
+}
+
+bool signal_waiting(void *sfd)
+{
+    struct pollfd p = {*(int *)sfd, POLLIN, 0};
+
+    return poll(&p, 1, 0) > 0;
+}
+
+void hibernate_at_exit(struct session_table *const *tables, unsigned n, struct session_idler *idler,
+                       int sfd)
+{
+    unsigned done = 0;
+
+    session_idler_stop(idler);
+    for (unsigned i = 0; i < n && !signal_waiting(&sfd); i++)
+        done += session_table_hibernate(tables[i], 0, signal_waiting, &sfd);
+    if (done)
+        fprintf(stderr, "pysbx serve: %u session%s hibernated\n", done, done == 1 ? "" : "s");
 }
 
 void efd_notify(int efd)

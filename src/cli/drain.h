@@ -14,6 +14,11 @@
  * descriptor that reads them, or -errno. */
 int stop_signals_open(void);
 
+/* Whether a signal waits on |*(int *)sfd| (a descriptor of
+ * stop_signals_open): at shutdown, another one says to stop at once. For
+ * session_table_hibernate's |stop|. */
+bool signal_waiting(void *sfd);
+
 /* Wakes whoever polls eventfd |efd|; takes the wake-up. */
 void efd_notify(int efd);
 void efd_consume(int efd);
@@ -38,6 +43,14 @@ struct drain {
  * clients get a second to read. Returns 1 when everything ended, 0 when a
  * stream could not be waited for, -1 on a second signal on |sfd|. */
 int drain_run(const struct drain *d, int sfd);
+
+/* At shutdown (the drain done): every open session of |tables| (|n|)
+ * hibernates, when they have a state directory, until another signal on
+ * |sfd| says to stop; then |idler| (may be NULL) is stopped first. */
+struct session_table;
+struct session_idler;
+void hibernate_at_exit(struct session_table *const *tables, unsigned n, struct session_idler *idler,
+                       int sfd);
 
 /* After drain_run's |r|: ends the process, having said so, on a second
  * signal (status 1), or with status 0 when |held| (threads still hold what

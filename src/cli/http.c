@@ -168,7 +168,8 @@ struct http {
     unsigned n_tokens;
     struct session_table **tables; /* one per tenant (one when no token) */
     unsigned n_tables;
-    int wake_fd; /* eventfd: an exchange or a run ended */
+    struct session_idler *idler; /* --hibernate-after */
+    int wake_fd;                 /* eventfd: an exchange or a run ended */
     pthread_mutex_t lock;
     struct metrics m;
     struct job *jobs; /* runs in flight, for cancel_all */
@@ -192,10 +193,11 @@ enum route {
     ROUTE_NONE,
     ROUTE_RUN,
     ROUTE_TOOL_RESULTS,
-    ROUTE_SESSIONS,     /* GET /v1/sessions */
-    ROUTE_SESSION,      /* DELETE /v1/sessions/NAME */
-    ROUTE_SESSION_RUN,  /* POST /v1/sessions/NAME/run */
-    ROUTE_SESSION_FORK, /* POST /v1/sessions/NAME/fork */
+    ROUTE_SESSIONS,          /* GET /v1/sessions */
+    ROUTE_SESSION,           /* DELETE /v1/sessions/NAME */
+    ROUTE_SESSION_RUN,       /* POST /v1/sessions/NAME/run */
+    ROUTE_SESSION_FORK,      /* POST /v1/sessions/NAME/fork */
+    ROUTE_SESSION_HIBERNATE, /* POST /v1/sessions/NAME/hibernate */
     ROUTE_HEALTH,
     ROUTE_METRICS
 };
@@ -718,9 +720,19 @@ static enum MHD_Result metrics(struct http *h, struct MHD_Connection *conn)
     add(&b, "pysbx_session_cells_total %llu\n", (unsigned long long)m.cells);
     size_t open_sessions = 0;
     for (unsigned i = 0; i < h->n_tables; i++)
-        open_sessions += session_list(h->tables[i], NULL, 0);
+        open_sessions += session_list(h->tables[i], false, NULL, 0);
     add_metric(&b, "pysbx_sessions_open", "gauge", "Sessions open, of every tenant.");
     add(&b, "pysbx_sessions_open %zu\n", open_sessions);
+    if (h->o->state) {
+        uint64_t images, bytes;
+        state_dir_totals(h->o->state, &images, &bytes);
+        add_metric(&b, "pysbx_sessions_hibernated", "gauge",
+                   "Sessions hibernated in the state directory, of every tenant.");
+        add(&b, "pysbx_sessions_hibernated %llu\n", (unsigned long long)images);
+        add_metric(&b, "pysbx_state_bytes", "gauge",
+                   "Bytes of the images in the state directory (--state-max-bytes caps them).");
+        add(&b, "pysbx_state_bytes %llu\n", (unsigned long long)bytes);
+    }
     add_metric(&b, "pysbx_queue_depth", "gauge", "Runs waiting for a place in the sandbox.");
     add(&b, "pysbx_queue_depth %u\n", st.waiting);
     add_metric(&b, "pysbx_runs_in_flight", "gauge", "Runs in the sandbox now.");
@@ -914,8 +926,8 @@ static void *live_main(void *p)
     char *answer;
 
     uint64_t t0 = now_ns();
-    bool cell = l->cell != NULL;
-    int rc = cell ? session_run(l->cell, &l->r.req, l->r.rollback, &res, &err)
+    bool cell = l->cell != NULL, restored = false;
+    int rc = cell ? session_run(l->cell, &l->r.req, l->r.rollback, &res, &restored, &err)
                   : h->o->backend->run(h->o->backend->self, &l->r.req, &res, &err);
     l->cell = NULL; /* session_run gave its place up */
     if (l->answers)
@@ -923,7 +935,7 @@ static void *live_main(void *p)
     if (rc < 0)
         count_refused(h, err.code);
     answer = rc < 0 ? json_answer_error(l->r.id_text, &err)
-             : cell ? json_answer_session(l->r.id_text, res, l->r.session)
+             : cell ? json_answer_session(l->r.id_text, res, l->r.session, restored)
                     : json_answer_result(l->r.id_text, res);
     /* The room for the last lines is taken while |h| is sure to be there:
      * once the run is done (job_done), the drain may end the server. */
@@ -1089,6 +1101,7 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     struct session_cell *cell = NULL;
     struct job j = {0};
     enum MHD_Result ok;
+    bool restored = false;
     const char *body = x->body ? x->body : "";
     char *text;
     int rc;
@@ -1138,11 +1151,11 @@ static enum MHD_Result run(struct http *h, struct MHD_Connection *conn, struct e
     j.fd = ci ? ci->connect_fd : -1;
     job_add(h, &j);
     uint64_t t0 = now_ns();
-    rc = cell ? session_run(cell, &r.req, r.rollback, &res, &err)
+    rc = cell ? session_run(cell, &r.req, r.rollback, &res, &restored, &err)
               : h->o->backend->run(h->o->backend->self, &r.req, &res, &err);
     job_done(h, &j, rc == 0 ? res : NULL, (double)(now_ns() - t0) / 1e9, is_cell);
     if (rc == 0) {
-        text = is_cell ? json_answer_session(r.id_text, res, x->name)
+        text = is_cell ? json_answer_session(r.id_text, res, x->name, restored)
                        : json_answer_result(r.id_text, res);
         sbx_result_free(res);
         res = NULL;
@@ -1173,18 +1186,19 @@ static enum MHD_Result list_sessions(struct http *h, struct MHD_Connection *conn
             return MHD_NO;
         }
         info = p;
-        if ((n = session_list(t, info, cap)) <= cap)
+        if ((n = session_list(t, true, info, cap)) <= cap)
             break;
         cap = n + 16; /* more opened meanwhile: again, with room */
     }
     json_t *list = json_array();
     for (size_t i = 0; list && i < n; i++)
-        if (json_array_append_new(list,
-                                  json_pack("{s:s, s:I, s:f, s:b, s:I, s:I}", "name", info[i].name,
-                                            "cells", (json_int_t)info[i].cells, "idle_seconds",
-                                            info[i].idle_seconds, "running", info[i].running,
-                                            "memory_limit_bytes", (json_int_t)info[i].memory_bytes,
-                                            "max_rss_kb", (json_int_t)info[i].max_rss_kb)) < 0) {
+        if (json_array_append_new(list, json_pack("{s:s, s:I, s:f, s:b, s:I, s:I, s:b}", "name",
+                                                  info[i].name, "cells", (json_int_t)info[i].cells,
+                                                  "idle_seconds", info[i].idle_seconds, "running",
+                                                  info[i].running, "memory_limit_bytes",
+                                                  (json_int_t)info[i].memory_bytes, "max_rss_kb",
+                                                  (json_int_t)info[i].max_rss_kb, "hibernated",
+                                                  info[i].hibernated)) < 0) {
             json_decref(list);
             list = NULL;
         }
@@ -1282,6 +1296,40 @@ static enum MHD_Result fork_session(struct http *h, struct MHD_Connection *conn,
     }
     json_decref(o);
     return ok;
+}
+
+/* POST /v1/sessions/NAME/hibernate (no body, or {}): 200
+ * {"session_hibernated": {"name", "bytes"}}, after the cells of NAME sent
+ * before it; 404 when the caller's tenant has no session NAME, 410 when it
+ * is lost, 400 without --state-dir, 503 when its image could not be
+ * written (the session goes on). */
+static enum MHD_Result hibernate_session(struct http *h, struct MHD_Connection *conn,
+                                         struct exchange *x)
+{
+    struct sbx_error err = {0};
+    struct session_cell *c = NULL;
+    uint64_t bytes = 0;
+    json_error_t jerr;
+    json_t *o = x->len ? json_loadb(x->body, x->len, 0, &jerr) : NULL;
+    bool empty = !x->len || (json_is_object(o) && json_object_size(o) == 0);
+
+    json_decref(o);
+    if (!empty)
+        return send_error(h, conn, MHD_HTTP_BAD_REQUEST, NULL, SBX_ERR_INVALID_REQUEST,
+                          "a hibernation's body is empty, or {}");
+    int rc = session_enter(h->tables[x->tenant], x->name, 0, &c, &err);
+    if (rc == 0)
+        rc = session_hibernate(c, &bytes, &err);
+    if (rc == 0) {
+        json_t *a = json_pack("{s:{s:s,s:I}}", "session_hibernated", "name", x->name, "bytes",
+                              (json_int_t)bytes);
+        char *text = a ? json_dumps(a, JSON_COMPACT) : NULL;
+        json_decref(a);
+        return send_text(conn, MHD_HTTP_OK, text, JSON_TYPE, false);
+    }
+    count_refused(h, err.code);
+    return send_text(conn, rc == -ENOENT ? MHD_HTTP_NOT_FOUND : status_for(err.code),
+                     json_answer_error(NULL, &err), JSON_TYPE, false);
 }
 
 /* /v1/runs/RUN_ID/tool_results, its id into |id| (RUN_ID_LEN + 1). */
@@ -1444,6 +1492,8 @@ static enum route route_of(const char *url, char *name)
         return ROUTE_SESSION_RUN;
     if (session_path(url, "/fork", name))
         return ROUTE_SESSION_FORK;
+    if (session_path(url, "/hibernate", name))
+        return ROUTE_SESSION_HIBERNATE;
     if (session_path(url, "", name))
         return ROUTE_SESSION;
     if (strcmp(url, "/healthz") == 0)
@@ -1467,7 +1517,7 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
     enum route rt = x->rt;
     bool get = is(method, MHD_HTTP_METHOD_GET) || is(method, MHD_HTTP_METHOD_HEAD);
     bool post = rt == ROUTE_RUN || rt == ROUTE_TOOL_RESULTS || rt == ROUTE_SESSION_RUN ||
-                rt == ROUTE_SESSION_FORK;
+                rt == ROUTE_SESSION_FORK || rt == ROUTE_SESSION_HIBERNATE;
     bool del = rt == ROUTE_SESSION;
     const char *allow = post ? "POST" : del ? "DELETE" : "GET, HEAD";
     const char *cl, *te;
@@ -1489,7 +1539,8 @@ static enum MHD_Result screen(struct http *h, struct MHD_Connection *conn, const
         return refuse(h, conn, MHD_HTTP_NOT_FOUND, REF_NOT_FOUND, NULL, false,
                       "no such path: %s (POST /v1/run, POST /v1/runs/RUN_ID/tool_results, "
                       "POST /v1/sessions/NAME/run, POST /v1/sessions/NAME/fork, "
-                      "DELETE /v1/sessions/NAME, GET /v1/sessions, "
+                      "POST /v1/sessions/NAME/hibernate, DELETE /v1/sessions/NAME, "
+                      "GET /v1/sessions, "
                       "GET /healthz, GET /metrics; NAME: 1 to %d of A-Z a-z 0-9 . _ ~ -)",
                       path, SESSION_NAME_MAX);
     if (post ? !is(method, MHD_HTTP_METHOD_POST) : del ? !is(method, MHD_HTTP_METHOD_DELETE) : !get)
@@ -1576,6 +1627,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return tool_results(h, conn, url, x);
     if (x->rt == ROUTE_SESSION_FORK)
         return fork_session(h, conn, x);
+    if (x->rt == ROUTE_SESSION_HIBERNATE)
+        return hibernate_session(h, conn, x);
     return run(h, conn, x);
 }
 
@@ -1895,12 +1948,27 @@ int http_main(const struct serve_opts *o)
         rc = 1;
         goto out;
     }
-    for (unsigned i = 0; i < h.n_tables; i++)
-        if (!(h.tables[i] = session_table_new(o->backend, &o->session_limits))) {
+    for (unsigned i = 0; i < h.n_tables; i++) {
+        uint8_t tenant[STATE_TENANT_BYTES];
+        /* A tenant's images are bound to its token (a MAC of it: the
+         * token is never written down), wherever it is in the file. */
+        if (!(h.tables[i] = session_table_new(o->backend, &o->session_limits)) ||
+            (o->state && state_dir_tenant(o->state, h.n_tokens ? "http-token" : "http-open",
+                                          h.n_tokens ? h.tokens[i] : "",
+                                          h.n_tokens ? h.token_lens[i] : 0, tenant) < 0)) {
             fputs("pysbx serve: out of memory\n", stderr);
             rc = 1;
             goto out;
         }
+        if (o->state)
+            session_table_hibernate_to(h.tables[i], o->state, tenant);
+    }
+    if (o->state && o->hibernate_after &&
+        !(h.idler = session_idler_start(h.tables, h.n_tables, o->hibernate_after))) {
+        fputs("pysbx serve: cannot start a thread\n", stderr);
+        rc = 1;
+        goto out;
+    }
     if ((lfd = open_http_listener("--http", o->http_addr, h.n_tokens > 0, shown, sizeof(shown))) <
         0) {
         rc = lfd == -EINVAL || lfd == -EACCES ? EXIT_USAGE : 1;
@@ -1990,6 +2058,9 @@ out:
     if (lfd >= 0)
         close(lfd);
     close_fd(&mfd);
+    /* No run is in flight: the sessions hibernate (--state-dir), before
+     * they end below. */
+    hibernate_at_exit(h.tables, h.tables ? h.n_tables : 0, h.idler, sfd);
     close_fd(&sfd);
     close_fd(&h.wake_fd);
     close_fd(&h.watch_fd);

@@ -2,11 +2,14 @@
 #define _GNU_SOURCE
 #include "commands.h"
 #include "options.h"
+#include "statedir.h"
 #include "stopper.h"
 
+#include <limits.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -18,11 +21,38 @@ static unsigned cores(void)
     return n > 0 ? (unsigned)n : 1;
 }
 
+/* serve --state-dir: opened before the sandbox, so that a directory
+ * another server holds is refused before anything starts. Returns 0, or
+ * the exit status having said why. */
+static int open_state(const struct opts *o, struct state_dir **out)
+{
+    struct sbx_config cfg;
+    char tmpl[PATH_MAX], why[320];
+
+    *out = NULL;
+    if (!o->state_dir)
+        return 0;
+    opts_config(o, &cfg, tmpl, sizeof(tmpl));
+    struct state_dir_config c = {
+        .path = o->state_dir,
+        .max_bytes = o->state_max_bytes,
+        .template_path = cfg.template_path ? cfg.template_path : getenv("PYSBX_TEMPLATE"),
+        .packages = cfg.packages,
+        .module_dirs = cfg.module_dirs,
+    };
+    if (state_dir_open(&c, out, why, sizeof(why)) < 0) {
+        fprintf(stderr, "pysbx serve: --state-dir %s: %s\n", o->state_dir, why);
+        return 1;
+    }
+    return 0;
+}
+
 static int cmd_front(enum cmd cmd, int argc, char **argv)
 {
     struct opts o;
     struct sbx_backend b = {0};
     struct sbx_error err = {0};
+    struct state_dir *state = NULL;
     int status = parse_opts(cmd, argc, argv, &o);
 
     if (status != 0) {
@@ -40,7 +70,12 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
      * (stopper.h) from before their sandbox exists; serve has its own. */
     if (cmd != CMD_SERVE)
         (void)stopper_start();
+    if ((status = open_state(&o, &state)) != 0) {
+        opts_free(&o);
+        return status;
+    }
     if (open_backend(&o, &b, &err) < 0) {
+        state_dir_close(state);
         opts_free(&o);
         return open_error(cmd, &err);
     }
@@ -65,7 +100,9 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .metrics_addr = o.metrics_http,
                                 .max_client_connections =
                                     o.max_client_connections ? o.max_client_connections : 128,
-                                .session_limits = sl};
+                                .session_limits = sl,
+                                .state = state,
+                                .hibernate_after = o.hibernate_after};
         status = o.http ? http_main(&so) : serve_main(&so);
     } else if (cmd == CMD_MCP) {
         struct mcp_opts mo = {&b, o.limits, o.max_line, (const char *const *)o.packages, sl};
@@ -74,6 +111,7 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
         struct batch_opts bo = {&b, o.limits, o.limits_given, o.target, o.out, o.jobs, o.max_line};
         status = batch_main(&bo);
     }
+    state_dir_close(state);
     b.close(b.self);
     opts_free(&o);
     return status;

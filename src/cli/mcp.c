@@ -547,7 +547,7 @@ static void *run_call(void *p)
         j->fork_from_cell = j->fork_to_cell = NULL; /* given up */
     }
     if (rc == 0 && j->cell) {
-        rc = session_run(j->cell, &r.req, j->rollback, &res, &err);
+        rc = session_run(j->cell, &r.req, j->rollback, &res, NULL, &err);
         j->cell = NULL; /* its place is given up */
     } else if (rc == 0)
         rc = s->o->backend->run(s->o->backend->self, &r.req, &res, &err);

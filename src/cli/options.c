@@ -2,6 +2,7 @@
 #include "options.h"
 
 #include "reqjson.h"
+#include "statedir.h"
 #include "sysutil.h"
 #include "util.h"
 
@@ -170,7 +171,23 @@ static const char serve_usage[] =
     "                          past which an answer is not kept and its connection\n"
     "                          is cut (default 256M)\n"
     "  --grace SECONDS         at SIGINT or SIGTERM, how long runs in flight may still\n"
-    "                          finish before they are cancelled (default 10; 0: at once)\n";
+    "                          finish before they are cancelled (default 10; 0: at once)\n"
+    "  --state-dir DIR         sessions may hibernate: their state is written to DIR\n"
+    "                          (made 0700; a key of the server's signs each image) and\n"
+    "                          their processes end, on request ({\"id\": ...,\n"
+    "                          \"session_hibernate\": NAME}; over --http POST\n"
+    "                          /v1/sessions/NAME/hibernate), after --hibernate-after,\n"
+    "                          and at shutdown; the next cell restores it, also in a\n"
+    "                          server started later with the same DIR and build. The\n"
+    "                          template's address layout is then fixed (no ASLR) for\n"
+    "                          this build on this machine. JSON lines: session names\n"
+    "                          are the server's, no longer each connection's\n"
+    "  --hibernate-after SECONDS\n"
+    "                          with --state-dir, a session with no cell for this long\n"
+    "                          hibernates (below --session-idle; default: never)\n"
+    "  --state-max-bytes SIZE  with --state-dir, the images' bytes together, past\n"
+    "                          which the oldest are dropped (their next cell is told\n"
+    "                          so: session_lost) (default 4G, at least 16M)\n";
 
 static const char serve_ceilings_help[] =
     "\n"
@@ -488,6 +505,9 @@ enum {
     O_SIDLE,
     O_SLIFE,
     O_CLIENTCONNS,
+    O_STATEDIR,
+    O_HIBERNATE,
+    O_STATEMAX,
 };
 
 #define LIMITS  (CMD_RUN | CMD_MCP | CMD_BATCH)
@@ -535,6 +555,9 @@ static const struct {
     {{"session-idle", required_argument, NULL, O_SIDLE}, CMD_SERVE | CMD_MCP},
     {{"session-lifetime", required_argument, NULL, O_SLIFE}, CMD_SERVE | CMD_MCP},
     {{"max-client-connections", required_argument, NULL, O_CLIENTCONNS}, CMD_SERVE},
+    {{"state-dir", required_argument, NULL, O_STATEDIR}, CMD_SERVE},
+    {{"hibernate-after", required_argument, NULL, O_HIBERNATE}, CMD_SERVE},
+    {{"state-max-bytes", required_argument, NULL, O_STATEMAX}, CMD_SERVE},
     {{"out", required_argument, NULL, O_OUTFILE}, CMD_BATCH},
     {{"help", no_argument, NULL, 'h'}, SANDBOX},
 };
@@ -566,6 +589,7 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
     o->required = SBX_LAYERS_DEFAULT;
     o->max_line = DEFAULT_MAX_LINE;
     o->socket_mode = 0600;
+    o->state_max_bytes = DEFAULT_STATE_MAX_BYTES;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -753,6 +777,23 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
                                    optarg);
             o->max_client_connections = (unsigned)n;
             break;
+        case O_STATEDIR:
+            if (!*optarg)
+                return usage_error(cmd, "--state-dir wants a directory");
+            o->state_dir = optarg;
+            break;
+        case O_HIBERNATE:
+            if (parse_seconds(optarg, &o->hibernate_after) < 0 || o->hibernate_after <= 0 ||
+                o->hibernate_after > SBX_DEFAULT_SESSION_LIFETIME_SECONDS)
+                return usage_error(cmd, "--hibernate-after wants a number of seconds above 0, at "
+                                        "most 86400");
+            break;
+        case O_STATEMAX:
+            if (parse_size(optarg, &o->state_max_bytes) < 0 || o->state_max_bytes < STATE_MIN_BYTES)
+                return usage_error(cmd, "--state-max-bytes wants a size of at least 16M, not '%s'",
+                                   optarg);
+            o->given_state_max = true;
+            break;
         case ':':
             return usage_error(cmd, "%s needs a value", argv[optind - 1]);
         default:
@@ -786,6 +827,17 @@ int parse_opts(enum cmd cmd, int argc, char **argv, struct opts *o)
         return usage_error(cmd, "--metrics-http goes with --http");
     if (o->max_client_connections && !o->http)
         return usage_error(cmd, "--max-client-connections goes with --http");
+    if ((o->hibernate_after || o->given_state_max) && !o->state_dir)
+        return usage_error(cmd, "--%s goes with --state-dir",
+                           o->hibernate_after ? "hibernate-after" : "state-max-bytes");
+    double idle = o->session_idle ? o->session_idle : SBX_DEFAULT_SESSION_IDLE_SECONDS;
+    if (o->hibernate_after && o->hibernate_after >= idle)
+        return usage_error(cmd,
+                           "--hibernate-after %g is not below --session-idle %g: a session "
+                           "would end before it hibernates",
+                           o->hibernate_after, idle);
+    if (o->state_dir && o->backend && strcmp(o->backend, "python3") == 0)
+        return usage_error(cmd, "--state-dir: the python3 backend has no sessions to hibernate");
     if (cmd != CMD_RUN && cmd != CMD_DOCTOR) {
         struct sbx_request probe;
         struct sbx_error err;
@@ -827,6 +879,8 @@ void opts_config(const struct opts *o, struct sbx_config *cfg, char *tmpl, size_
     if (o->workspace_bytes)
         cfg->workspace_bytes = o->workspace_bytes;
     cfg->max_sessions = o->max_sessions;
+    /* Images written by a server restore in the next one it starts. */
+    cfg->fixed_layout = o->state_dir != NULL;
     if (o->cmd == CMD_DOCTOR)
         cfg->pool_size = 1;
     /* One program: no warm modules to import, one worker, nothing kept. */

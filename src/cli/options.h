@@ -68,7 +68,14 @@ struct opts {
     double session_idle;             /* serve, mcp: --session-idle (0: the library's) */
     double session_lifetime;         /* serve, mcp: --session-lifetime (0: the library's) */
     unsigned max_client_connections; /* serve --http: from one address (0: the default) */
+    const char *state_dir;           /* serve: where sessions hibernate (NULL: nowhere) */
+    double hibernate_after;   /* serve: idle seconds before a session hibernates (0: never) */
+    uint64_t state_max_bytes; /* serve: the images' bytes together */
+    bool given_state_max;
 };
+
+/* serve --state-max-bytes, when not given. */
+#define DEFAULT_STATE_MAX_BYTES (4ULL << 30)
 
 /* "run", "serve", ... */
 const char *cmd_name(enum cmd c);

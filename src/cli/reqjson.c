@@ -669,7 +669,7 @@ int json_session_fields(json_t *o, const char *field, const char **name,
 
 int json_request_no_session(const struct json_request *r, struct sbx_error *err)
 {
-    if (r->session || r->session_close || r->fork_from)
+    if (r->session || r->session_close || r->fork_from || r->session_hibernate)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EINVAL,
                         "sessions are served over JSON lines and MCP");
     return 0;
@@ -723,6 +723,13 @@ int json_request_parse(const char *text, size_t len, const struct sbx_limits *ce
                                "a session_close message has only id and session_close", err);
         return rc < 0 ? rc : json_session_name(o, "session_close", &r->session_close, err);
     }
+    if (json_object_get(o, "session_hibernate")) {
+        static const char *const fields[] = {"id", "session_hibernate"};
+        int rc =
+            unknown_field(o, fields, ARRAY_SIZE(fields),
+                          "a session_hibernate message has only id and session_hibernate", err);
+        return rc < 0 ? rc : json_session_name(o, "session_hibernate", &r->session_hibernate, err);
+    }
     if (json_object_get(o, "session_fork")) {
         static const char *const fork_fields[] = {"id", "session_fork"};
         static const char *const names[] = {"from", "to"};
@@ -751,8 +758,8 @@ int json_request_parse_cell(const char *text, size_t len, const char *session,
                             const struct sbx_limits *ceil, struct json_request *r,
                             struct sbx_error *err)
 {
-    static const char *const others[] = {"session", "cancel", "tool_result", "session_close",
-                                         "session_fork"};
+    static const char *const others[] = {"session",       "cancel",       "tool_result",
+                                         "session_close", "session_fork", "session_hibernate"};
     json_t *o;
 
     memset(r, 0, sizeof(*r));
@@ -831,11 +838,17 @@ char *json_answer_result(const char *id_text, const struct sbx_result *res)
     return with_id(id_text, result);
 }
 
-char *json_answer_session(const char *id_text, const struct sbx_result *res, const char *name)
+char *json_answer_session(const char *id_text, const struct sbx_result *res, const char *name,
+                          bool restored)
 {
     char *result = sbx_result_to_json(res), *head = NULL, *out;
     json_t *session = json_pack("{s:s, s:I, s:b}", "name", name, "cell", (json_int_t)res->cell,
                                 "rolled_back", res->rolled_back);
+    /* Only when it was: the answers of other cells are as they were. */
+    if (session && restored && json_object_set_new(session, "restored", json_true()) < 0) {
+        json_decref(session);
+        session = NULL;
+    }
     char *stext = session ? json_dumps(session, JSON_COMPACT) : NULL;
 
     json_decref(session);
@@ -856,6 +869,16 @@ char *json_answer_session_forked(const char *id_text, const char *from, const ch
 {
     json_t *o = json_pack("{s:{s:s,s:s,s:I}}", "session_forked", "from", from, "to", to, "cell",
                           (json_int_t)cells);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+    json_decref(o);
+    return with_id(id_text, text);
+}
+
+char *json_answer_session_hibernated(const char *id_text, const char *name, uint64_t bytes)
+{
+    json_t *o =
+        json_pack("{s:{s:s,s:I}}", "session_hibernated", "name", name, "bytes", (json_int_t)bytes);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
 
     json_decref(o);

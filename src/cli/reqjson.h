@@ -8,6 +8,7 @@
  *   {"cancel": <the id of a request in flight>}          (serve only)
  *   {"id": any, "session_close": "NAME"}                 (serve only)
  *   {"id": any, "session_fork": {"from": "A", "to": "B"}} (serve only)
+ *   {"id": any, "session_hibernate": "NAME"}             (serve only)
  *
  * An answer is the result object with the request's id (and, for a cell of
  * a session, "session": {"name", "cell", "rolled_back"}), or
@@ -44,6 +45,8 @@ struct json_request {
     const char *session_close;
     /* In |doc|: a session_fork message's names (r->req unfilled). */
     const char *fork_from, *fork_to;
+    /* In |doc|: a session_hibernate message's name (r->req unfilled). */
+    const char *session_hibernate;
     /* "stream": true: the output as events before the answer. */
     bool stream;
     /* "tools": the host tools it declares (names and descriptions in
@@ -110,10 +113,14 @@ int json_raw_member(const char *text, size_t len, const char *key, const char **
 char *json_answer_result(const char *id_text, const struct sbx_result *res);
 char *json_answer_error(const char *id_text, const struct sbx_error *err);
 /* A session cell's result: the result object with the id, then
- * "session": {"name": |name|, "cell": N, "rolled_back": bool}. */
-char *json_answer_session(const char *id_text, const struct sbx_result *res, const char *name);
+ * "session": {"name": |name|, "cell": N, "rolled_back": bool}, and
+ * "restored": true when the session was restored from its image for it. */
+char *json_answer_session(const char *id_text, const struct sbx_result *res, const char *name,
+                          bool restored);
 /* {"id": ..., "session_closed": |name|}. */
 char *json_answer_session_closed(const char *id_text, const char *name);
+/* {"id": ..., "session_hibernated": {"name": |name|, "bytes": |bytes|}}. */
+char *json_answer_session_hibernated(const char *id_text, const char *name, uint64_t bytes);
 /* {"id": ..., "session_forked": {"from": |from|, "to": |to|, "cell": |cells|}}. */
 char *json_answer_session_forked(const char *id_text, const char *from, const char *to,
                                  uint64_t cells);

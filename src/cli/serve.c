@@ -18,6 +18,10 @@
  * names its requests give; a request for a session enters its line as it
  * is read, so that its cells run in the order they were sent, whichever
  * run threads take them. When the stream ends, its sessions are closed.
+ * With --state-dir, the names are the server's (one table every stream
+ * shares): a session hibernated, or one whose connection ended, is found
+ * again by its name from any connection, and after a restart; at the end
+ * the server hibernates them rather than close them.
  */
 #define _GNU_SOURCE
 #include "commands.h"
@@ -76,6 +80,9 @@ struct server {
     bool cancelling; /* the grace is over: a run is cancelled as it registers */
     int stop_fd;     /* eventfd, written at shutdown and never read: readers stop */
     int wake_fd;     /* eventfd: a stream ended or a run did; the main thread looks */
+    /* --state-dir: the sessions of every stream, by the server's names. */
+    struct session_table *sessions;
+    struct session_idler *idler;
 };
 
 struct job {
@@ -87,6 +94,7 @@ struct job {
     struct sbx_cancel *cancel;
     struct session_cell *cell;        /* its place in its session's line, until it runs */
     struct session_cell *fork_to;     /* a session_fork's place in the branch's line */
+    bool hibernate;                   /* |cell| is a session_hibernate's place */
     uint64_t seq;                     /* its number among the stream's requests, from 1 */
     struct sbx_tool_answers *answers; /* a run with host tools: where their results go */
     uint64_t dropped[2];              /* bytes of stdout and stderr events not queued */
@@ -117,8 +125,9 @@ struct conn {
     size_t events;       /* ... of them, in output events */
     bool done;           /* no more answers will be queued */
     bool dropped;        /* the client is gone or cut off: its answers go nowhere */
-    /* The stream's sessions, by the names it gave them. */
+    /* The stream's sessions, by the names it gave them (or the server's). */
     struct session_table *sessions;
+    bool own_sessions;
 };
 
 static void answer_free(struct answer *a)
@@ -387,11 +396,13 @@ static struct job *run_one(struct job *j, bool slot)
     }
     j->r.req.user = j;
     struct session_cell *cell = j->cell, *fork_to = j->fork_to;
-    uint64_t cells = 0;
+    uint64_t cells = 0, bytes = 0;
+    bool restored = false;
     j->cell = j->fork_to = NULL; /* session_run and session_fork give their places up */
-    int rc = fork_to ? session_fork(cell, fork_to, &cells, &err)
-             : cell  ? session_run(cell, &j->r.req, j->r.rollback, &res, &err)
-                     : s->o->backend->run(s->o->backend->self, &j->r.req, &res, &err);
+    int rc = fork_to        ? session_fork(cell, fork_to, &cells, &err)
+             : j->hibernate ? session_hibernate(cell, &bytes, &err)
+             : cell         ? session_run(cell, &j->r.req, j->r.rollback, &res, &restored, &err)
+                            : s->o->backend->run(s->o->backend->self, &j->r.req, &res, &err);
     pthread_mutex_lock(&c->lock);
     c->running--;
     pthread_mutex_unlock(&c->lock);
@@ -400,8 +411,10 @@ static struct job *run_one(struct job *j, bool slot)
         line = json_answer_error(j->r.id_text, &err);
     else if (fork_to)
         line = json_answer_session_forked(j->r.id_text, j->r.fork_from, j->r.fork_to, cells);
+    else if (j->hibernate)
+        line = json_answer_session_hibernated(j->r.id_text, j->r.session_hibernate, bytes);
     else if (cell)
-        line = json_answer_session(j->r.id_text, res, j->r.session);
+        line = json_answer_session(j->r.id_text, res, j->r.session, restored);
     else
         line = json_answer_result(j->r.id_text, res);
     sbx_result_free(res);
@@ -603,9 +616,12 @@ static void start_job(struct conn *c, struct job *j)
         sbx_fail(&err, SBX_ERR_UNAVAILABLE, -ENOMEM, "out of memory");
     /* In its session's line now, in the order requests are read (a
      * branch: in both its sessions' lines). */
+    j->hibernate = j->r.session_hibernate != NULL;
     if (!j->cancel ||
         (j->r.fork_from && session_enter_fork(c->sessions, j->r.fork_from, j->r.fork_to, &j->cell,
                                               &j->fork_to, &err) < 0) ||
+        (j->hibernate &&
+         session_enter(c->sessions, j->r.session_hibernate, 0, &j->cell, &err) < 0) ||
         (j->r.session && session_enter(c->sessions, j->r.session, j->r.cell, &j->cell, &err) < 0)) {
         answer_error(c, j->r.id_text, &err);
         job_free(j);
@@ -712,7 +728,8 @@ static void conn_free(struct conn *c)
 {
     if (c->socket)
         close(c->in_fd);
-    session_table_free(c->sessions);
+    if (c->own_sessions)
+        session_table_free(c->sessions);
     close_fd(&c->wake_fd);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->changed);
@@ -741,8 +758,9 @@ static void *conn_main(void *p)
     wait_stream(c, true);
     /* Every request is answered: no cell holds a session. Closed before
      * the stream leaves, so that at shutdown they all are before the
-     * backend closes. */
-    session_table_free(c->sessions);
+     * backend closes; the server's (--state-dir) stay. */
+    if (c->own_sessions)
+        session_table_free(c->sessions);
     c->sessions = NULL;
     pthread_mutex_lock(&c->lock);
     c->done = true;
@@ -767,7 +785,9 @@ static int add_conn(struct server *s, int in_fd, int out_fd, bool socket)
     c->tail = &c->head;
     c->wait_tail = &c->wait_head;
     c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    c->sessions = session_table_new(s->o->backend, &s->o->session_limits);
+    c->own_sessions = !s->sessions;
+    c->sessions =
+        s->sessions ? s->sessions : session_table_new(s->o->backend, &s->o->session_limits);
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
     if (c->wake_fd < 0 || !c->sessions || pthread_create(&c->writer, NULL, writer_main, c) != 0) {
@@ -997,6 +1017,20 @@ int serve_main(const struct serve_opts *o)
         fprintf(stderr, "pysbx serve: %s\n", strerror(errno));
         goto out;
     }
+    if (o->state) {
+        uint8_t tenant[STATE_TENANT_BYTES];
+        if (state_dir_tenant(o->state, "json-lines", "", 0, tenant) < 0 ||
+            !(s.sessions = session_table_new(o->backend, &o->session_limits))) {
+            fputs("pysbx serve: out of memory\n", stderr);
+            goto out;
+        }
+        session_table_hibernate_to(s.sessions, o->state, tenant);
+        if (o->hibernate_after &&
+            !(s.idler = session_idler_start(&s.sessions, 1, o->hibernate_after))) {
+            fputs("pysbx serve: cannot start a thread\n", stderr);
+            goto out;
+        }
+    }
     if (o->listen_path) {
         lfd = open_listener(o, &lock_fd, lock, sizeof(lock));
         if (lfd < 0) {
@@ -1019,8 +1053,13 @@ int serve_main(const struct serve_opts *o)
          * process ends rather than free what they use. */
         drain_exit_if_held(r, r == 0);
     }
+    /* Every stream has ended: no cell holds a session. */
+    hibernate_at_exit(&s.sessions, s.sessions ? 1 : 0, s.idler, sfd);
+    s.idler = NULL;
     rc = 0;
 out:
+    session_idler_stop(s.idler);
+    session_table_free(s.sessions);
     if (lfd >= 0) {
         close_fd(&lfd);
         unlink(o->listen_path);

@@ -9,8 +9,11 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 _Static_assert(sizeof(((struct session_info *)0)->name) == SESSION_NAME_MAX + 1,
                "a session_info holds any session's name");
@@ -34,6 +37,9 @@ struct entry {
     uint64_t memory_bytes;
     uint64_t idle_since_ns, opened_ns;
     bool busy;
+    /* Its image could not be written (say, the state directory has no
+     * room): the idler leaves it be until it has run another cell. */
+    bool unhibernatable;
     /* Cells entered and not yet done, in order: it is the first one's
      * turn. The entry lives while it has cells, or a name and a session. */
     struct session_cell *line, **line_tail;
@@ -51,6 +57,9 @@ struct session_table {
     pthread_mutex_t lock;
     pthread_cond_t changed; /* a turn passed */
     struct entry *named;
+    /* Where its sessions hibernate, as whose (NULL: nowhere). */
+    struct state_dir *state;
+    uint8_t tenant[STATE_TENANT_BYTES];
 };
 
 struct session_table *session_table_new(const struct sbx_backend *b,
@@ -68,6 +77,13 @@ struct session_table *session_table_new(const struct sbx_backend *b,
     pthread_mutex_init(&t->lock, NULL);
     pthread_cond_init(&t->changed, NULL);
     return t;
+}
+
+void session_table_hibernate_to(struct session_table *t, struct state_dir *state,
+                                const uint8_t tenant[STATE_TENANT_BYTES])
+{
+    t->state = state;
+    memcpy(t->tenant, tenant, STATE_TENANT_BYTES);
 }
 
 static void entry_free(struct entry *e, const struct sbx_backend *b)
@@ -259,8 +275,101 @@ static int check_number(struct session_cell *c, struct sbx_session **stale, stru
                     *stale ? "it at another cell" : "no session of that name");
 }
 
+/* |e| is lost: the cells in its line are told so, and its name is free.
+ * Under t->lock. */
+static void lose(struct entry *e)
+{
+    e->gone = true;
+    if (e->named)
+        unname(e->t, e);
+}
+
+static void lose_locked(struct entry *e)
+{
+    pthread_mutex_lock(&e->t->lock);
+    lose(e);
+    pthread_mutex_unlock(&e->t->lock);
+}
+
+/* At the turn of |c|, whose session (named, not lost) has no process: the
+ * state directory's image of it restored into *s, or its tombstone said.
+ * The number the cell expects is held against the image's as
+ * check_number does for a session with processes. Returns 0, with *s, or
+ * NULL when there is nothing to restore; or a negative errno with |err|. */
+static int revive(struct session_cell *c, struct sbx_session **s, struct sbx_error *err)
+{
+    struct entry *e = c->e;
+    struct session_table *t = e->t;
+    const struct sbx_backend *b = t->b;
+    struct state_session info;
+    char why[256];
+    uint64_t ticket;
+
+    *s = NULL;
+    /* Cell 1 starts afresh: whatever was held under the name goes. */
+    if (c->expect == 1) {
+        state_dir_drop(t->state, t->tenant, e->name);
+        return 0;
+    }
+    int fd = state_dir_take(t->state, t->tenant, e->name, &info, &ticket, err);
+    if (fd == -ENOENT) {
+        if (state_dir_find(t->state, t->tenant, e->name, &info, why, sizeof(why)) != STATE_LOST)
+            return 0;
+        /* Said once: the next cell of the name starts a new session. */
+        state_dir_drop(t->state, t->tenant, e->name);
+        lose_locked(e);
+        return sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK, "session \"%s\" is lost: %s", e->name,
+                        why);
+    }
+    if (fd < 0) {
+        lose_locked(e); /* refused, and removed: |err| says why */
+        return fd;
+    }
+    if (c->expect && c->expect != info.cells + 1) {
+        close(fd);
+        state_dir_release(t->state, ticket, false);
+        lose_locked(e);
+        return sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK,
+                        "cell %llu of session \"%s\" cannot run here: this server holds it at "
+                        "another cell",
+                        (unsigned long long)c->expect, e->name);
+    }
+    /* Its memory limit is the image's; its idle time and lifetime count
+     * from now. */
+    struct sbx_session_limits l = t->limits;
+    l.memory_bytes = 0;
+    int rc = b->session_restore ? b->session_restore(b->self, &l, fd, s, err)
+                                : sbx_fail(err, SBX_ERR_SESSION_LOST, -EOPNOTSUPP,
+                                           "the %s backend cannot restore a session", b->name);
+    close(fd);
+    if (rc < 0 && err && err->code == SBX_ERR_BUSY) {
+        state_dir_release(t->state, ticket, true); /* kept for a cell that finds room */
+        return rc;
+    }
+    state_dir_release(t->state, ticket, false);
+    if (rc < 0) {
+        char lib[sizeof(err->message)];
+        fmt(lib, sizeof(lib), "%s", err ? err->message : "");
+        fprintf(stderr,
+                "pysbx serve: the image of session \"%s\" could not be restored, and was "
+                "removed: %s\n",
+                e->name, lib);
+        lose_locked(e);
+        return sbx_fail(err, SBX_ERR_SESSION_LOST, rc,
+                        "session \"%s\" could not be restored from its image (removed): %.150s",
+                        e->name, lib);
+    }
+    pthread_mutex_lock(&t->lock);
+    e->cells = info.cells;
+    e->memory_bytes = info.memory_bytes;
+    e->max_rss_kb = (long)info.max_rss_kb;
+    e->opened_ns = now_ns();
+    pthread_mutex_unlock(&t->lock);
+    return 0;
+}
+
 int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_rollback rollback,
-                struct sbx_result **out, struct sbx_error *err)
+                struct sbx_result **out, bool *restored, struct sbx_error *err)
 {
     struct entry *e = c->e;
     struct session_table *t = e->t;
@@ -269,10 +378,28 @@ int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_
     int rc = 0;
 
     *out = NULL;
+    if (restored)
+        *restored = false;
     pthread_mutex_lock(&t->lock);
     while (e->line != c)
         pthread_cond_wait(&t->changed, &t->lock);
-    rc = check_number(c, &stale, err);
+    /* A session with no process under its name may be hibernated. Its
+     * turn: nothing else touches its session meanwhile. */
+    bool wake = t->state && !e->s && !e->gone && e->named;
+    pthread_mutex_unlock(&t->lock);
+    if (wake) {
+        rc = revive(c, &s, err);
+        if (s) {
+            pthread_mutex_lock(&t->lock);
+            e->s = s;
+            pthread_mutex_unlock(&t->lock);
+            if (restored)
+                *restored = true;
+        }
+    }
+    pthread_mutex_lock(&t->lock);
+    if (rc == 0)
+        rc = check_number(c, &stale, err);
     s = e->s;
     e->busy = rc == 0;
     pthread_mutex_unlock(&t->lock);
@@ -300,11 +427,9 @@ int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_
         if (rc == 0) {
             e->cells = (*out)->cell;
             e->max_rss_kb = (*out)->max_rss_kb;
-        } else if (err && err->code == SBX_ERR_SESSION_LOST) {
-            e->gone = true;
-            if (e->named)
-                unname(t, e); /* the cells already in line learn it too */
-        }
+            e->unhibernatable = false;
+        } else if (err && err->code == SBX_ERR_SESSION_LOST)
+            lose(e); /* the cells already in line learn it too */
         pthread_mutex_unlock(&t->lock);
     }
     pthread_mutex_lock(&t->lock);
@@ -315,6 +440,209 @@ int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_
     if (dead)
         entry_free(dead, b);
     return rc;
+}
+
+/* Seconds since the epoch that |e| has been idle since. Under t->lock. */
+static double idle_since_wall(const struct entry *e)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return now - (double)(now_ns() - e->idle_since_ns) / 1e9;
+}
+
+int session_hibernate(struct session_cell *c, uint64_t *bytes, struct sbx_error *err)
+{
+    struct entry *e = c->e;
+    struct session_table *t = e->t;
+    const struct sbx_backend *b = t->b;
+    struct state_session info = {0};
+    int rc = 0;
+
+    *bytes = 0;
+    pthread_mutex_lock(&t->lock);
+    while (e->line != c)
+        pthread_cond_wait(&t->changed, &t->lock);
+    /* A closed session (its name freed while this waited) is no one's to
+     * hibernate: its image would be found by the name's next session. */
+    struct sbx_session *s = e->named && !e->gone ? e->s : NULL;
+    if (s) {
+        e->busy = true;
+        fmt(info.name, sizeof(info.name), "%s", e->name);
+        info.cells = e->cells;
+        info.memory_bytes = e->memory_bytes;
+        info.max_rss_kb = e->max_rss_kb;
+        info.idle_since = idle_since_wall(e);
+    }
+    bool named = e->named && !e->gone;
+    pthread_mutex_unlock(&t->lock);
+    if (!t->state || !b->session_save)
+        rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EOPNOTSUPP,
+                      "this server keeps no sessions' images: start it with --state-dir");
+    else if (!s && named &&
+             state_dir_find(t->state, t->tenant, e->name, &info, NULL, 0) == STATE_IMAGE)
+        *bytes = info.bytes; /* hibernated already */
+    else if (!s)
+        rc = e->gone ? sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK,
+                                "session \"%s\" was lost before it could be hibernated", e->name)
+                     : sbx_fail(err, SBX_ERR_INVALID_REQUEST, -ENOENT,
+                                "no open session is called \"%s\"", e->name);
+    else {
+        uint64_t ticket = 0;
+        rc = state_dir_save(t->state, t->tenant, &info, b->session_save, s, bytes, &ticket, err);
+        pthread_mutex_lock(&t->lock);
+        if (rc == 0 && e->named)
+            e->s = NULL; /* the image holds it now */
+        else if (rc == 0)
+            s = NULL; /* closed meanwhile: its image goes, the entry's end closes it */
+        else if (err && err->code == SBX_ERR_SESSION_LOST)
+            lose(e);
+        else
+            e->unhibernatable = true;
+        pthread_mutex_unlock(&t->lock);
+        if (rc == 0 && !s)
+            state_dir_release(t->state, ticket, false);
+        else if (rc == 0)
+            b->session_close(s);
+    }
+    pthread_mutex_lock(&t->lock);
+    e->busy = false;
+    struct entry *dead = take_out(c);
+    pthread_mutex_unlock(&t->lock);
+    if (dead)
+        entry_free(dead, b);
+    return rc;
+}
+
+unsigned session_table_hibernate(struct session_table *t, double idle_seconds,
+                                 bool (*stop)(void *arg), void *arg)
+{
+    unsigned n = 0;
+
+    while (t && t->state && !(stop && stop(arg))) {
+        struct session_cell *c = calloc(1, sizeof(*c));
+        struct entry *e = NULL;
+        char name[SESSION_NAME_MAX + 1] = "";
+        if (!c)
+            break;
+        pthread_mutex_lock(&t->lock);
+        uint64_t now = now_ns();
+        for (e = t->named; e; e = e->next)
+            if (e->s && !e->line && !e->gone && !e->unhibernatable &&
+                (idle_seconds <= 0 || (double)(now - e->idle_since_ns) / 1e9 >= idle_seconds))
+                break;
+        /* Its line is empty: this place is its turn at once. */
+        if (e) {
+            c->e = e;
+            *e->line_tail = c;
+            e->line_tail = &c->next;
+            fmt(name, sizeof(name), "%s", e->name);
+        }
+        pthread_mutex_unlock(&t->lock);
+        if (!e) {
+            free(c);
+            break;
+        }
+        struct sbx_error err = {0};
+        uint64_t bytes;
+        if (session_hibernate(c, &bytes, &err) == 0)
+            n++;
+        else if (err.code != SBX_ERR_SESSION_LOST)
+            fprintf(stderr, "pysbx serve: session \"%s\" could not hibernate, and goes on: %s\n",
+                    name, err.message);
+    }
+    return n;
+}
+
+struct session_idler {
+    struct session_table *const *tables;
+    unsigned n;
+    double after;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t stopped;
+    bool stop;
+};
+
+static bool idler_stopping(void *p)
+{
+    struct session_idler *i = p;
+
+    pthread_mutex_lock(&i->lock);
+    bool stop = i->stop;
+    pthread_mutex_unlock(&i->lock);
+    return stop;
+}
+
+/* How often the idler looks: a quarter of the idle time (so that a
+ * session hibernates at most a quarter late), within bounds. */
+#define IDLER_MIN_PERIOD_S 0.05
+#define IDLER_MAX_PERIOD_S 5.0
+
+static void *idler_main(void *p)
+{
+    struct session_idler *i = p;
+    double period = i->after / 4;
+
+    period = period < IDLER_MIN_PERIOD_S   ? IDLER_MIN_PERIOD_S
+             : period > IDLER_MAX_PERIOD_S ? IDLER_MAX_PERIOD_S
+                                           : period;
+    pthread_mutex_lock(&i->lock);
+    while (!i->stop) {
+        pthread_mutex_unlock(&i->lock);
+        for (unsigned k = 0; k < i->n && !idler_stopping(i); k++)
+            session_table_hibernate(i->tables[k], i->after, idler_stopping, i);
+        pthread_mutex_lock(&i->lock);
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        uint64_t ns = (uint64_t)until.tv_nsec + (uint64_t)(period * 1e9);
+        until.tv_sec += (time_t)(ns / 1000000000u);
+        until.tv_nsec = (long)(ns % 1000000000u);
+        while (!i->stop && pthread_cond_timedwait(&i->stopped, &i->lock, &until) != ETIMEDOUT)
+            ;
+    }
+    pthread_mutex_unlock(&i->lock);
+    return NULL;
+}
+
+struct session_idler *session_idler_start(struct session_table *const *tables, unsigned n,
+                                          double idle_seconds)
+{
+    struct session_idler *i = calloc(1, sizeof(*i));
+    pthread_condattr_t ca;
+
+    if (!i)
+        return NULL;
+    i->tables = tables;
+    i->n = n;
+    i->after = idle_seconds;
+    pthread_mutex_init(&i->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&i->stopped, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&i->thread, NULL, idler_main, i) != 0) {
+        pthread_mutex_destroy(&i->lock);
+        pthread_cond_destroy(&i->stopped);
+        free(i);
+        return NULL;
+    }
+    return i;
+}
+
+void session_idler_stop(struct session_idler *i)
+{
+    if (!i)
+        return;
+    pthread_mutex_lock(&i->lock);
+    i->stop = true;
+    pthread_cond_broadcast(&i->stopped);
+    pthread_mutex_unlock(&i->lock);
+    pthread_join(i->thread, NULL);
+    pthread_mutex_destroy(&i->lock);
+    pthread_cond_destroy(&i->stopped);
+    free(i);
 }
 
 int session_fork(struct session_cell *cfrom, struct session_cell *cto, uint64_t *cells,
@@ -330,14 +658,31 @@ int session_fork(struct session_cell *cfrom, struct session_cell *cto, uint64_t 
     pthread_mutex_lock(&t->lock);
     while (a->line != cfrom || b->line != cto)
         pthread_cond_wait(&t->changed, &t->lock);
-    if (a->gone || !a->s)
+    bool wake = t->state && !a->s && !a->gone && a->named;
+    pthread_mutex_unlock(&t->lock);
+    /* A hibernated origin is restored to be branched; a hibernated |to|
+     * is a session of that name. */
+    struct state_session held;
+    if (wake && (rc = revive(cfrom, &s, err)) == 0 && s) {
+        pthread_mutex_lock(&t->lock);
+        a->s = s;
+        pthread_mutex_unlock(&t->lock);
+        s = NULL;
+    }
+    bool to_held = rc == 0 && t->state && !b->s && b->named &&
+                   state_dir_find(t->state, t->tenant, b->name, &held, NULL, 0) == STATE_IMAGE;
+    pthread_mutex_lock(&t->lock);
+    if (rc < 0)
+        ;
+    else if (a->gone || !a->s)
         rc = a->gone ? sbx_fail(err, SBX_ERR_SESSION_LOST, -ENOLINK,
                                 "session \"%s\" was lost before it could be branched", a->name)
                      : sbx_fail(err, SBX_ERR_INVALID_REQUEST, -ENOENT,
                                 "no open session is called \"%s\"", a->name);
-    else if (b->s)
+    else if (b->s || to_held)
         rc = sbx_fail(err, SBX_ERR_INVALID_REQUEST, -EEXIST,
-                      "a session called \"%s\" is open: close it first", b->name);
+                      "a session called \"%s\" is open%s: close it first", b->name,
+                      to_held ? " (hibernated)" : "");
     from = a->s;
     a->busy = b->busy = rc == 0;
     pthread_mutex_unlock(&t->lock);
@@ -351,11 +696,8 @@ int session_fork(struct session_cell *cfrom, struct session_cell *cto, uint64_t 
         b->max_rss_kb = a->max_rss_kb;
         b->opened_ns = now_ns();
         b->gone = false;
-    } else if (err && err->code == SBX_ERR_SESSION_LOST && a->s == from && from) {
-        a->gone = true;
-        if (a->named)
-            unname(t, a);
-    }
+    } else if (err && err->code == SBX_ERR_SESSION_LOST && a->s == from && from)
+        lose(a);
     a->busy = b->busy = false;
     a->idle_since_ns = b->idle_since_ns = now_ns();
     struct entry *dead_a = take_out(cfrom), *dead_b = take_out(cto);
@@ -367,7 +709,47 @@ int session_fork(struct session_cell *cfrom, struct session_cell *cto, uint64_t 
     return rc;
 }
 
-size_t session_list(struct session_table *t, struct session_info *out, size_t cap)
+/* The hibernated sessions of |t| not among the |n| of |out| already (a
+ * session hibernating as the list is made may be in both), from out[n] on
+ * within |cap|. Returns how many there are. */
+static size_t list_hibernated(struct session_table *t, struct session_info *out, size_t n,
+                              size_t cap)
+{
+    size_t count = state_dir_list(t->state, t->tenant, NULL, 0), seen = 0;
+    struct state_session *h = count ? calloc(count, sizeof(*h)) : NULL;
+    struct timespec ts;
+
+    if (!h)
+        return 0;
+    size_t got = state_dir_list(t->state, t->tenant, h, count);
+    count = got < count ? got : count; /* some woke meanwhile */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    for (size_t k = 0; k < count; k++) {
+        bool live = false;
+        for (size_t j = 0; j < n && j < cap && !live; j++)
+            live = strcmp(out[j].name, h[k].name) == 0;
+        if (live)
+            continue;
+        if (n + seen < cap) {
+            struct session_info *i = &out[n + seen];
+            memset(i, 0, sizeof(*i));
+            fmt(i->name, sizeof(i->name), "%s", h[k].name);
+            i->cells = h[k].cells;
+            i->idle_seconds = now > h[k].idle_since
+                                  ? (double)(long long)((now - h[k].idle_since) * 1e3) / 1e3
+                                  : 0;
+            i->memory_bytes = h[k].memory_bytes;
+            i->max_rss_kb = (long)h[k].max_rss_kb;
+            i->hibernated = true;
+        }
+        seen++;
+    }
+    free(h);
+    return seen;
+}
+
+size_t session_list(struct session_table *t, bool hibernated, struct session_info *out, size_t cap)
 {
     size_t n = 0;
     uint64_t now = now_ns();
@@ -382,6 +764,7 @@ size_t session_list(struct session_table *t, struct session_info *out, size_t ca
             continue;
         if (n < cap) {
             struct session_info *i = &out[n];
+            memset(i, 0, sizeof(*i));
             fmt(i->name, sizeof(i->name), "%s", e->name);
             i->cells = e->cells;
             i->idle_seconds = e->busy ? 0 : (double)((now - e->idle_since_ns) / 1000000) / 1e3;
@@ -392,6 +775,8 @@ size_t session_list(struct session_table *t, struct session_info *out, size_t ca
         n++;
     }
     pthread_mutex_unlock(&t->lock);
+    if (hibernated && t->state)
+        n += list_hibernated(t, out, n, cap);
     return n;
 }
 
@@ -408,7 +793,9 @@ int session_close(struct session_table *t, const char *name, struct sbx_error *e
             dead = e; /* else its last cell frees it */
     }
     pthread_mutex_unlock(&t->lock);
-    if (!e)
+    /* A hibernated one: its image; one dropped: its tombstone. */
+    bool held = t->state && state_dir_drop(t->state, t->tenant, name);
+    if (!e && !held)
         return sbx_fail(err, SBX_ERR_INVALID_REQUEST, -ENOENT, "no open session is called \"%s\"",
                         name);
     if (dead)

@@ -16,9 +16,11 @@
 #define PYSBX_SESSIONS_H
 
 #include "pysbx.h"
+#include "statedir.h"
 
 struct session_table;
 struct session_cell;
+struct session_idler;
 
 /* A table over |b| (kept, not copied), whose sessions are opened with
  * |limits| (NULL: the defaults). NULL when out of memory. */
@@ -28,6 +30,27 @@ struct session_table *session_table_new(const struct sbx_backend *b,
 /* Closes every session of |t| and frees it; no cell may be entered. NULL is
  * accepted. */
 void session_table_free(struct session_table *t);
+
+/* The sessions of |t| hibernate into |state| (kept, not copied), as
+ * |tenant|'s: before any cell is entered. */
+void session_table_hibernate_to(struct session_table *t, struct state_dir *state,
+                                const uint8_t tenant[STATE_TENANT_BYTES]);
+
+/* Hibernates, one at a time, the sessions of |t| that have had no cell
+ * for |idle_seconds| and have none waiting (0: every open session, as at
+ * shutdown), until |stop| (may be NULL) says to stop. A session whose
+ * image could not be written goes on, and is not tried again by this
+ * until it has run another cell. Returns how many were hibernated. */
+unsigned session_table_hibernate(struct session_table *t, double idle_seconds,
+                                 bool (*stop)(void *arg), void *arg);
+
+/* A thread that hibernates the sessions of |tables| (|n|, kept) after
+ * |idle_seconds| without a cell, looking a few times as often. NULL when
+ * no thread can be had (then nothing hibernates by itself). */
+struct session_idler *session_idler_start(struct session_table *const *tables, unsigned n,
+                                          double idle_seconds);
+/* Stops it (a hibernation under way ends first). NULL is accepted. */
+void session_idler_stop(struct session_idler *i);
 
 /* Takes the next place in the line of the session called |name| (made if
  * there is none; opened when its first cell runs). |expect|, when not 0,
@@ -43,12 +66,23 @@ int session_enter(struct session_table *t, const char *name, uint64_t expect,
                   struct session_cell **out, struct sbx_error *err);
 
 /* Runs |req| as the cell |c| once its turn comes, then gives up the place
- * and frees |c|. Returns as the
- * backend's session_run (or its session_open, for the first cell); when the
- * session is lost (session_lost), its name is forgotten: the next cell
+ * and frees |c|. A hibernated session is restored first (*restored, when
+ * not NULL, says whether it was). Returns as the backend's session_run (or
+ * its session_open, for the first cell, or its session_restore); when the
+ * session is lost (session_lost: also an image refused, or dropped past
+ * the state directory's cap), its name is forgotten: the next cell
  * entered with it starts a new session. */
 int session_run(struct session_cell *c, const struct sbx_request *req, enum sbx_rollback rollback,
-                struct sbx_result **out, struct sbx_error *err);
+                struct sbx_result **out, bool *restored, struct sbx_error *err);
+
+/* At the turn of |c| (entered with session_enter): its session is written
+ * to the table's state directory and its processes end (*bytes: its
+ * image's). Gives up the place and frees |c|. Returns 0 (also for a
+ * session hibernated already), or a negative errno with |err|:
+ * invalid_request when the table has no state directory, or there is no
+ * such session (-ENOENT); session_lost when it is lost; sandbox_unavailable
+ * when its image could not be written (the session goes on). */
+int session_hibernate(struct session_cell *c, uint64_t *bytes, struct sbx_error *err);
 
 /* A branch: takes the next places in the lines of |from| and |to| at once
  * (so that requests read after it wait for it in both), into *cfrom and
@@ -75,19 +109,23 @@ struct session_info {
     uint64_t memory_bytes; /* its memory limit (0: the library's default) */
     long max_rss_kb;       /* its last cell's peak resident memory */
     bool running;
+    bool hibernated; /* in the state directory, no process of its own */
 };
 
-/* The open sessions of |t|, at most |cap| into |out|; returns how many
- * there are (more than |cap| when they did not all fit). */
-size_t session_list(struct session_table *t, struct session_info *out, size_t cap);
+/* The open sessions of |t| (and, with |hibernated|, those hibernated), at
+ * most |cap| into |out|; returns how many there are (more than |cap| when
+ * they did not all fit). */
+size_t session_list(struct session_table *t, bool hibernated, struct session_info *out, size_t cap);
 
 /* Gives up the place of a cell that will not be run; frees it. NULL is
  * accepted. */
 void session_leave(struct session_cell *c);
 
 /* Closes the session called |name|: its name is free at once; the session
- * itself ends once the cells entered before this have run. Returns 0, or
- * -ENOENT with |err| (invalid_request) when there is no such session. */
+ * itself ends once the cells entered before this have run (a hibernated
+ * one's image, or the tombstone of one dropped, is removed at once).
+ * Returns 0, or -ENOENT with |err| (invalid_request) when there is no such
+ * session. */
 int session_close(struct session_table *t, const char *name, struct sbx_error *err);
 
 #endif

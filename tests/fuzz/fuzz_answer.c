@@ -139,8 +139,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     json_t *id = json_loadb((const char *)b.p, b.n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
     char *id_text = id ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
 
-    char *line =
-        session ? json_answer_session(id_text, r, session) : json_answer_result(id_text, r);
+    bool restored = bits & (1u << 21);
+    char *line = session ? json_answer_session(id_text, r, session, restored)
+                         : json_answer_result(id_text, r);
     CHECK(line != NULL);
     size_t n = strlen(line);
     CHECK(n > 1 && line[n - 1] == '\n' && !memchr(line, '\n', n - 1));
@@ -152,6 +153,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (session) {
         json_t *want = json_pack("{s:s, s:I, s:b}", "name", session, "cell", (json_int_t)r->cell,
                                  "rolled_back", r->rolled_back);
+        if (restored)
+            json_object_set_new(want, "restored", json_true());
         CHECK(json_equal(sess, want));
         json_decref(want);
     }

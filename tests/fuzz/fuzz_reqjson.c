@@ -98,6 +98,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         json_decref(answer);
         sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -ENOENT, "no open session is called \"%s\"",
                  r.session_close);
+    } else if (rc == 0 && r.session_hibernate) {
+        /* A session_hibernate message: a name; answered by name, or refused. */
+        CHECK(*r.session_hibernate && strlen(r.session_hibernate) <= SESSION_NAME_MAX);
+        json_t *answer = check_answer(
+            json_answer_session_hibernated(r.id_text, r.session_hibernate, 8 << 20), id_text);
+        json_t *done = json_object_get(answer, "session_hibernated");
+        CHECK(strcmp(json_string_value(json_object_get(done, "name")), r.session_hibernate) == 0);
+        CHECK(json_number_value(json_object_get(done, "bytes")) == (double)(8 << 20));
+        json_decref(answer);
+        sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -ENOENT, "no open session is called \"%s\"",
+                 r.session_hibernate);
     } else if (rc == 0) {
         CHECK(r.req.limits.wall_seconds <= 30);
         CHECK(!r.session || (*r.session && strlen(r.session) <= SESSION_NAME_MAX));
