@@ -112,6 +112,34 @@ static void real_socket_module_restored_still_cannot_connect(void **state)
                   "shim: 13\ntype\nreal: Operation not permitted\n");
 }
 
+/* _ssl reads what _wrap_socket is given as CPython's socket object (a
+ * descriptor at a fixed offset): were anything else accepted, that would
+ * be a read and a write of memory the code chose. The shim's capsule names
+ * a type that no object can be made into, found however it is looked for. */
+static void ssl_takes_nothing_for_a_kernel_socket(void **state)
+{
+    expect_output(run(state,
+                      "import gc, socket, ssl, _socket, _ssl\n"
+                      "ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n"
+                      "T = [o for o in gc.get_referents(_ssl) if isinstance(o, type)\n"
+                      "     and o.__name__ == 'network_socket'][0]\n"
+                      "class Plain:\n    pass\n"
+                      "tries = {'new': lambda: T(), 'object.__new__': lambda: object.__new__(T),\n"
+                      "         'subclass': lambda: type('S', (T,), {}),\n"
+                      "         'class': lambda: setattr(Plain(), '__class__', T)}\n"
+                      "for what, do in tries.items():\n"
+                      "    try:\n        do()\n        print(what, 'MADE')\n"
+                      "    except TypeError:\n        print(what, 'refused')\n"
+                      "a, b = socket.socketpair()\n"
+                      "for sock in (a, socket.socket, 3, bytearray(64), T, ctx):\n"
+                      "    try:\n        ctx._wrap_socket(sock, True)\n"
+                      "        print('WRAPPED')\n"
+                      "    except TypeError:\n        pass\n"
+                      "print('none wrapped')\n"),
+                  "new refused\nobject.__new__ refused\nsubclass refused\nclass refused\n"
+                  "none wrapped\n");
+}
+
 static void io_uring_is_not_there(void **state)
 {
     expect_output(run(state, CTYPES TRY_SYSCALL("libc.syscall(425, 8, ctypes.c_void_p(0))")),
@@ -503,6 +531,7 @@ int main(void)
         cmocka_unit_test(unix_socket_via_ctypes_is_refused),
         cmocka_unit_test(netlink_socket_via_ctypes_is_refused),
         cmocka_unit_test(real_socket_module_restored_still_cannot_connect),
+        cmocka_unit_test(ssl_takes_nothing_for_a_kernel_socket),
         cmocka_unit_test(io_uring_is_not_there),
         cmocka_unit_test(fork_fails),
         cmocka_unit_test(vfork_fails),
