@@ -95,20 +95,33 @@ static void netlink_socket_via_ctypes_is_refused(void **state)
 static void real_socket_module_restored_still_cannot_connect(void **state)
 {
     /* Through the import machinery: the built-in table holds the shim. */
-    expect_output(run(state, "import importlib.util, _imp\n"
-                             "m = _imp.create_builtin(importlib.util.find_spec('_socket'))\n"
-                             "_imp.exec_builtin(m)\n"
-                             "try:\n    m.socket(m.AF_INET, m.SOCK_STREAM)\n"
-                             "except OSError as e:\n    print('shim:', e.errno)\n"
-                             /* Calling CPython's own init through ctypes gives the real
-                              * module; seccomp refuses its socket(2). */
-                             "import ctypes\n"
-                             "init = ctypes.pythonapi.PyInit__socket\n"
-                             "init.restype = ctypes.py_object\n"
-                             "real = init()\n"
-                             "print(type(real.socket).__name__)\n"
-                             "try:\n    real.socket(real.AF_INET, real.SOCK_STREAM)\n"
-                             "except OSError as e:\n    print('real:', e.strerror)\n"),
+    expect_output(run(state,
+                      "import importlib.util, _imp\n"
+                      "m = _imp.create_builtin(importlib.util.find_spec('_socket'))\n"
+                      "_imp.exec_builtin(m)\n"
+                      "try:\n    m.socket(m.AF_INET, m.SOCK_STREAM)\n"
+                      "except OSError as e:\n    print('shim:', e.errno)\n"
+                      /* Calling CPython's own init through ctypes gives the real
+                       * module (from 3.12 its definition, made into the module
+                       * as the import system would); seccomp refuses its
+                       * socket(2). */
+                      "import ctypes\n"
+                      "api = ctypes.pythonapi\n"
+                      "init = api.PyInit__socket\n"
+                      "init.restype = ctypes.py_object\n"
+                      "real = init()\n"
+                      "if type(real).__name__ == 'moduledef':\n"
+                      "    make, run = api.PyModule_FromDefAndSpec2, api.PyModule_ExecDef\n"
+                      "    make.restype = ctypes.py_object\n"
+                      "    make.argtypes = (ctypes.py_object, ctypes.py_object, ctypes.c_int)\n"
+                      "    run.argtypes = (ctypes.py_object, ctypes.py_object)\n"
+                      "    spec = importlib.util.spec_from_loader('_socket', None)\n"
+                      "    module = make(real, spec, 1013)\n"
+                      "    assert run(module, real) == 0\n"
+                      "    real = module\n"
+                      "print(type(real.socket).__name__)\n"
+                      "try:\n    real.socket(real.AF_INET, real.SOCK_STREAM)\n"
+                      "except OSError as e:\n    print('real:', e.strerror)\n"),
                   "shim: 13\ntype\nreal: Operation not permitted\n");
 }
 
