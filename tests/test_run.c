@@ -955,6 +955,24 @@ static void the_standard_library_reads_as_under_python3(void **state)
                   "EBADF\nFalse False\n[]\n");
 }
 
+/* A run's stdout and stderr are pipes, and say so as python3's do on pipes
+ * (CPython 3.13's own test runner reconfigures them first thing). */
+static void stdout_and_stderr_are_pipes_as_under_python3(void **state)
+{
+    expect_stdout(SBX(state),
+                  "import io, sys\n"
+                  "for s in (sys.stdout, sys.stderr):\n"
+                  "    print(s.seekable(), s.buffer.seekable(), s.buffer.raw.seekable())\n"
+                  "    try:\n        s.tell()\n"
+                  "    except io.UnsupportedOperation as e:\n        print(e)\n"
+                  "    s.reconfigure(errors='backslashreplace')\n"
+                  "    print(s.errors, s.name)\n",
+                  "False False False\nunderlying stream is not seekable\n"
+                  "backslashreplace <stdout>\n"
+                  "False False False\nunderlying stream is not seekable\n"
+                  "backslashreplace <stderr>\n");
+}
+
 static void random_state_differs_between_runs(void **state)
 {
     const char *code = "import random, os\nprint(random.getrandbits(64), os.urandom(8).hex())\n";
@@ -1294,6 +1312,7 @@ int main(void)
         cmocka_unit_test(connect_raises_oserror),
         cmocka_unit_test(ssl_imports_and_every_connection_fails_as_a_socket_does),
         cmocka_unit_test(asyncio_still_runs_without_a_network),
+        cmocka_unit_test(stdout_and_stderr_are_pipes_as_under_python3),
         cmocka_unit_test(random_state_differs_between_runs),
         cmocka_unit_test(the_standard_library_reads_as_under_python3),
         cmocka_unit_test(odd_code_gets_a_clear_answer),
