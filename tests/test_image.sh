@@ -112,11 +112,12 @@ unplay() {
 trap 'rm -rf "$TOK"; unplay; rm -rf "$KUBE"' EXIT
 kport=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 mport=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-/usr/bin/python3 - "$SRC/deploy/kubernetes/deployment.yaml" "$kport" "$mport" "$KUBE" <<'PY' ||
+/usr/bin/python3 - "$SRC/deploy/kubernetes/deployment.yaml" "$kport" "$mport" "$KUBE" "$IMAGE" <<'PY' ||
 import base64, sys, yaml
 dep = yaml.safe_load(open(sys.argv[1]))
 dep["spec"]["replicas"] = 1
 c = dep["spec"]["template"]["spec"]["containers"][0]
+c["image"] = sys.argv[5]  # the image just built, of this machine's release
 for p in c["ports"]:
     p["hostIP"] = "127.0.0.1"
     p["hostPort"] = int(sys.argv[2] if p["name"] == "http" else sys.argv[3])
