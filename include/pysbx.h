@@ -502,7 +502,8 @@ PYSBX_API void sbx_tool_answers_free(struct sbx_tool_answers *a);
 /* Fills |out| (SBX_LAYER_COUNT entries, in bit order) with what is active
  * in this sandbox. Returns SBX_LAYER_COUNT. */
 PYSBX_API int sbx_layers(const struct sbx *sbx, struct sbx_layer_info out[SBX_LAYER_COUNT]);
-/* "3.11.2" and "2.5.4": the interpreter and libseccomp the template uses. */
+/* "3.13.5" and "2.6.0" (Debian 13; "3.11.2" and "2.5.4" on 12): the
+ * interpreter and libseccomp the template uses. */
 PYSBX_API const char *sbx_python_version(const struct sbx *sbx);
 PYSBX_API const char *sbx_libseccomp_version(const struct sbx *sbx);
 /* Whether the layers |required| asks for (enum sbx_layer bits, or

@@ -396,8 +396,12 @@ check("Content-Length and Transfer-Encoding together: 400 bad_framing, one answe
       got.startswith(b"HTTP/1.1 400") and b'"bad_framing"' in got and answers == 1, got[:300])
 got = raw(port, b"POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
           + b"\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n")
-check("a Transfer-Encoding other than chunked: 400 bad_framing", got.startswith(b"HTTP/1.1 400")
-      and b'"bad_framing"' in got, got[:300])
+# libmicrohttpd 1.0 (Debian 13) refuses such a coding itself, with its own
+# 400 and the connection closed, before the server sees the request.
+check("a Transfer-Encoding other than chunked: 400 bad_framing (or libmicrohttpd's own 400)",
+      got.startswith(b"HTTP/1.1 400") and (b'"bad_framing"' in got
+                                           or b"Unsupported Transfer-Encoding" in got)
+      and got.count(b"HTTP/1.1 ") == 1, got[:300])
 
 
 # What libmicrohttpd refuses itself, before the server sees a request (it

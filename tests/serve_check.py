@@ -993,7 +993,10 @@ def two_servers_never_share_a_uid():
     send(sa, {"id": "hog", "code": hog,
               "limits": {"wall_seconds": 30, "memory_bytes": 2 << 30}})
     time.sleep(4)  # its threads are up: the next runs overlap it
+    # Python 3.13 keeps a finished thread's stack (8 MiB) until it is
+    # joined: 50 of them at the default stack size pass the memory limit.
     uid_code = ("import os, threading\n"
+                "threading.stack_size(1 << 20)\n"
                 "ts = [threading.Thread(target=lambda: None) for _ in range(50)]\n"
                 "[t.start() for t in ts]\n[t.join() for t in ts]\n"
                 "print(os.getuid())\n")

@@ -1,8 +1,9 @@
 #!/bin/sh
 # The Debian package: built with CPack, it holds the command, the helper, the
 # library, the header, the pkg-config and CMake files; installed with apt
-# into a clean Debian 12 root (an overlay of scripts/debian-root's cached
-# minbase root, so the cache stays clean), its Depends bring what it needs
+# into a clean root of the release it was built on (an overlay of
+# scripts/debian-root's cached minbase root, so the cache stays clean), its
+# Depends bring what it needs
 # from Debian's mirror, and pysbx runs a program there (chroot), and serves
 # one over HTTP, its metrics scraped.
 # usage: test_deb.sh BUILD_DIR SOURCE_DIR
@@ -23,6 +24,12 @@ done
 # The interpreter is the system's shared libpython (its security updates
 # reach the sandbox), not a copy linked in.
 echo "$depends" | grep -Eq '(^|, )libpython3\.[0-9]+ \(' || fail "Depends lacks the shared libpython"
+# The interpreter the package was built for (3.11 on Debian 12, 3.13 on 13):
+# its standard library is a Depends, and the installed pysbx runs it.
+PYVER=$(echo "$depends" | sed -n 's/.*libpython\(3\.[0-9]*\)-stdlib.*/\1/p')
+[ -n "$PYVER" ] || fail "Depends lacks the standard library"
+[ "$PYVER" = "$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')" ] ||
+    fail "the package is built for Python $PYVER, this machine's python3 is another"
 dpkg-deb -c "$DEB" | awk '{print $6}' >"$T/files"
 for f in ./usr/bin/pysbx ./usr/libexec/pysbx/pysbx-template ./usr/include/pysbx.h \
          ./usr/lib/libpysbx.a ./usr/lib/libpysbx.so ./usr/lib/libpysbx.so.0.6 \
@@ -48,9 +55,10 @@ print(open("in.txt").read().upper(), sys.version_info[:2])
 open("out.txt", "w").write("written")
 PY
 # In a mount namespace of its own: nothing is left mounted when it ends.
-unshare -m --propagation private sh -eu -s "$BASE" "$T" <<'EOF2' || fail "in the Debian 12 root"
+unshare -m --propagation private sh -eu -s "$BASE" "$T" "$PYVER" <<'EOF2' || fail "in the clean root"
 BASE=$1
 T=$2
+PYVER=$3
 M=$T/root
 mount -t overlay overlay -o "lowerdir=$BASE,upperdir=$T/upper,workdir=$T/work" "$M"
 mount -t proc proc "$M/proc"
@@ -64,14 +72,14 @@ fi
 in_root apt-get update -qq
 in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     /pkg/pysbx.deb >"$T/apt.log" 2>&1 || { cat "$T/apt.log"; exit 1; }
-echo "ok   apt installs the package and its Depends into a clean Debian 12 root"
-in_root dpkg -s libjansson4 libseccomp2 libcap2 libpython3.11-stdlib >/dev/null
+echo "ok   apt installs the package and its Depends into a clean root ($(. "$M/etc/os-release" && echo "$PRETTY_NAME"))"
+in_root dpkg -s libjansson4 libseccomp2 libcap2 "libpython$PYVER-stdlib" >/dev/null
 cp "$T/script.py" "$M/tmp/script.py"
 echo "hello" >"$M/tmp/in.txt"
 out=$(in_root pysbx run --file in.txt=/tmp/in.txt --artifacts-dir /tmp/out /tmp/script.py)
 echo "$out"
 [ "$out" = "HELLO
- (3, 11)" ] || { echo "FAIL pysbx run in the root printed that"; exit 1; }
+ (${PYVER%%.*}, ${PYVER#*.})" ] || { echo "FAIL pysbx run in the root printed that"; exit 1; }
 [ "$(cat "$M/tmp/out/out.txt")" = written ] || { echo "FAIL no artifact"; exit 1; }
 echo "ok   the installed pysbx runs a program there (default layers required)"
 in_root pysbx doctor >"$T/doctor" || { cat "$T/doctor"; echo "FAIL pysbx doctor"; exit 1; }

@@ -95,21 +95,62 @@ static void netlink_socket_via_ctypes_is_refused(void **state)
 static void real_socket_module_restored_still_cannot_connect(void **state)
 {
     /* Through the import machinery: the built-in table holds the shim. */
-    expect_output(run(state, "import importlib.util, _imp\n"
-                             "m = _imp.create_builtin(importlib.util.find_spec('_socket'))\n"
-                             "_imp.exec_builtin(m)\n"
-                             "try:\n    m.socket(m.AF_INET, m.SOCK_STREAM)\n"
-                             "except OSError as e:\n    print('shim:', e.errno)\n"
-                             /* Calling CPython's own init through ctypes gives the real
-                              * module; seccomp refuses its socket(2). */
-                             "import ctypes\n"
-                             "init = ctypes.pythonapi.PyInit__socket\n"
-                             "init.restype = ctypes.py_object\n"
-                             "real = init()\n"
-                             "print(type(real.socket).__name__)\n"
-                             "try:\n    real.socket(real.AF_INET, real.SOCK_STREAM)\n"
-                             "except OSError as e:\n    print('real:', e.strerror)\n"),
+    expect_output(run(state,
+                      "import importlib.util, _imp\n"
+                      "m = _imp.create_builtin(importlib.util.find_spec('_socket'))\n"
+                      "_imp.exec_builtin(m)\n"
+                      "try:\n    m.socket(m.AF_INET, m.SOCK_STREAM)\n"
+                      "except OSError as e:\n    print('shim:', e.errno)\n"
+                      /* Calling CPython's own init through ctypes gives the real
+                       * module (from 3.12 its definition, made into the module
+                       * as the import system would); seccomp refuses its
+                       * socket(2). */
+                      "import ctypes\n"
+                      "api = ctypes.pythonapi\n"
+                      "init = api.PyInit__socket\n"
+                      "init.restype = ctypes.py_object\n"
+                      "real = init()\n"
+                      "if type(real).__name__ == 'moduledef':\n"
+                      "    make, run = api.PyModule_FromDefAndSpec2, api.PyModule_ExecDef\n"
+                      "    make.restype = ctypes.py_object\n"
+                      "    make.argtypes = (ctypes.py_object, ctypes.py_object, ctypes.c_int)\n"
+                      "    run.argtypes = (ctypes.py_object, ctypes.py_object)\n"
+                      "    spec = importlib.util.spec_from_loader('_socket', None)\n"
+                      "    module = make(real, spec, 1013)\n"
+                      "    assert run(module, real) == 0\n"
+                      "    real = module\n"
+                      "print(type(real.socket).__name__)\n"
+                      "try:\n    real.socket(real.AF_INET, real.SOCK_STREAM)\n"
+                      "except OSError as e:\n    print('real:', e.strerror)\n"),
                   "shim: 13\ntype\nreal: Operation not permitted\n");
+}
+
+/* _ssl reads what _wrap_socket is given as CPython's socket object (a
+ * descriptor at a fixed offset): were anything else accepted, that would
+ * be a read and a write of memory the code chose. The shim's capsule names
+ * a type that no object can be made into, found however it is looked for. */
+static void ssl_takes_nothing_for_a_kernel_socket(void **state)
+{
+    expect_output(run(state,
+                      "import gc, socket, ssl, _socket, _ssl\n"
+                      "ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n"
+                      "T = [o for o in gc.get_referents(_ssl) if isinstance(o, type)\n"
+                      "     and o.__name__ == 'network_socket'][0]\n"
+                      "class Plain:\n    pass\n"
+                      "tries = {'new': lambda: T(), 'object.__new__': lambda: object.__new__(T),\n"
+                      "         'subclass': lambda: type('S', (T,), {}),\n"
+                      "         'class': lambda: setattr(Plain(), '__class__', T)}\n"
+                      "for what, do in tries.items():\n"
+                      "    try:\n        do()\n        print(what, 'MADE')\n"
+                      "    except TypeError:\n        print(what, 'refused')\n"
+                      "a, b = socket.socketpair()\n"
+                      "for sock in (a, socket.socket, 3, bytearray(64), T, ctx):\n"
+                      "    try:\n        ctx._wrap_socket(sock, True)\n"
+                      "        print('WRAPPED')\n"
+                      "    except TypeError:\n        pass\n"
+                      "print('none wrapped')\n"),
+                  "new refused\nobject.__new__ refused\nsubclass refused\nclass refused\n"
+                  "none wrapped\n");
 }
 
 static void io_uring_is_not_there(void **state)
@@ -503,6 +544,7 @@ int main(void)
         cmocka_unit_test(unix_socket_via_ctypes_is_refused),
         cmocka_unit_test(netlink_socket_via_ctypes_is_refused),
         cmocka_unit_test(real_socket_module_restored_still_cannot_connect),
+        cmocka_unit_test(ssl_takes_nothing_for_a_kernel_socket),
         cmocka_unit_test(io_uring_is_not_there),
         cmocka_unit_test(fork_fails),
         cmocka_unit_test(vfork_fails),

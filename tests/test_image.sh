@@ -146,11 +146,12 @@ unplay() {
 trap 'unplay; rm -rf "$T"' EXIT
 kport=8080
 mport=9090
-/usr/bin/python3 - "$SRC/deploy/kubernetes/deployment.yaml" "$kport" "$mport" "$KUBE" <<'PY' ||
+/usr/bin/python3 - "$SRC/deploy/kubernetes/deployment.yaml" "$kport" "$mport" "$KUBE" "$IMAGE" <<'PY' ||
 import base64, sys, yaml
 dep = yaml.safe_load(open(sys.argv[1]))
 dep["spec"]["replicas"] = 1
 c = dep["spec"]["template"]["spec"]["containers"][0]
+c["image"] = sys.argv[5]  # the image just built, of this machine's release
 for p in c["ports"]:
     p["hostIP"] = "127.0.0.1"
     p["hostPort"] = int(sys.argv[2] if p["name"] == "http" else sys.argv[3])

@@ -198,6 +198,9 @@ static const struct row rows[] = {
     {"preadv2", X86, SYS_preadv2, {3, 0, 1, 0, 0, 0}, ALLOWED},
     {"capget", X86, SYS_capget, {0, 0}, ERR(EPERM)},
     {"chroot: refused, not killed", X86, SYS_chroot, {0}, ERR(EPERM)},
+#ifdef __NR_fchmodat2
+    {"fchmodat2: glibc 2.39's lchmod", X86, __NR_fchmodat2, {AT_FDCWD, 0, 0644, 0x100}, ALLOWED},
+#endif
     {"pidfd_send_signal", X86, SYS_pidfd_send_signal, {3, SIGKILL}, ERR(EPERM)},
     {"rt_sigqueueinfo(other)", X86, SYS_rt_sigqueueinfo, {1, SIGKILL}, ERR(EPERM)},
     /* limits and process attributes */
@@ -296,6 +299,11 @@ static void debug_program_traps_what_it_would_refuse(void **state)
     assert_int_equal(eval(prog, len, &d), ALLOWED);
     d.nr = SYS_ptrace;
     assert_int_equal(eval(prog, len, &d), KILLED);
+    /* A process's clone is refused, not trapped: posix_spawn makes it with
+     * every signal blocked, where a trap would kill. */
+    d.nr = SYS_clone;
+    d.args[0] = CLONE_VM | CLONE_VFORK | SIGCHLD;
+    assert_int_equal(eval(prog, len, &d), ERR(EPERM));
     policy_free(&p);
 }
 

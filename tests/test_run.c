@@ -926,6 +926,35 @@ static void connect_raises_oserror(void **state)
     sbx_result_free(r);
 }
 
+/* ssl imports as it does beside the real _socket (matplotlib and the
+ * standard library's clients import it); what would reach the network
+ * fails as a socket does, with the sandbox's message, and TLS in memory,
+ * which needs no socket, works. */
+static void ssl_imports_and_every_connection_fails_as_a_socket_does(void **state)
+{
+    expect_stdout(SBX(state),
+                  "import socket, ssl, urllib.request, _socket\n"
+                  "ctx = ssl.create_default_context()\n"
+                  "for make in (lambda: ctx.wrap_socket(socket.socket(), server_hostname='a.b'),\n"
+                  "             lambda: urllib.request.urlopen('https://example.com', timeout=1),\n"
+                  "             lambda: ssl.get_server_certificate(('127.0.0.1', 443))):\n"
+                  "    try:\n"
+                  "        make()\n"
+                  "        print('CONNECTED')\n"
+                  "    except OSError as e:\n"
+                  "        print(type(e).__name__, 'network access is disabled' in str(e))\n"
+                  "a, b = socket.socketpair()\n"
+                  "try:\n    ctx.wrap_socket(a, server_hostname='a.b')\n"
+                  "except OSError as e:\n    print(type(e).__name__)\n"
+                  "out = ssl.MemoryBIO()\n"
+                  "tls = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname='a.b')\n"
+                  "try:\n    tls.do_handshake()\n"
+                  "except ssl.SSLWantReadError:\n    print('client hello', out.pending > 0)\n"
+                  "print(type(_socket.CAPI).__name__)\n",
+                  "PermissionError True\nURLError True\ngaierror True\nPermissionError\n"
+                  "client hello True\nPyCapsule\n");
+}
+
 static void asyncio_still_runs_without_a_network(void **state)
 {
     expect_stdout(SBX(state),
@@ -951,6 +980,24 @@ static void the_standard_library_reads_as_under_python3(void **state)
                   "if p.is_symlink()]\n"
                   "print([p.name for p in links if not p.exists()])\n",
                   "EBADF\nFalse False\n[]\n");
+}
+
+/* A run's stdout and stderr are pipes, and say so as python3's do on pipes
+ * (CPython 3.13's own test runner reconfigures them first thing). */
+static void stdout_and_stderr_are_pipes_as_under_python3(void **state)
+{
+    expect_stdout(SBX(state),
+                  "import io, sys\n"
+                  "for s in (sys.stdout, sys.stderr):\n"
+                  "    print(s.seekable(), s.buffer.seekable(), s.buffer.raw.seekable())\n"
+                  "    try:\n        s.tell()\n"
+                  "    except io.UnsupportedOperation as e:\n        print(e)\n"
+                  "    s.reconfigure(errors='backslashreplace')\n"
+                  "    print(s.errors, s.name)\n",
+                  "False False False\nunderlying stream is not seekable\n"
+                  "backslashreplace <stdout>\n"
+                  "False False False\nunderlying stream is not seekable\n"
+                  "backslashreplace <stderr>\n");
 }
 
 static void random_state_differs_between_runs(void **state)
@@ -1291,7 +1338,9 @@ int main(void)
         cmocka_unit_test(only_its_own_descriptors_are_open),
         cmocka_unit_test(host_packages_are_not_importable),
         cmocka_unit_test(connect_raises_oserror),
+        cmocka_unit_test(ssl_imports_and_every_connection_fails_as_a_socket_does),
         cmocka_unit_test(asyncio_still_runs_without_a_network),
+        cmocka_unit_test(stdout_and_stderr_are_pipes_as_under_python3),
         cmocka_unit_test(random_state_differs_between_runs),
         cmocka_unit_test(the_standard_library_reads_as_under_python3),
         cmocka_unit_test(odd_code_gets_a_clear_answer),

@@ -140,6 +140,11 @@ static const struct rule table[] = {
     R_META(chmod, "os.chmod"),
     R_ALLOW(fchmod, "os.chmod on a descriptor"),
     R_META(fchmodat, "os.chmod"),
+#ifdef __NR_fchmodat2
+    /* Linux 6.6; glibc 2.39 (Debian 13) calls it for fchmodat with flags,
+     * where 2.36 opened the path with O_PATH instead. */
+    R_META(fchmodat2, "os.chmod(follow_symlinks=False), os.lchmod"),
+#endif
     R_META(chown, "os.chown (to ourselves only, without CAP_CHOWN)"),
     R_ALLOW(fchown, "os.chown on a descriptor"),
     R_META(fchownat, "os.chown"),
@@ -244,6 +249,11 @@ static const struct rule table[] = {
     /* --- threads: yes; processes: no --- */
     R_ALLOW_IF(clone, "pthread_create (threading)",
                A(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD | CLONE_NS_FLAGS, CLONE_THREAD)),
+    /* A row of its own, not the default: glibc's posix_spawn (which 3.13's
+     * platform module reaches) clones with every signal blocked, where the
+     * debug program's trap could only kill. */
+    R_FAIL_IF(clone, EPERM, "fork, posix_spawn: refused",
+              A(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)),
     R_FAIL(clone3, ENOSYS, "glibc's pthread_create falls back to clone"),
     R_FAIL(fork, EPERM, "os.fork: refused"),
     R_FAIL(vfork, EPERM, "vfork: refused"),

@@ -98,7 +98,7 @@ static int package_pth(const char *dir, const char *const *places)
 
 /* The frozen modules (os, codecs, io, ...) have a __file__ under python3,
  * found from the standard library's directory, which Python computes only
- * when it computes the path too (ours is set: 3.11 then leaves
+ * when it computes the path too (ours is set: it then leaves
  * sys._stdlib_dir None). Set it, and give the modules imported while the
  * interpreter started the files they would have had. */
 static int frozen_files(void)

@@ -371,27 +371,58 @@ static PyObject *out_write(PyObject *self, PyObject *arg)
 static PyMethodDef out_write_def = {"write", out_write, METH_O,
                                     "Write the bytes to the standard output."};
 
-/* sys.stdout (and sys.__stdout__) afresh: a TextIOWrapper as Python's own,
- * over a FileIO of descriptor 1 whose write is out_write. */
-int pyrun_stdout_install(void)
+/* A worker's stdout and stderr are pipes, whatever the template's
+ * descriptors 1 and 2 were when the streams were made (a stream asks once,
+ * and keeps the answer): seekable() says False, as python3's do on pipes,
+ * so tell() and reconfigure() behave as there. */
+static PyObject *pipe_seekable(PyObject *self, PyObject *unused)
 {
-    PyObject *io = PyImport_ImportModule("io");
-    PyObject *old = PySys_GetObject("stdout"); /* borrowed */
-    PyObject *fn = PyCFunction_New(&out_write_def, NULL);
-    PyObject *sm = fn ? PyStaticMethod_New(fn) : NULL;
-    PyObject *fileio = io ? PyObject_GetAttrString(io, "FileIO") : NULL;
-    PyObject *cls = NULL, *raw = NULL, *buf = NULL, *text = NULL;
-    int rc = -1;
+    (void)self;
+    (void)unused;
+    Py_RETURN_FALSE;
+}
 
-    if (sm && fileio && old)
-        cls = PyObject_CallFunction((PyObject *)&PyType_Type, "s(O){s:O}", "StdoutFileIO", fileio,
-                                    "write", sm);
-    if (cls)
-        raw = PyObject_CallFunction(cls, "isO", 1, "wb", Py_False);
-    PyObject *name = PyUnicode_FromString("<stdout>");
-    if (raw && name && PyObject_SetAttrString(raw, "name", name) == 0)
+static PyMethodDef pipe_seekable_def = {"seekable", pipe_seekable, METH_NOARGS, "A pipe: False."};
+
+/* A class of io.FileIO with the methods |defs| (staticmethods). */
+static PyObject *fileio_class(PyObject *io, const char *name, PyMethodDef *const *defs)
+{
+    PyObject *fileio = PyObject_GetAttrString(io, "FileIO");
+    PyObject *dict = PyDict_New();
+    PyObject *cls = NULL;
+    int rc = fileio && dict ? 0 : -1;
+
+    for (; rc == 0 && *defs; defs++) {
+        PyObject *fn = PyCFunction_New(*defs, NULL);
+        PyObject *sm = fn ? PyStaticMethod_New(fn) : NULL;
+        rc = sm ? PyDict_SetItemString(dict, (*defs)->ml_name, sm) : -1;
+        Py_XDECREF(fn);
+        Py_XDECREF(sm);
+    }
+    if (rc == 0)
+        cls = PyObject_CallFunction((PyObject *)&PyType_Type, "s(O)O", name, fileio, dict);
+    Py_XDECREF(fileio);
+    Py_XDECREF(dict);
+    return cls;
+}
+
+/* sys.|attr| (and sys.__|attr|__) afresh: a TextIOWrapper as Python's own,
+ * line-buffered with the encoding and errors of the one it replaces, over
+ * a FileIO of descriptor |fd| of the class |cls|. Returns the stream. */
+static PyObject *stream_install(PyObject *io, PyObject *cls, int fd, const char *attr)
+{
+    char name[16], dunder[16];
+    PyObject *old = PySys_GetObject(attr); /* borrowed */
+    PyObject *raw = NULL, *buf = NULL, *text = NULL;
+
+    fmt(name, sizeof(name), "<%s>", attr);
+    fmt(dunder, sizeof(dunder), "__%s__", attr);
+    if (old)
+        raw = PyObject_CallFunction(cls, "isO", fd, "wb", Py_False);
+    PyObject *rawname = PyUnicode_FromString(name);
+    if (raw && rawname && PyObject_SetAttrString(raw, "name", rawname) == 0)
         buf = PyObject_CallMethod(io, "BufferedWriter", "O", raw);
-    Py_XDECREF(name);
+    Py_XDECREF(rawname);
     PyObject *enc = old ? PyObject_GetAttrString(old, "encoding") : NULL;
     PyObject *errs = old ? PyObject_GetAttrString(old, "errors") : NULL;
     if (buf && enc && errs) {
@@ -405,24 +436,41 @@ int pyrun_stdout_install(void)
         Py_XDECREF(wrapper);
     }
     PyObject *mode = PyUnicode_FromString("w");
-    if (text && mode && PyObject_SetAttrString(text, "mode", mode) == 0 &&
-        PySys_SetObject("stdout", text) == 0 && PySys_SetObject("__stdout__", text) == 0) {
-        out_stream = Py_NewRef(text);
-        rc = 0;
-    }
+    if (text && (!mode || PyObject_SetAttrString(text, "mode", mode) < 0 ||
+                 PySys_SetObject(attr, text) < 0 || PySys_SetObject(dunder, text) < 0))
+        Py_CLEAR(text);
     Py_XDECREF(mode);
     Py_XDECREF(enc);
     Py_XDECREF(errs);
-    Py_XDECREF(io);
-    Py_XDECREF(fn);
-    Py_XDECREF(sm);
-    Py_XDECREF(fileio);
-    Py_XDECREF(cls);
     Py_XDECREF(raw);
     Py_XDECREF(buf);
+    if (!text && !PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError, "no sys.%s", attr);
+    return text;
+}
+
+/* sys.stdout: its raw layer's write is out_write; sys.stderr: Python's
+ * own write. Both pipes. */
+int pyrun_stdout_install(void)
+{
+    static PyMethodDef *const out_defs[] = {&out_write_def, &pipe_seekable_def, NULL};
+    static PyMethodDef *const err_defs[] = {&pipe_seekable_def, NULL};
+    PyObject *io = PyImport_ImportModule("io");
+    PyObject *out_cls = io ? fileio_class(io, "StdoutFileIO", out_defs) : NULL;
+    PyObject *err_cls = out_cls ? fileio_class(io, "StderrFileIO", err_defs) : NULL;
+    PyObject *text = NULL, *err = NULL;
+    int rc = -1;
+
+    if (err_cls && (text = stream_install(io, out_cls, 1, "stdout")) &&
+        (err = stream_install(io, err_cls, 2, "stderr"))) {
+        out_stream = Py_NewRef(text);
+        rc = 0;
+    }
+    Py_XDECREF(io);
+    Py_XDECREF(out_cls);
+    Py_XDECREF(err_cls);
     Py_XDECREF(text);
-    if (rc < 0 && !PyErr_Occurred())
-        PyErr_SetString(PyExc_RuntimeError, "no sys.stdout");
+    Py_XDECREF(err);
     return rc;
 }
 

@@ -57,8 +57,9 @@ struct pyrun_exit pyrun_cell(char *code, size_t len, uint64_t output_chars, char
 
 /* In the template: sys.stdout as every run has it, line-buffered for the
  * first |output_chars| characters a run writes (the run's
- * max_output_chars, given to pyrun_main), then in blocks. Returns 0, or -1
- * with a Python exception. */
+ * max_output_chars, given to pyrun_main), then in blocks; sys.stdout and
+ * sys.stderr both say what python3's say on pipes. Returns 0, or -1 with a
+ * Python exception. */
 int pyrun_stdout_install(void);
 
 /* The pending Python exception as "|what|: Type: message" in |err|; clears

@@ -108,6 +108,15 @@ check("the Ingress hashes on the map's variable",
 const tokenMount = c.volumeMounts.find((m) => at("--http-token-file").startsWith(m.mountPath + "/"));
 const tokenVol = d.spec.template.spec.volumes.find((v) => v.name === tokenMount?.name);
 check("the token file comes from a Secret", !!tokenVol?.secret?.secretName);
+// The image names its Debian release, and the trixie overlay names the
+// same image of the other release (scripts/image tags VERSION-RELEASE).
+const overlay = parseAllDocuments(readFileSync(join(dir, "trixie", "kustomization.yaml"), "utf8"))[0].toJS();
+const [imageName, imageTag] = c.image.split(/:(?=[^:]*$)/);
+check("the image names Debian 12's release", imageTag?.endsWith("-bookworm"), c.image);
+check("the trixie overlay names the same image of Debian 13",
+  overlay.resources?.[0] === ".." && overlay.images?.[0]?.name === imageName
+  && overlay.images[0].newTag === imageTag.replace(/-bookworm$/, "-trixie"),
+  JSON.stringify(overlay));
 const grace = Number(at("--grace"));
 check("the pod's termination grace exceeds the server's drain grace",
   d.spec.template.spec.terminationGracePeriodSeconds > grace + 5);
