@@ -109,6 +109,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         json_decref(answer);
         sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -ENOENT, "no open session is called \"%s\"",
                  r.session_hibernate);
+    } else if (rc == 0 && r.fork_from) {
+        /* A session_fork message: two names, never one; answered by both. */
+        CHECK(r.fork_to && *r.fork_from && *r.fork_to && strcmp(r.fork_from, r.fork_to) != 0);
+        CHECK(strlen(r.fork_from) <= SESSION_NAME_MAX && strlen(r.fork_to) <= SESSION_NAME_MAX);
+        json_t *answer = check_answer(
+            json_answer_session_forked(r.id_text, r.fork_from, r.fork_to, 3), id_text);
+        json_t *done = json_object_get(answer, "session_forked");
+        CHECK(strcmp(json_string_value(json_object_get(done, "from")), r.fork_from) == 0);
+        CHECK(strcmp(json_string_value(json_object_get(done, "to")), r.fork_to) == 0);
+        json_decref(answer);
+        sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -ENOENT, "no open session is called \"%s\"",
+                 r.fork_from);
+    } else if (rc == 0 && r.is_tool_result) {
+        /* A tool_result message: a call number and its content or its
+         * error, one of the two; a refusal names the call, not the id's
+         * request (its "id" is null). */
+        CHECK(r.result_call >= 1 && !r.result_content != !r.result_error);
+        sbx_fail(&err, SBX_ERR_INVALID_REQUEST, -ENOENT, "no call %llu is waiting",
+                 (unsigned long long)r.result_call);
+        json_t *answer =
+            check_answer(json_answer_tool_result_error(r.id_text, r.result_call, &err), "null");
+        json_t *which = json_object_get(answer, "tool_result");
+        CHECK(json_number_value(json_object_get(which, "call")) == (double)r.result_call);
+        json_decref(answer);
     } else if (rc == 0) {
         CHECK(r.req.limits.wall_seconds <= 30);
         CHECK(!r.session || (*r.session && strlen(r.session) <= SESSION_NAME_MAX));
