@@ -113,8 +113,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* A session_fork message: two names, never one; answered by both. */
         CHECK(r.fork_to && *r.fork_from && *r.fork_to && strcmp(r.fork_from, r.fork_to) != 0);
         CHECK(strlen(r.fork_from) <= SESSION_NAME_MAX && strlen(r.fork_to) <= SESSION_NAME_MAX);
-        json_t *answer = check_answer(
-            json_answer_session_forked(r.id_text, r.fork_from, r.fork_to, 3), id_text);
+        json_t *answer =
+            check_answer(json_answer_session_forked(r.id_text, r.fork_from, r.fork_to, 3), id_text);
         json_t *done = json_object_get(answer, "session_forked");
         CHECK(strcmp(json_string_value(json_object_get(done, "from")), r.fork_from) == 0);
         CHECK(strcmp(json_string_value(json_object_get(done, "to")), r.fork_to) == 0);
