@@ -26,15 +26,21 @@ if [ -z "${IMAGE_TEST_NETNS:-}" ]; then
     STORE=$(cd "$STORE" && pwd) # podman's store remembers the path it was made with
     PODMAN="podman --root $STORE/root --runroot $STORE/run"
 
-    # What this host's podman needs to start a container at all: its default
-    # runtime, or runc (crun refuses hybrid cgroup hierarchies), and the default
-    # rlimits, or lower ones (raising them needs CAP_SYS_RESOURCE).
+    # What this host's podman needs to start a container at all, and a
+    # build's RUN step: its default runtime, or runc (crun refuses hybrid
+    # cgroup hierarchies), and the default rlimits, or lower ones (raising
+    # them needs CAP_SYS_RESOURCE; podman 5 sets a build's even where a run
+    # keeps the caller's).
     BASE=$(PODMAN="$PODMAN" "$SRC/scripts/image" --base)
+    probe=$(mktemp -d)
+    printf 'FROM %s\nRUN true\n' "$BASE" >"$probe/Containerfile"
     RUNFLAGS=
     found=
     for runtime in "" "--runtime runc"; do
         for ulimits in "" "--ulimit nofile=4096:4096 --ulimit nproc=4096:4096"; do
-            if $PODMAN $runtime run --rm --network none $ulimits "$BASE" true >/dev/null 2>&1; then
+            if $PODMAN $runtime run --rm --network none $ulimits "$BASE" true >/dev/null 2>&1 &&
+                $PODMAN $runtime build --pull=never --network none $ulimits -t pysbx-probe \
+                    "$probe" >/dev/null 2>&1; then
                 PODMAN="$PODMAN $runtime"
                 RUNFLAGS=$ulimits
                 found=1
@@ -42,9 +48,14 @@ if [ -z "${IMAGE_TEST_NETNS:-}" ]; then
             fi
         done
     done
+    why=
+    [ -n "$found" ] || why=$($PODMAN run --rm --network none "$BASE" true 2>&1 &&
+        $PODMAN build --pull=never --network none "$probe" 2>&1) || true
+    $PODMAN rmi -f pysbx-probe >/dev/null 2>&1 || true
+    rm -rf "$probe"
     # A machine that cannot start containers at all (no cgroup or namespace
     # support for them) is not a failure of the image: say so and skip.
-    [ -n "$found" ] || { echo "SKIPPED: podman cannot start a container here: $($PODMAN run --rm --network none "$BASE" true 2>&1 | tail -1)"; exit 77; }
+    [ -n "$found" ] || { echo "SKIPPED: podman cannot start a container or a build here: $(echo "$why" | tail -1)"; exit 77; }
     echo "podman: $PODMAN, run flags: ${RUNFLAGS:-none}"
     # The base, as Debian's own image does, names its release's security
     # suite: the image's Python and libraries come with their security updates.
