@@ -1310,6 +1310,12 @@ static void announce(struct tmpl *t, struct session_rec *s)
     fmt(m.workspace, sizeof(m.workspace), "%s", w->name);
     memcpy(fds, w->sup_fds, sizeof(w->sup_fds));
     fds[WFD_SAVED] = s->saved_fd;
+    /* Its own priority again, before the supervisor has its pipes: a cell
+     * still warming is not stopped, and runs its code as soon as the
+     * supervisor writes it (found_idle_warm: this can only fail if its
+     * code lowered its own RLIMIT_NICE, which slows it alone). */
+    if (t->idle_warm)
+        (void)sched_setscheduler(w->pid, SCHED_OTHER, &(struct sched_param){0});
     rc = wire_send(s->chan, &m, sizeof(m), fds, WFD_SESSION_COUNT + n_kept);
     close_fds(w->sup_fds, WFD_COUNT);
     if (n_kept > 0)
@@ -1329,10 +1335,6 @@ static void announce(struct tmpl *t, struct session_rec *s)
         .wall_limit_ns = s->wall_ms * 1000000ULL,
     };
     arm_cpu_limit(w, &limits);
-    /* Its own priority again (found_idle_warm: this can only fail if its
-     * code lowered its own RLIMIT_NICE, which slows it alone). */
-    if (t->idle_warm)
-        (void)sched_setscheduler(w->pid, SCHED_OTHER, &(struct sched_param){0});
     proc_continue(t, w);
 }
 
