@@ -255,6 +255,27 @@ static int cmp_range(const void *x, const void *y)
     return a[0] < b[0] ? -1 : a[0] > b[0];
 }
 
+static char *ready_buffer; /* branch_buffer_ready's */
+
+void branch_buffer_ready(void)
+{
+    if (ready_buffer || !(ready_buffer = malloc(COPY_CHUNK)))
+        return;
+    /* Each page written (not a memset, which a compiler may fold into a
+     * calloc that writes nothing). */
+    for (size_t at = 0; at < COPY_CHUNK; at += PAGE)
+        ((volatile char *)ready_buffer)[at] = 0;
+}
+
+/* A buffer of COPY_CHUNK bytes (the one made ready, if any), or NULL. */
+static char *buffer_take(void)
+{
+    char *b = ready_buffer;
+
+    ready_buffer = NULL;
+    return b ? b : malloc(COPY_CHUNK);
+}
+
 /* Runs copied in one pair of system calls, at most (IOV_MAX is 1024). */
 #define COPY_BATCH 512
 
@@ -563,7 +584,7 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
     c.pm_from = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
     fmt(path, sizeof(path), "%d/pagemap", (int)to);
     c.pm_to = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
-    c.buf = malloc(COPY_CHUNK);
+    c.buf = buffer_take();
     if (c.pm_from < 0 || c.pm_to < 0 || !c.buf) {
         rc = errmsg(why, cap, c.buf ? -errno : -ENOMEM, "opening the page maps: %s",
                     c.buf ? strerror(errno) : "out of memory");
@@ -740,7 +761,7 @@ int image_save(int proc_fd, const struct branch_pids *p, const struct image_req 
     uint64_t(*runs)[2] = NULL;
     size_t n_runs = 0, room = 0, *first = NULL;
     uint8_t *how = NULL;
-    char path[32], *buf = malloc(COPY_CHUNK);
+    char path[32], *buf = buffer_take();
     int pm = -1, rc;
 
     *bytes = 0;
@@ -969,7 +990,7 @@ int image_restore(int proc_fd, const struct branch_pids *p, int sock, const stru
     struct image_head head;
     uint64_t *n_runs = NULL, (*v)[2] = NULL, v_room = 0;
     uint8_t *how = NULL;
-    char path[32], *buf = malloc(COPY_CHUNK), *zeros = calloc(1, COPY_CHUNK);
+    char path[32], *buf = buffer_take(), *zeros = calloc(1, COPY_CHUNK);
     int rc;
 
     if (!st.hash || !buf || !zeros) {

@@ -48,6 +48,12 @@ struct branch_pids {
 int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_stats *st,
                 char *why, size_t cap);
 
+/* The buffer a copy goes through, made and written now, before the copy
+ * (a copier made ahead calls it while it waits): a page of it written for
+ * the first time is a fault, which on a machine whose hypervisor backs
+ * memory as it is first touched costs a trap of its own. Best effort. */
+void branch_buffer_ready(void);
+
 /*
  * Images: a state's memory written to a descriptor, and a branch's first
  * process made a copy of it from one. The image is the state's map (from

@@ -174,7 +174,8 @@ int main(void)
                      .keeper = {.pid = -1, .life = -1},
                      .claim = {.holder = -1},
                      .sweeper = {.fd = -1, .pid = -1},
-                     .freezer = {.dir = -1}};
+                     .freezer = {.dir = -1},
+                     .copier_next = {.sock = -1}};
     char err[WIRE_TEXT_MAX];
     sigset_t chld;
     struct rlimit no_core = {0, 0};

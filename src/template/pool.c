@@ -491,6 +491,13 @@ static void reap(struct tmpl *t)
             t->keeper.pid = -1;
             continue;
         }
+        if (pid == t->copier_next.pid) {
+            /* The copier made ahead died unused (its number may be
+             * another's soon: never signalled again). */
+            t->copier_next.pid = 0;
+            close_fd(&t->copier_next.sock);
+            continue;
+        }
         if (pid == t->claim.holder) {
             /* Another sandbox could claim our ids now: a new template will
              * claim a range of its own. */
@@ -615,7 +622,8 @@ void pool_run(struct tmpl *t)
         }
         nfds_t first_session = n;
         n = (nfds_t)sessions_poll_fds(t, pfd, who, n, cap);
-        if (poll(pfd, n, sessions_timeout_ms(t)) < 0) {
+        int polled = poll(pfd, n, sessions_timeout_ms(t));
+        if (polled < 0) {
             if (errno == EINTR)
                 continue;
             break;
@@ -637,7 +645,7 @@ void pool_run(struct tmpl *t)
                 }
         }
         sessions_handle(t, pfd, who, first_session, n);
-        sessions_tick(t);
+        sessions_tick(t, polled == 0);
         if (t->keeper_gone || t->claim_lost)
             break;
         if (pfd[0].revents)

@@ -414,7 +414,7 @@ bool known_child(const struct tmpl *t, pid_t pid)
     for (const struct session_rec *s = t->sessions; s; s = s->next)
         if (s->copier == pid)
             return true;
-    return false;
+    return pid == t->copier_next.pid;
 }
 
 /* The directory of process |pid|'s descriptors, /proc/PID/fd, or NULL. */
@@ -875,9 +875,24 @@ static int session_spawn(struct tmpl *t, struct session_rec *s, char *why, size_
     return 0;
 }
 
+/* Whether a session being opened is on its way: its first process getting
+ * ready, a branch's origin exporting itself or being stopped, its copier
+ * at work (on this CPU or the other), its copy resuming. What is made ahead
+ * waits for it (the loop's time, and a CPU, are its now). Not a session
+ * that waits for its image or for its origin's cell to end. */
+static bool opening_waits(const struct tmpl *t)
+{
+    for (const struct session_rec *s = t->sessions; s; s = s->next)
+        if (s->phase == SESS_OPENING && s != t->spare && s->branch_step != BR_IMAGE &&
+            s->branch_step != BR_ORIGIN)
+            return true;
+    return false;
+}
+
 /* A session's first process made ahead, as workers are: spawning and
  * confining one is most of what opening a session (or a branch) costs.
- * Once sessions are used at all; one at a time. */
+ * Once sessions are used at all; one at a time; when the loop has nothing
+ * else to do and no session is on its way (sessions_tick). */
 static void make_spare(struct tmpl *t)
 {
     char why[WIRE_TEXT_MAX];
@@ -978,7 +993,9 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         session_begin(t, spare);
     } else if (session_spawn(t, s, why, sizeof(why)) < 0)
         goto refuse;
-    make_spare(t);
+    /* The next one's, once this one no longer waits on the loop (making a
+     * process takes the loop a millisecond or two). */
+    t->spare_due = true;
     return;
 
 refuse:
@@ -1483,64 +1500,143 @@ struct copier_result {
  * state of an image. */
 enum copy_job { COPY_BRANCH, COPY_SAVE, COPY_RESTORE };
 
-/* A copy of |s|'s (the branch's, the saved or the restored session's) by
- * a child of ours that holds nothing but /proc, the channel of the process
- * copied into (which we do not read meanwhile: session_heard), the image's
- * descriptor and the pipe it answers on; it dies with us, and of its CPU.
- * |from| is the state copied (BRANCH, SAVE). Returns 0, or -errno with
- * |why|. */
-static int start_copier(struct tmpl *t, struct session_rec *s, enum copy_job job, pid_t from,
-                        char *why, size_t cap)
-{
-    int p[2];
-    pid_t to = job == COPY_SAVE ? 0 : s->state->pid;
-    /* The copier is in the pid namespace of our children (keeper.h): the
-     * processes by the numbers it sees them by. */
-    struct branch_pids pids = {from, to, from ? (pid_t)status_inner(t, from, "NSpid:") : 0,
-                               to ? (pid_t)status_inner(t, to, "NSpid:") : 0};
-    struct image_req req = {.tmpl = t->pid,
-                            .layout = t->layout,
-                            .max_bytes = s->image_max,
-                            .as_limit = job == COPY_SAVE ? as_hard_limit(t, from) : 0};
+/* What the template asks of a copier: the job, the processes (as the
+ * copier's pid namespace numbers them) and, for an image, what it needs;
+ * with the copied-into process's channel (BRANCH, RESTORE) and the image's
+ * descriptor (SAVE, RESTORE), in that order. Both ends are the template's
+ * code: the copier never runs anything of a tenant's. */
+struct copier_job {
+    int32_t job; /* enum copy_job */
+    uint32_t reserved;
+    struct branch_pids pids;
+    struct image_req req;
+};
 
-    if ((from && pids.vm_from <= 0) || (to && pids.vm_to <= 0))
-        return errmsg(why, cap, -ESRCH, "template: the state or its copy is gone");
-    if (job != COPY_BRANCH && !req.layout)
-        return errmsg(why, cap, -EIO, "template: its layout could not be read when it started");
-    if (pipe2(p, O_CLOEXEC) < 0)
-        return errmsg(why, cap, -errno, "template: a pipe for the copy: %s", strerror(errno));
+/* A copier's process, forked ahead when the loop is idle (sessions_tick),
+ * as the spare session's process is: it holds nothing but /proc (at 3)
+ * and its end of a socket (at 5), on which it takes one job and answers;
+ * its buffer is in memory already (branch_buffer_ready: each page of it
+ * written first during a copy is a fault, on this kind of machine a trap
+ * to the hypervisor). It dies with us, and of its CPU (BRANCH_COPY_CPU_S,
+ * from its fork). */
+_Noreturn static void copier_main(void)
+{
+    struct copier_job j;
+    struct copier_result r = {0};
+    struct branch_stats st;
+    int fds[2] = {-1, -1}, got = 0;
+
+    branch_buffer_ready();
+    ssize_t n = wire_recv(5, &j, sizeof(j), fds, 2, &got);
+    if (n != (ssize_t)sizeof(j))
+        _exit(0); /* the template is gone, or closed our socket */
+    /* The copied-into process's channel at 4, the image at 6 (moved out of
+     * the way first: either may have come at the other's number). */
+    int at[2] = {j.pids.to > 0 ? 4 : -1, j.job != COPY_BRANCH ? 6 : -1}, k = 0;
+    if (got != (at[0] > 0) + (at[1] > 0))
+        _exit(1);
+    for (int i = 0; i < got; i++) {
+        int moved = fcntl(fds[i], F_DUPFD, 64);
+        close(fds[i]);
+        fds[i] = moved;
+    }
+    for (int i = 0; i < 2; i++)
+        if (at[i] > 0 && (fds[k] < 0 || dup2(fds[k++], at[i]) < 0))
+            _exit(1);
+    close_fds(fds, (size_t)got);
+    r.rc = j.job == COPY_BRANCH ? branch_copy(3, &j.pids, 4, &st, r.why, sizeof(r.why))
+           : j.job == COPY_SAVE ? image_save(3, &j.pids, &j.req, 6, &r.bytes, r.why, sizeof(r.why))
+                                : image_restore(3, &j.pids, 4, &j.req, 6, r.why, sizeof(r.why));
+    _exit(write_full(5, &r, sizeof(r)) < 0);
+}
+
+/* A copier forked, into t->copier_next. Returns 0, or -errno with |why|. */
+static int copier_fork(struct tmpl *t, char *why, size_t cap)
+{
+    int sv[2];
+
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+        return errmsg(why, cap, -errno, "template: a socket for a copier: %s", strerror(errno));
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
-        close_fds(p, 2);
-        return errmsg(why, cap, -e, "template: fork of the copy: %s", strerror(e));
+        close_fds(sv, 2);
+        return errmsg(why, cap, -e, "template: fork of a copier: %s", strerror(e));
     }
     if (pid == 0) {
-        struct copier_result r = {0};
-        struct branch_stats st;
-        int keep[4] = {t->proc_fd, to ? s->state->ready_fd : t->devnull, p[1],
-                       job == COPY_BRANCH ? t->devnull : s->image_fd};
-        /* Its four descriptors at 3 to 6; nothing else of ours. */
-        for (int i = 0; i < 4; i++)
-            if ((keep[i] = fcntl(keep[i], F_DUPFD, 64 + i)) < 0)
-                _exit(1);
-        for (int i = 0; i < 4; i++)
-            if (dup2(keep[i], 3 + i) < 0)
-                _exit(1);
-        prctl(PR_SET_NAME, "pysbx-copier");
+        int keep[2] = {fcntl(t->proc_fd, F_DUPFD, 64), fcntl(sv[1], F_DUPFD, 65)};
         struct rlimit cpu = {BRANCH_COPY_CPU_S, BRANCH_COPY_CPU_S};
-        if (close_range(7, ~0U, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 ||
-            setrlimit(RLIMIT_CPU, &cpu) < 0)
+        /* /proc at 3 and the socket at 5; nothing else of ours. */
+        if (keep[0] < 0 || keep[1] < 0 || dup2(keep[0], 3) < 0 || dup2(keep[1], 5) < 0 ||
+            close_range(4, 4, 0) < 0 || close_range(6, ~0U, 0) < 0 ||
+            prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || setrlimit(RLIMIT_CPU, &cpu) < 0)
             _exit(1);
-        r.rc = job == COPY_BRANCH ? branch_copy(3, &pids, 4, &st, r.why, sizeof(r.why))
-               : job == COPY_SAVE ? image_save(3, &pids, &req, 6, &r.bytes, r.why, sizeof(r.why))
-                                  : image_restore(3, &pids, 4, &req, 6, r.why, sizeof(r.why));
-        _exit(write_full(5, &r, sizeof(r)) < 0);
+        prctl(PR_SET_NAME, "pysbx-copier");
+        copier_main();
     }
-    close(p[1]);
-    s->copier = pid;
-    s->copier_fd = p[0];
+    close(sv[1]);
+    t->copier_next.pid = pid;
+    t->copier_next.sock = sv[0];
     return 0;
+}
+
+/* The copier made ahead, if any, gone. */
+static void copier_drop(struct tmpl *t)
+{
+    if (t->copier_next.pid > 0)
+        kill(t->copier_next.pid, SIGKILL); /* reaped as any child of ours */
+    t->copier_next.pid = 0;
+    close_fd(&t->copier_next.sock);
+}
+
+/* A copy of |s|'s (the branch's, the saved or the restored session's) by
+ * a copier (copier_main): the one made ahead, or one forked now. It gets
+ * the channel of the process copied into (which we do not read meanwhile:
+ * session_heard) and the image's descriptor. |from| is the state copied
+ * (BRANCH, SAVE). Returns 0, or -errno with |why|. */
+static int start_copier(struct tmpl *t, struct session_rec *s, enum copy_job job, pid_t from,
+                        char *why, size_t cap)
+{
+    pid_t to = job == COPY_SAVE ? 0 : s->state->pid;
+    /* The copier is in the pid namespace of our children (keeper.h): the
+     * processes by the numbers it sees them by. */
+    struct copier_job j = {
+        .job = job,
+        .pids = {from, to, from ? (pid_t)status_inner(t, from, "NSpid:") : 0,
+                 to ? (pid_t)status_inner(t, to, "NSpid:") : 0},
+        .req = {.tmpl = t->pid,
+                .layout = t->layout,
+                .max_bytes = s->image_max,
+                .as_limit = job == COPY_SAVE ? as_hard_limit(t, from) : 0},
+    };
+    int fds[2], nfds = 0;
+
+    if ((from && j.pids.vm_from <= 0) || (to && j.pids.vm_to <= 0))
+        return errmsg(why, cap, -ESRCH, "template: the state or its copy is gone");
+    if (job != COPY_BRANCH && !j.req.layout)
+        return errmsg(why, cap, -EIO, "template: its layout could not be read when it started");
+    if (to)
+        fds[nfds++] = s->state->ready_fd;
+    if (job != COPY_BRANCH)
+        fds[nfds++] = s->image_fd;
+    t->copier_wanted = true;
+    /* The one made ahead may have died meanwhile: then one forked now. */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int rc = t->copier_next.pid > 0 ? 0 : copier_fork(t, why, cap);
+        if (rc < 0)
+            return rc;
+        rc = wire_send(t->copier_next.sock, &j, sizeof(j), fds, nfds);
+        if (rc == 0) {
+            s->copier = t->copier_next.pid;
+            s->copier_fd = t->copier_next.sock;
+            t->copier_next.pid = 0;
+            t->copier_next.sock = -1;
+            return 0;
+        }
+        copier_drop(t);
+        errmsg(why, cap, rc, "template: the copier does not listen: %s", strerror(-rc));
+    }
+    return -EPIPE;
 }
 
 static void save_done(struct tmpl *t, struct session_rec *s, int rc, uint64_t bytes,
@@ -2313,6 +2409,9 @@ int sessions_timeout_ms(struct tmpl *t)
 {
     uint64_t first = t->sessions ? t->watch_ns : 0, now = now_ns();
 
+    /* A spare is due: a look whether anything else is (sessions_tick). */
+    if ((t->spare_due || (t->copier_wanted && t->copier_next.pid <= 0)) && !opening_waits(t))
+        return 0;
     for (struct session_rec *s = t->sessions; s; s = s->next)
         first = soonest(first, next_deadline(s));
     if (!first)
@@ -2364,10 +2463,19 @@ static void watch_stopped(struct tmpl *t)
     t->watch_ns = now_ns() + STOPPED_WATCH_NS;
 }
 
-void sessions_tick(struct tmpl *t)
+void sessions_tick(struct tmpl *t, bool idle)
 {
     uint64_t now = now_ns();
 
+    if (idle && (t->spare_due || (t->copier_wanted && t->copier_next.pid <= 0)) &&
+        !opening_waits(t)) {
+        char why[WIRE_TEXT_MAX];
+        if (t->spare_due)
+            make_spare(t);
+        else if (copier_fork(t, why, sizeof(why)) < 0)
+            t->copier_wanted = false; /* until the next copy */
+        t->spare_due = false;
+    }
     if (!t->sessions)
         t->watch_ns = 0;
     else if (!t->watch_ns)
@@ -2441,4 +2549,5 @@ void sessions_shutdown(struct tmpl *t)
      * keeper takes whatever else is left when we exit). */
     while (t->sessions)
         free_session(t, t->sessions, false);
+    copier_drop(t);
 }

@@ -132,6 +132,13 @@ struct tmpl {
     /* Sessions (sessions.c); their program is built at the first. */
     struct session_rec *sessions;
     struct session_rec *spare; /* a session's first process made ahead, or NULL */
+    bool spare_due;            /* one to be made when the loop is idle (sessions.c) */
+    /* A copier made ahead, likewise, once a session has been copied. */
+    struct {
+        pid_t pid;
+        int sock;
+    } copier_next;
+    bool copier_wanted;
     struct policy session_policy;
     bool session_policy_built;
     bool idle_warm; /* cells made ahead wait at SCHED_IDLE (sessions.c) */
@@ -182,8 +189,9 @@ void sessions_handle(struct tmpl *t, const struct pollfd *pfd, const uint64_t *i
 /* How long poll may sleep before a session's timer (ms; -1: none). */
 int sessions_timeout_ms(struct tmpl *t);
 /* Ends sessions whose time is up; looks again where it waits on the
- * kernel (a thread to leave, a child to find, a uid to empty). */
-void sessions_tick(struct tmpl *t);
+ * kernel (a thread to leave, a child to find, a uid to empty); and, when
+ * the poll before found nothing to do (|idle|), makes what is made ahead. */
+void sessions_tick(struct tmpl *t, bool idle);
 /* |w|, a session's process, was reaped with |wait_status| (and unlinked). */
 void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const struct rusage *ru);
 /* |w|, a session's process, is stopped: the kernel said so. */
