@@ -209,6 +209,31 @@ static void what_a_fork_would_carry_carries_over(void **state)
     sbx_session_close(a);
 }
 
+/* What the state wrote into the data of a library the interpreter maps
+ * (a private copy of a page of the file, where the branch maps the same
+ * file) is in the branch: globals of libc's, set through ctypes. */
+static void a_library_global_the_state_set_is_in_the_branch(void **state)
+{
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    expect_cell(a,
+                "import ctypes\n"
+                "libc = ctypes.CDLL(None)\n"
+                "ctypes.c_int.in_dll(libc, 'opterr').value = 424242\n"
+                "ctypes.c_int.in_dll(libc, 'optopt').value = 171717\n",
+                "");
+    struct sbx_session *b = expect_fork(a);
+    expect_cell(b,
+                "import ctypes\nlibc = ctypes.CDLL(None)\n"
+                "print(ctypes.c_int.in_dll(libc, 'opterr').value,"
+                " ctypes.c_int.in_dll(libc, 'optopt').value)",
+                "424242 171717\n");
+    expect_cell(a, "ctypes.c_int.in_dll(libc, 'opterr').value = 1", "");
+    expect_cell(b, "print(ctypes.c_int.in_dll(libc, 'opterr').value)", "424242\n");
+    sbx_session_close(b);
+    sbx_session_close(a);
+}
+
 /* Many branches of one state, each its own, none leaking a process. */
 static void many_branches_leak_nothing(void **state)
 {
@@ -437,6 +462,7 @@ int main(void)
         cmocka_unit_test(a_branch_counts_among_max_sessions),
         cmocka_unit_test(a_lost_session_cannot_be_branched),
         cmocka_unit_test(what_a_fork_would_carry_carries_over),
+        cmocka_unit_test(a_library_global_the_state_set_is_in_the_branch),
         cmocka_unit_test(many_branches_leak_nothing),
         cmocka_unit_test(a_branch_cannot_reach_its_origin),
         cmocka_unit_test(a_mapped_file_is_copied_not_shared),

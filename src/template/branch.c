@@ -54,6 +54,7 @@ struct pm_scan {
     uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
 };
 #define PM_SCAN       _IOWR('f', 16, struct pm_scan)
+#define PM_IS_FILE    (1ULL << 2)
 #define PM_IS_PRESENT (1ULL << 3)
 #define PM_IS_SWAPPED (1ULL << 4)
 #define PM_IS_PFNZERO (1ULL << 5)
@@ -209,9 +210,13 @@ static struct region *region_at(const struct map *m, uint64_t lo)
 /* The ranges of [lo, hi) in which |pm| (a page map) has pages present or
  * swapped, added to *v (growing it); -ENOTTY where the kernel cannot say.
  * The zero page is not among them: it reads as the zeros a page the branch
- * lacks reads as (a state that only read a GiB has nothing to copy). */
-static int scan(int pm, uint64_t lo, uint64_t hi, uint64_t (**v)[2], size_t *n, size_t *room)
+ * lacks reads as (a state that only read a GiB has nothing to copy). With
+ * |anon|, a file's own pages are not either (where both map the same file,
+ * only the pages either has made its own can differ). */
+static int scan(int pm, uint64_t lo, uint64_t hi, bool anon, uint64_t (**v)[2], size_t *n,
+                size_t *room)
 {
+    uint64_t not = PM_IS_PFNZERO | (anon ? PM_IS_FILE : 0);
     struct pm_region got[256];
 
     for (uint64_t at = lo; at < hi;) {
@@ -221,8 +226,8 @@ static int scan(int pm, uint64_t lo, uint64_t hi, uint64_t (**v)[2], size_t *n, 
             .end = hi,
             .vec = (uint64_t)(uintptr_t)got,
             .vec_len = sizeof(got) / sizeof(got[0]),
-            .category_inverted = PM_IS_PFNZERO,
-            .category_mask = PM_IS_PFNZERO,
+            .category_inverted = not,
+            .category_mask = not,
             .category_anyof_mask = PM_IS_PRESENT | PM_IS_SWAPPED,
             .return_mask = PM_IS_PRESENT | PM_IS_SWAPPED,
         };
@@ -379,12 +384,12 @@ static int copy_region(struct copier *c, const struct region *r, char *why, size
 {
     uint64_t(*v)[2] = NULL;
     size_t n = 0, room = 0;
-    int rc = scan(c->pm_from, r->m.lo, r->m.hi, &v, &n, &room);
+    int rc = scan(c->pm_from, r->m.lo, r->m.hi, r->file_same, &v, &n, &room);
 
     /* The branch's own pages there count too: where the state has none,
      * the branch's go. */
     if (rc == 0)
-        rc = scan(c->pm_to, r->m.lo, r->m.hi, &v, &n, &room);
+        rc = scan(c->pm_to, r->m.lo, r->m.hi, r->file_same, &v, &n, &room);
     if (rc == -ENOTTY) {
         if (r->m.hi - r->m.lo > PLAIN_SCAN_MAX) {
             free(v);
@@ -736,7 +741,7 @@ static int image_runs(const struct region *r, const struct map *t, int pm, enum 
     }
     /* A file's mapping whole (what was never touched is the file's); of
      * memory of no file, what is there. */
-    int rc = r->m.ino ? -ENOTTY : scan(pm, r->m.lo, r->m.hi, v, n, room);
+    int rc = r->m.ino ? -ENOTTY : scan(pm, r->m.lo, r->m.hi, false, v, n, room);
     if (rc != -ENOTTY)
         return rc;
     if (*n == *room) {
@@ -942,7 +947,7 @@ static int zero_the_rest(struct copier *c, const struct region *r, uint64_t (*v)
 {
     uint64_t(*mine)[2] = NULL;
     size_t m = 0, room = 0;
-    int rc = scan(c->pm_to, r->m.lo, r->m.hi, &mine, &m, &room);
+    int rc = scan(c->pm_to, r->m.lo, r->m.hi, false, &mine, &m, &room);
 
     if (rc == -ENOTTY) {
         /* Page by page, for a kernel without PAGEMAP_SCAN: all of it. */
