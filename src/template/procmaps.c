@@ -84,18 +84,27 @@ static int read_by_query(int fd, size_t max, struct procmap **v, size_t *n, char
     char name[KIND_NAME_MAX];
 
     for (uint64_t at = 0; at < PROCMAPS_ADDR_END;) {
-        struct pm_query q = {.size = sizeof(q),
-                             .query_flags = PM_Q_COVERING_OR_NEXT,
-                             .query_addr = at,
-                             .vma_name_size = sizeof(name),
-                             .vma_name_addr = (uint64_t)(uintptr_t)name};
+        /* Without its name first: a file's is a path the kernel would
+         * build for nothing (a file's mapping is of no kind but plain). */
+        struct pm_query q = {
+            .size = sizeof(q), .query_flags = PM_Q_COVERING_OR_NEXT, .query_addr = at};
         int r = ioctl(fd, PM_QUERY, &q);
-        if (r < 0 && errno == ENAMETOOLONG) {
-            /* A long name, so not one that decides a kind: asked again
-             * without it. */
-            q.vma_name_size = 0;
-            q.vma_name_addr = 0;
-            r = ioctl(fd, PM_QUERY, &q);
+        if (r == 0 && q.inode == 0) {
+            /* Memory of no file: its name (if short) says its kind. */
+            struct pm_query named = {.size = sizeof(named),
+                                     .query_flags = PM_Q_COVERING_OR_NEXT,
+                                     .query_addr = q.vma_start,
+                                     .vma_name_size = sizeof(name),
+                                     .vma_name_addr = (uint64_t)(uintptr_t)name};
+            r = ioctl(fd, PM_QUERY, &named);
+            if (r < 0 && errno == ENAMETOOLONG) {
+                /* A long name, so not one that decides a kind: asked
+                 * again without it. */
+                named.vma_name_size = 0;
+                named.vma_name_addr = 0;
+                r = ioctl(fd, PM_QUERY, &named);
+            }
+            q = named;
         }
         if (r < 0 && errno == ENOENT)
             return 0; /* no mapping at or past |at| */
