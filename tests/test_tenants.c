@@ -330,6 +330,29 @@ static void names_that_read_as_mappings_are_names(void **state)
     victim_check(v, &idle, "names that read as a 256 GiB mapping");
 }
 
+/* For comparison: a tenant that does nothing but compute, ten cells of
+ * 100 ms each and a branch, as a tenant may. What the other tenant sees
+ * then is the two sharing the machine's CPUs, with no shared part of the
+ * sandbox doing anything for either: the attacks above are to be judged
+ * against it, not only against idle. */
+static void a_tenant_that_only_computes(void **state)
+{
+    struct latency idle;
+    struct victim *v = victim_start(SBX(state), &idle);
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    for (int i = 0; i < 10; i++)
+        expect_cell(a,
+                    "import time\nt = time.perf_counter()\n"
+                    "while time.perf_counter() - t < 0.1:\n    pass\n",
+                    "");
+    struct sbx_session *b = fork_of(a, NULL);
+    expect_cell(b, "print(round(t) > 0)", "True\n");
+    sbx_session_close(b);
+    sbx_session_close(a);
+    victim_check(v, &idle, "a tenant that only computes (for comparison)");
+}
+
 /* Names that read as stacks, and as a range that is not page-aligned and
  * ends at the top of the address space: the branch is made, exact. */
 static void names_that_read_as_stacks_are_names(void **state)
@@ -561,6 +584,7 @@ int main(void)
         return fixture_open(&f) == 0 && fixture_close(&f) == 0 ? 0 : 1;
     }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(a_tenant_that_only_computes, stop_victim),
         cmocka_unit_test_teardown(names_that_read_as_mappings_are_names, stop_victim),
         cmocka_unit_test_teardown(names_that_read_as_stacks_are_names, stop_victim),
         cmocka_unit_test_teardown(a_state_of_many_mappings_is_branched_off_the_loop, stop_victim),
