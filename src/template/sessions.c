@@ -414,7 +414,7 @@ bool known_child(const struct tmpl *t, pid_t pid)
     for (const struct session_rec *s = t->sessions; s; s = s->next)
         if (s->copier == pid)
             return true;
-    return pid == t->copier_next.pid;
+    return t->copier_next.pid > 0 && pid == t->copier_next.pid;
 }
 
 /* The directory of process |pid|'s descriptors, /proc/PID/fd, or NULL. */
