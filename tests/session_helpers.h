@@ -61,4 +61,23 @@ int template_pid(void);
 /* This process's resident memory, KiB. */
 long rss_kb(void);
 
+/* A state with more than variables in it, for the copies of a state (a
+ * branch, an image) to be checked against: a module the template had not
+ * loaded (an extension's code and data mapped by the state alone), a
+ * generator part-way through, a class, a large list. What each test adds
+ * (files, a closure) follows it; RICH_VARIABLES_SEEN prints them back as
+ * RICH_VARIABLES_WANT, drawing the generator's next value. */
+#define RICH_VARIABLES                                                                             \
+    "import decimal, json, os, collections\n"                                                      \
+    "x = 1\n"                                                                                      \
+    "big = list(range(200000))\n"                                                                  \
+    "d = decimal.Decimal('1.10') * 3\n"                                                            \
+    "def gen():\n"                                                                                 \
+    "    yield from range(100)\n"                                                                  \
+    "g = gen(); next(g); next(g)\n"                                                                \
+    "class P(collections.namedtuple('P', 'a b')): pass\n"                                          \
+    "p = P(1, 2)\n"
+#define RICH_VARIABLES_SEEN "x, len(big), big[-1], d, next(g), p"
+#define RICH_VARIABLES_WANT "1 200000 199999 3.30 2 P(a=1, b=2)"
+
 #endif

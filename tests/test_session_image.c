@@ -27,16 +27,11 @@
 
 #define SBX(state) (((struct fixture *)*(state))->sbx)
 
+/* The variables (session_helpers.h), and files of every kind an image
+ * carries: a tree, a hard link, a symbolic link, a FIFO, a sparse file,
+ * a mode and a time. */
 #define RICH_STATE                                                                                 \
-    "import decimal, json, os, collections\n"                                                      \
-    "x = 1\n"                                                                                      \
-    "big = list(range(200000))\n"                                                                  \
-    "d = decimal.Decimal('1.10') * 3\n"                                                            \
-    "def gen():\n"                                                                                 \
-    "    yield from range(100)\n"                                                                  \
-    "g = gen(); next(g); next(g)\n"                                                                \
-    "class P(collections.namedtuple('P', 'a b')): pass\n"                                          \
-    "p = P(1, 2)\n"                                                                                \
+    RICH_VARIABLES                                                                                 \
     "os.makedirs('d/e', exist_ok=True)\n"                                                          \
     "open('d/e/f.txt', 'w').write('deep')\n"                                                       \
     "os.link('d/e/f.txt', 'hard.txt')\n"                                                           \
@@ -50,12 +45,11 @@
 #define RICH_CHECK                                                                                 \
     "import os, stat\n"                                                                            \
     "s = os.stat('sparse')\n"                                                                      \
-    "print(x, len(big), d, next(g), p, open('d/e/f.txt').read(),\n"                                \
+    "print(" RICH_VARIABLES_SEEN ", open('d/e/f.txt').read(),\n"                                   \
     "      os.stat('hard.txt').st_ino == os.stat('d/e/f.txt').st_ino, os.readlink('soft'),\n"      \
     "      stat.S_ISFIFO(os.lstat('pipe').st_mode), s.st_size, s.st_blocks * 512 < (1 << 20),\n"   \
     "      oct(os.stat('private').st_mode & 0o777), int(os.stat('private').st_mtime))\n"
-#define RICH_WANT                                                                                  \
-    "1 200000 3.30 2 P(a=1, b=2) deep True d/e/f.txt True 10485761 True 0o640 1000000000\n"
+#define RICH_WANT RICH_VARIABLES_WANT " deep True d/e/f.txt True 10485761 True 0o640 1000000000\n"
 
 /* An image of |s| in a file of its own (unlinked): its descriptor, at 0. */
 static int save_of(struct sbx_session *s)
