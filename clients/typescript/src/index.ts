@@ -383,6 +383,18 @@ function raiseRefusal(answer: Json, httpStatus?: number): void {
   if (err !== undefined && err !== null && !("status" in answer)) throw refusal(err, httpStatus);
 }
 
+/** The bytes of session |name|'s image, from the answer to its hibernation
+ * (a refusal rejects as SandboxError). */
+function hibernated(answer: unknown, name: string): number {
+  if (!isObject(answer)) throw new ProtocolError(`not an answer to a hibernation: ${describe(answer)}`);
+  raiseRefusal(answer);
+  const done = answer.session_hibernated;
+  if (!isObject(done) || done.name !== name || typeof done.bytes !== "number") {
+    throw new ProtocolError(`not an answer to a hibernation: ${describe(answer)}`);
+  }
+  return done.bytes;
+}
+
 function str(v: unknown, what: string, fallback?: string): string {
   if (v === undefined && fallback !== undefined) return fallback;
   if (typeof v !== "string") throw new ProtocolError(`${what} is not a string`);
@@ -807,6 +819,15 @@ export class Session {
     return sandboxResult(answer);
   }
 
+  /** Has the server (started with --state-dir) write the session to its
+   * state directory and end its processes; the next run() restores it.
+   * Resolves to the image's bytes. SandboxError when the server keeps no
+   * images or holds no such session ("invalid_request"), or could not
+   * write it ("sandbox_unavailable": the session goes on). */
+  async hibernate(): Promise<number> {
+    return hibernated(await this.ask({ session_hibernate: this.name }), this.name);
+  }
+
   /** Closes the session on the server: the next run() starts afresh.
    * SandboxError when it has none open (no cell ran, or it was lost). */
   async reset(): Promise<void> {
@@ -919,6 +940,18 @@ export class HttpSession {
       if (result.session !== null) this.nextCell = result.session.cell + 1;
       return result;
     });
+  }
+
+  /** As Session.hibernate(), over HTTP (POST /v1/sessions/NAME/hibernate):
+   * a SandboxError with httpStatus 404 when the token has no such session
+   * here, 410 when it was lost. */
+  hibernate(): Promise<number> {
+    return this.turn(async () =>
+      hibernated(
+        await httpRequest(`${this.base}/v1/sessions/${this.name}/hibernate`, this.token, "{}"),
+        this.name,
+      ),
+    );
   }
 
   /** Closes the session on the server: the next run() starts afresh.

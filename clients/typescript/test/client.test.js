@@ -90,8 +90,8 @@ class Server {
   }
 }
 
-async function unixServer() {
-  const server = new Server("--listen", "{dir}/s.sock", "--jobs", "4");
+async function unixServer(...more) {
+  const server = new Server("--listen", "{dir}/s.sock", "--jobs", "4", ...more);
   const sock = path.join(server.dir, "s.sock");
   await waitFor(() => fs.existsSync(sock), "the socket", server);
   return { server, address: sock };
@@ -586,6 +586,56 @@ describe("over HTTP", () => {
     await assert.rejects(b.run("print(n)"), { code: "session_lost" });
     await b.close();
     assert.throws(() => ctx.sandbox.session("a/b"), /A-Z a-z 0-9/);
+  });
+});
+
+// Hibernation (pysbx serve --state-dir): the session written to disk, its
+// processes ended, and restored by its next cell, over either transport;
+// a server that keeps no images refuses.
+describe("hibernation", () => {
+  const ctx = {};
+  before(async () => {
+    ctx.unix = await unixServer("--state-dir", "{dir}/state");
+    ctx.http = await httpServer("--state-dir", "{dir}/state");
+  });
+  after(async () => {
+    await ctx.unix?.server.stop();
+    await ctx.http?.server.stop();
+  });
+
+  for (const over of ["unix", "http"]) {
+    test(`${over}: a hibernated session comes back with its state at its next cell`, T, async () => {
+      const s = new PysbxSandbox(ctx[over].address).session("sleeper");
+      try {
+        await s.run("kept = 7\nopen('f.txt', 'w').write('on disk')");
+        const bytes = await s.hibernate();
+        assert.ok(Number.isInteger(bytes) && bytes > 0, `the image's bytes: ${bytes}`);
+        const r = await s.run("print(kept, open('f.txt').read())");
+        assert.equal(r.stdout, "7 on disk\n");
+        assert.equal(r.session.cell, 2);
+      } finally {
+        await s.close();
+      }
+    });
+  }
+
+  test("a server without --state-dir refuses; over HTTP an unknown session is a 404", T, async () => {
+    const plain = await unixServer();
+    try {
+      const s = new PysbxSandbox(plain.address).session("nowhere");
+      try {
+        await s.run("x = 1");
+        await assert.rejects(s.hibernate(), (e) => e instanceof SandboxError && e.code === "invalid_request");
+        assert.equal((await s.run("print(x)")).stdout, "1\n");
+      } finally {
+        await s.close();
+      }
+    } finally {
+      await plain.server.stop();
+    }
+    const h = new PysbxSandbox(ctx.http.address).session("never-opened");
+    await assert.rejects(h.hibernate(), (e) => e instanceof SandboxError && e.httpStatus === 404);
+    await h.close();
   });
 });
 
