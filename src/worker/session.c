@@ -208,7 +208,8 @@ static int place(const int *fds, const int *at, int n)
  * the cell's CPU and wall limits itself, the memory limit is the hard one
  * the first state set, and what this says is checked against what the
  * kernel says of the process (sessions.c). */
-static void cell_main(const struct worker_args *a, int chan, const struct session_fork_msg *plan)
+static void cell_main(const struct worker_args *a, int chan, const struct session_fork_msg *plan,
+                      const sigset_t *mask)
 {
     static const int at[CELL_FDS] = {FD_REQUEST, FD_STDOUT, FD_STDERR};
     static struct cell_go go;
@@ -275,6 +276,9 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
     close(FD_REQUEST);
     if (take_kept_files(&go, fds + CELL_FDS, got - CELL_FDS) < 0)
         _exit(127);
+    /* The code's signals again (state_loop): what came meanwhile is
+     * delivered now, to the code. */
+    sigprocmask(SIG_SETMASK, mask, NULL);
     struct pyrun_exit status =
         pyrun_cell(code, req.code_len, req.max_output_chars, in.args, in.n_args, in.filename);
     request_input_free(&in);
@@ -473,14 +477,22 @@ _Noreturn static void state_loop(const struct worker_args *a)
         }
         /* The raw system call: glibc's fork() would run the process's
          * at-fork handlers, and the template allows these flags only. No
-         * Python code runs here, and this is the only thread. */
+         * Python code runs here, and this is the only thread. The cell is
+         * born with every signal blocked, until its code runs: a handler
+         * of the code's (a SIGCONT's, as the cell is let run) would
+         * otherwise run amid the cell taking its pipes and files, and
+         * could put a file of its own at the request's number. */
+        sigset_t all, mask;
+        sigfillset(&all);
+        sigprocmask(SIG_SETMASK, &all, &mask);
         pid_t pid =
             (pid_t)syscall(SYS_clone, (unsigned long)POLICY_SESSION_FORK, 0UL, 0UL, 0UL, 0UL);
         if (pid == 0) {
-            cell_main(a, chan, &fork_msg);
+            cell_main(a, chan, &fork_msg, &mask);
             continue; /* the cell ended: it is a state now */
         }
         int e = errno;
+        sigprocmask(SIG_SETMASK, &mask, NULL);
         close(chan);
         if (pid < 0) {
             char msg[WIRE_TEXT_MAX];
