@@ -337,6 +337,58 @@ static void a_mapped_file_is_copied_not_shared(void **state)
 /* A state that fills its memory limit is branched or refused with a
  * reason; either way its origin goes on, and nothing of a refused branch
  * is left. */
+/* The memory of |uid|'s processes, each page counted once (the sum of
+ * their Pss), in MiB. */
+static double memory_mib_of(uid_t uid)
+{
+    pid_t pids[16];
+    int n = pids_of(uid, pids, 16);
+    double kb = 0;
+
+    for (int i = 0; i < n; i++) {
+        char path[64], line[256];
+        snprintf(path, sizeof(path), "/proc/%d/smaps_rollup", (int)pids[i]);
+        FILE *f = fopen(path, "r");
+        while (f && fgets(line, sizeof(line), f))
+            if (strncmp(line, "Pss:", 4) == 0)
+                kb += strtod(line + 4, NULL);
+        if (f)
+            fclose(f);
+    }
+    return kb / 1024;
+}
+
+/* A state shares its pages with the next cell made of it. Reading them
+ * for a branch must not give the state copies of its own (as a read that
+ * pins pages does): its session would hold its memory twice, uncounted,
+ * until that cell ends. */
+static void a_branch_leaves_its_origin_sharing_its_pages(void **state)
+{
+    if (geteuid() != 0)
+        skip(); /* the session's processes are read from /proc */
+    struct sbx_session_limits l;
+    sbx_session_limits_init(&l);
+    l.memory_bytes = 1ULL << 30;
+    struct sbx_session *a = open_session(SBX(state), &l);
+    expect_cell(a, "big = bytearray(b'x') * (128 << 20)", "");
+    uid_t ua = session_uid(a);
+    /* The state and the cell made of it, and a moment for the cell to
+     * warm (it copies the few pages a cell writes first). */
+    assert_int_equal(wait_processes_of(ua, 2), 2);
+    usleep(100 * 1000);
+    double before = memory_mib_of(ua);
+    struct sbx_session *b = expect_fork(a);
+    double after = memory_mib_of(ua);
+    fprintf(stderr, "(the origin's processes: %.0f MiB before the branch, %.0f MiB after)\n",
+            before, after);
+    assert_true(before > 128);
+    if (after - before > 32)
+        fail_msg("the branch left its origin holding %.0f MiB more", after - before);
+    expect_cell(b, "print(len(big), big[-1:])", "134217728 bytearray(b'x')\n");
+    sbx_session_close(b);
+    sbx_session_close(a);
+}
+
 static void a_state_at_its_memory_limit(void **state)
 {
     struct sbx_session_limits l;
@@ -454,6 +506,7 @@ int main(void)
         cmocka_unit_test(many_branches_leak_nothing),
         cmocka_unit_test(a_branch_cannot_reach_its_origin),
         cmocka_unit_test(a_mapped_file_is_copied_not_shared),
+        cmocka_unit_test(a_branch_leaves_its_origin_sharing_its_pages),
         cmocka_unit_test(a_state_at_its_memory_limit),
         cmocka_unit_test(killing_the_origin_during_a_branch_leaves_nothing),
     };

@@ -33,11 +33,11 @@ struct branch_stats {
     uint64_t copied;  /* pages copied */
 };
 
-/* Which processes: as /proc (|proc_fd|) numbers them, and as the caller's
- * own pid namespace does (for process_vm_readv and process_vm_writev). */
+/* Which processes: as /proc (|proc_fd|) numbers them, and the one copied
+ * into as the caller's own pid namespace does (for process_vm_writev). */
 struct branch_pids {
     pid_t from, to;
-    pid_t vm_from, vm_to;
+    pid_t vm_to;
 };
 
 /* Makes process |to| (a branch's first process, waiting at its import on

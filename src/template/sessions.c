@@ -1602,8 +1602,7 @@ static int start_copier(struct tmpl *t, struct session_rec *s, enum copy_job job
      * processes by the numbers it sees them by. */
     struct copier_job j = {
         .job = job,
-        .pids = {from, to, from ? (pid_t)status_inner(t, from, "NSpid:") : 0,
-                 to ? (pid_t)status_inner(t, to, "NSpid:") : 0},
+        .pids = {from, to, to ? (pid_t)status_inner(t, to, "NSpid:") : 0},
         .req = {.tmpl = t->pid,
                 .layout = t->layout,
                 .max_bytes = s->image_max,
@@ -1611,7 +1610,7 @@ static int start_copier(struct tmpl *t, struct session_rec *s, enum copy_job job
     };
     int fds[2], nfds = 0;
 
-    if ((from && j.pids.vm_from <= 0) || (to && j.pids.vm_to <= 0))
+    if (to && j.pids.vm_to <= 0)
         return errmsg(why, cap, -ESRCH, "template: the state or its copy is gone");
     if (job != COPY_BRANCH && !j.req.layout)
         return errmsg(why, cap, -EIO, "template: its layout could not be read when it started");
