@@ -2,7 +2,7 @@
 of images and of output, binary input files, cancellation (a cancelled
 request gets no answer), and the cells of a session sent without waiting. Run by test_mcp.sh with Debian's python3.
 usage: mcp_raw.py PATH/TO/pysbx"""
-import base64, hashlib, json, subprocess, sys
+import base64, glob, hashlib, json, os, subprocess, sys, tempfile, time
 
 PYSBX = sys.argv[1]
 failures = 0
@@ -188,6 +188,78 @@ check("progress: the output before the answer, in order, cut where the answer is
 check("progress: none for a call without a token", len(prog) == len(mine) + sum(
     x["progressToken"] == "p23" for x in prog), prog)
 check("progress: a cancelled call gets no answer", not any(m.get("id") == 23 for m in lines), lines)
+
+# --state-dir: the sessions outlive the process, through their images.
+def mcp_with_state(state_dir, messages):
+    text = "".join(json.dumps(m) + "\n" for m in init + messages)
+    p = subprocess.run([PYSBX, "mcp", "--state-dir", state_dir], input=text,
+                       capture_output=True, text=True, timeout=120)
+    return {m.get("id"): m for m in map(json.loads, p.stdout.splitlines())}, p
+
+
+with tempfile.TemporaryDirectory() as d:
+    sd = os.path.join(d, "state")
+    a, p = mcp_with_state(sd, [call(30, "x = 41\nopen('f.txt', 'w').write('kept')",
+                                    session_id="s")])
+    images = glob.glob(os.path.join(sd, "images", "*.img"))
+    check("--state-dir: the open session is written at the end of input",
+          "session: s, cell 1, kept" in texts(a[30]) and len(images) == 1
+          and "1 session hibernated" in p.stderr, (a.get(30), images, p.stderr))
+    a, p = mcp_with_state(sd, [call(31, "print(x + 1, open('f.txt').read())", session_id="s")])
+    check("--state-dir: a later pysbx mcp restores it at its next call",
+          "stdout:\n42 kept\n" in texts(a[31]) and "session: s, cell 2, kept" in texts(a[31]),
+          a.get(31))
+    # One process holds the directory: another is refused before it serves.
+    holder = subprocess.Popen([PYSBX, "mcp", "--state-dir", sd], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    holder.stdin.write(json.dumps(init[0]) + "\n")
+    holder.stdin.flush()
+    up = json.loads(holder.stdout.readline())
+    second = subprocess.run([PYSBX, "mcp", "--state-dir", sd], input="", capture_output=True,
+                            text=True, timeout=60)
+    holder.stdin.close()
+    holder.wait(timeout=60)
+    check("--state-dir: a second pysbx mcp on the directory is refused",
+          up.get("id") == "init" and second.returncode != 0 and "--state-dir" in second.stderr,
+          (second.returncode, second.stderr))
+    s_image = glob.glob(os.path.join(sd, "images", "*.img"))[0]
+    # --hibernate-after: an idle session hibernates while the server goes on,
+    # and its next call restores it.
+    live = subprocess.Popen([PYSBX, "mcp", "--state-dir", sd, "--hibernate-after", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    live.stdin.write("".join(json.dumps(m) + "\n" for m in
+                             init + [call(35, "y = 7", session_id="idle")]))
+    live.stdin.flush()
+    while json.loads(live.stdout.readline()).get("id") != 35:
+        pass
+    waited = 0.0
+    while len(glob.glob(os.path.join(sd, "images", "*.img"))) < 2 and waited < 10:
+        time.sleep(0.2)
+        waited += 0.2
+    held = len(glob.glob(os.path.join(sd, "images", "*.img")))
+    live.stdin.write(json.dumps(call(36, "print(y * 6)", session_id="idle")) + "\n")
+    live.stdin.close()
+    after = {m.get("id"): m for m in map(json.loads, live.stdout)}
+    live.wait(timeout=60)
+    check("--hibernate-after: an idle session hibernates, its next call restores it",
+          held == 2 and "stdout:\n42\n" in texts(after[36])
+          and "session: idle, cell 2, kept" in texts(after[36]), (held, after.get(36)))
+    # An image changed on disk is not restored: the call says the session
+    # is lost (and so does one called behind it), and a later one starts
+    # afresh.
+    with open(s_image, "r+b") as f:
+        f.seek(os.path.getsize(s_image) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+    a, p = mcp_with_state(sd, [call(32, "print(x)", session_id="s"),
+                               call(33, "print(x)", session_id="s")])
+    b, p = mcp_with_state(sd, [call(34, "print('x' in globals())", session_id="s")])
+    check("--state-dir: a changed image is refused, the session lost",
+          all(a.get(i, {}).get("result", {}).get("isError") is True
+              and "session_lost" in texts(a[i]) for i in (32, 33))
+          and "refused" in texts(a[32]) and "stdout:\nFalse\n" in texts(b[34])
+          and "session: s, cell 1, kept" in texts(b[34]), (a, b.get(34)))
 
 print(f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

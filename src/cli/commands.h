@@ -41,6 +41,8 @@ struct mcp_opts {
     size_t max_line_bytes;
     const char *const *packages; /* the sandbox's, named in the description */
     struct sbx_session_limits session_limits;
+    struct state_dir *state; /* --state-dir, or NULL */
+    double hibernate_after;  /* --hibernate-after, or 0 */
 };
 
 int mcp_main(const struct mcp_opts *o);

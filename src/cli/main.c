@@ -21,10 +21,10 @@ static unsigned cores(void)
     return n > 0 ? (unsigned)n : 1;
 }
 
-/* serve --state-dir: opened before the sandbox, so that a directory
- * another server holds is refused before anything starts. Returns 0, or
- * the exit status having said why. */
-static int open_state(const struct opts *o, struct state_dir **out)
+/* serve and mcp --state-dir: opened before the sandbox, so that a
+ * directory another server holds is refused before anything starts.
+ * Returns 0, or the exit status having said why. */
+static int open_state(enum cmd cmd, const struct opts *o, struct state_dir **out)
 {
     struct sbx_config cfg;
     char tmpl[PATH_MAX], why[320];
@@ -41,7 +41,7 @@ static int open_state(const struct opts *o, struct state_dir **out)
         .module_dirs = cfg.module_dirs,
     };
     if (state_dir_open(&c, out, why, sizeof(why)) < 0) {
-        fprintf(stderr, "pysbx serve: --state-dir %s: %s\n", o->state_dir, why);
+        fprintf(stderr, "pysbx %s: --state-dir %s: %s\n", cmd_name(cmd), o->state_dir, why);
         return 1;
     }
     return 0;
@@ -70,7 +70,7 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
      * (stopper.h) from before their sandbox exists; serve has its own. */
     if (cmd != CMD_SERVE)
         (void)stopper_start();
-    if ((status = open_state(&o, &state)) != 0) {
+    if ((status = open_state(cmd, &o, &state)) != 0) {
         opts_free(&o);
         return status;
     }
@@ -105,7 +105,13 @@ static int cmd_front(enum cmd cmd, int argc, char **argv)
                                 .hibernate_after = o.hibernate_after};
         status = o.http ? http_main(&so) : serve_main(&so);
     } else if (cmd == CMD_MCP) {
-        struct mcp_opts mo = {&b, o.limits, o.max_line, (const char *const *)o.packages, sl};
+        struct mcp_opts mo = {.backend = &b,
+                              .limits = o.limits,
+                              .max_line_bytes = o.max_line,
+                              .packages = (const char *const *)o.packages,
+                              .session_limits = sl,
+                              .state = state,
+                              .hibernate_after = o.hibernate_after};
         status = mcp_main(&mo);
     } else {
         struct batch_opts bo = {&b, o.limits, o.limits_given, o.target, o.out, o.jobs, o.max_line};

@@ -795,9 +795,33 @@ static void dispatch(struct server *s, json_t *msg)
         reply_error(s, id, -32601, "method not found");
 }
 
+/* --state-dir: the sessions' images are of one tenant, whoever runs
+ * pysbx mcp with the directory (the directory's lock lets one process use
+ * it at a time; its mode, 0700, whose files they are). */
+static int keep_sessions(struct server *s, struct session_idler **idler)
+{
+    uint8_t tenant[STATE_TENANT_BYTES];
+
+    *idler = NULL;
+    if (!s->o->state)
+        return 0;
+    if (state_dir_tenant(s->o->state, "mcp", "", 0, tenant) < 0) {
+        fputs("pysbx mcp: out of memory\n", stderr);
+        return -1;
+    }
+    session_table_hibernate_to(s->sessions, s->o->state, tenant);
+    if (s->o->hibernate_after &&
+        !(*idler = session_idler_start(&s->sessions, 1, s->o->hibernate_after))) {
+        fputs("pysbx mcp: cannot start a thread\n", stderr);
+        return -1;
+    }
+    return 0;
+}
+
 int mcp_main(const struct mcp_opts *o)
 {
     struct server s = {.o = o};
+    struct session_idler *idler = NULL;
     struct sbx_session_limits sl;
     struct line_reader lr;
     const char *line;
@@ -811,6 +835,10 @@ int mcp_main(const struct mcp_opts *o)
         fputs("pysbx mcp: out of memory\n", stderr);
         return EXIT_FAILURE;
     }
+    if (keep_sessions(&s, &idler) < 0) {
+        session_table_free(s.sessions);
+        return EXIT_FAILURE;
+    }
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.idle, NULL);
     pthread_mutex_init(&s.plock, NULL);
@@ -818,6 +846,7 @@ int mcp_main(const struct mcp_opts *o)
     pthread_t notifier;
     if (pthread_create(&notifier, NULL, notifier_main, &s) != 0) {
         fputs("pysbx mcp: cannot start a thread\n", stderr);
+        session_idler_stop(idler);
         session_table_free(s.sessions);
         return EXIT_FAILURE;
     }
@@ -857,7 +886,15 @@ int mcp_main(const struct mcp_opts *o)
     pthread_cond_signal(&s.pwake);
     pthread_mutex_unlock(&s.plock);
     pthread_join(notifier, NULL);
-    /* No call holds a session now; all closed before the backend is. */
+    /* No call holds a session now: with --state-dir each is written there
+     * (its processes end), whatever ended the input; then the rest are
+     * closed, before the backend is. */
+    session_idler_stop(idler);
+    if (o->state) {
+        unsigned n = session_table_hibernate(s.sessions, 0, NULL, NULL);
+        if (n)
+            fprintf(stderr, "pysbx mcp: %u session%s hibernated\n", n, n == 1 ? "" : "s");
+    }
     session_table_free(s.sessions);
     pthread_mutex_destroy(&s.lock);
     pthread_cond_destroy(&s.idle);

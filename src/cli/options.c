@@ -218,7 +218,22 @@ static const char mcp_usage[] =
     "on_error, the default, on_stop or never); reset_session closes one.\n"
     "\n"
     "options:\n"
-    "  --jobs N                calls run at once (default: two per core)\n";
+    "  --jobs N                calls run at once (default: two per core)\n"
+    "  --state-dir DIR         the sessions outlive this process: at the end of input\n"
+    "                          (or SIGINT, SIGTERM, SIGHUP) each open session's state\n"
+    "                          is written to DIR (made 0700; a key of its own signs\n"
+    "                          each image) and its processes end; the next run_python\n"
+    "                          with its session_id, here or in a pysbx mcp started\n"
+    "                          later with the same DIR and build, restores it. One\n"
+    "                          pysbx mcp uses DIR at a time (another is refused). The\n"
+    "                          template's address layout is then fixed (no ASLR) for\n"
+    "                          this build on this machine\n"
+    "  --hibernate-after SECONDS\n"
+    "                          with --state-dir, a session with no cell for this long\n"
+    "                          hibernates (below --session-idle; default: never)\n"
+    "  --state-max-bytes SIZE  with --state-dir, the images' bytes together, past\n"
+    "                          which the oldest are dropped (their next call is told\n"
+    "                          so: session_lost) (default 4G, at least 16M)\n";
 
 static const char batch_usage[] =
     "usage: pysbx batch DIR|FILE.jsonl [options]\n"
@@ -555,9 +570,9 @@ static const struct {
     {{"session-idle", required_argument, NULL, O_SIDLE}, CMD_SERVE | CMD_MCP},
     {{"session-lifetime", required_argument, NULL, O_SLIFE}, CMD_SERVE | CMD_MCP},
     {{"max-client-connections", required_argument, NULL, O_CLIENTCONNS}, CMD_SERVE},
-    {{"state-dir", required_argument, NULL, O_STATEDIR}, CMD_SERVE},
-    {{"hibernate-after", required_argument, NULL, O_HIBERNATE}, CMD_SERVE},
-    {{"state-max-bytes", required_argument, NULL, O_STATEMAX}, CMD_SERVE},
+    {{"state-dir", required_argument, NULL, O_STATEDIR}, CMD_SERVE | CMD_MCP},
+    {{"hibernate-after", required_argument, NULL, O_HIBERNATE}, CMD_SERVE | CMD_MCP},
+    {{"state-max-bytes", required_argument, NULL, O_STATEMAX}, CMD_SERVE | CMD_MCP},
     {{"out", required_argument, NULL, O_OUTFILE}, CMD_BATCH},
     {{"help", no_argument, NULL, 'h'}, SANDBOX},
 };
