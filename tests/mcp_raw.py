@@ -244,6 +244,16 @@ with tempfile.TemporaryDirectory() as d:
     check("--hibernate-after: an idle session hibernates, its next call restores it",
           held == 2 and "stdout:\n42\n" in texts(after[36])
           and "session: idle, cell 2, kept" in texts(after[36]), (held, after.get(36)))
+    # A session that keeps a file open cannot hibernate: it ends with the
+    # process, and its next call is told so rather than run in a new one.
+    a, p = mcp_with_state(sd, [call(37, "f = open('log.txt', 'w')\nn = 5", session_id="k")])
+    b, p2 = mcp_with_state(sd, [call(38, "print(n)", session_id="k")])
+    c, p3 = mcp_with_state(sd, [call(39, "print('n' in globals())", session_id="k")])
+    check("--state-dir: a session that could not hibernate is lost, said at its next call",
+          "could not hibernate" in p.stderr and b.get(38, {}).get("result", {}).get("isError")
+          and "session_lost" in texts(b[38]) and "could not hibernate" in texts(b[38])
+          and "stdout:\nFalse\n" in texts(c[39]) and "session: k, cell 1, kept" in texts(c[39]),
+          (p.stderr, b.get(38), c.get(39)))
     # An image changed on disk is not restored: the call says the session
     # is lost (and so does one called behind it), and a later one starts
     # afresh.

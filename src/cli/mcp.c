@@ -894,6 +894,9 @@ int mcp_main(const struct mcp_opts *o)
         unsigned n = session_table_hibernate(s.sessions, 0, NULL, NULL);
         if (n)
             fprintf(stderr, "pysbx mcp: %u session%s hibernated\n", n, n == 1 ? "" : "s");
+        /* Its calls carry no cell number that would tell a fresh session
+         * from the one it meant: the rest are said lost at their next. */
+        session_table_bury_open(s.sessions);
     }
     session_table_free(s.sessions);
     pthread_mutex_destroy(&s.lock);

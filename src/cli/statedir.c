@@ -246,7 +246,7 @@ static int make_room(struct state_dir *d, uint64_t n)
             "its image was dropped: the state directory reached --state-max-bytes (%llu "
             "bytes) and it was the oldest",
             (unsigned long long)d->max_bytes);
-        fprintf(stderr, "pysbx serve: session \"%s\" dropped from the state directory: %s\n",
+        fprintf(stderr, "pysbx: session \"%s\" dropped from the state directory: %s\n",
                 h->info.name, "the oldest image past --state-max-bytes");
         bury(d, h->hex, why);
     }
@@ -722,6 +722,17 @@ bool state_dir_drop(struct state_dir *d, const uint8_t *tenant, const char *name
     }
     pthread_mutex_unlock(&d->lock);
     return h != NULL;
+}
+
+void state_dir_bury(struct state_dir *d, const uint8_t *tenant, const char *name, const char *why)
+{
+    char hex[HEX_LEN + 1];
+
+    if (file_hex(d, tenant, name, hex) < 0)
+        return;
+    pthread_mutex_lock(&d->lock);
+    bury(d, hex, why);
+    pthread_mutex_unlock(&d->lock);
 }
 
 size_t state_dir_list(struct state_dir *d, const uint8_t *tenant, struct state_session *out,

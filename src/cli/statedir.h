@@ -110,6 +110,10 @@ void state_dir_release(struct state_dir *d, uint64_t ticket, bool keep);
 /* Removes |tenant|'s image or tombstone of |name| (the session is closed,
  * or its tombstone was said). Returns whether there was one. */
 bool state_dir_drop(struct state_dir *d, const uint8_t *tenant, const char *name);
+/* Leaves a tombstone for |tenant|'s session |name| saying |why| (in place
+ * of whatever DIR held for it): its next cell is answered session_lost,
+ * with |why|, instead of starting afresh. */
+void state_dir_bury(struct state_dir *d, const uint8_t *tenant, const char *name, const char *why);
 
 /* |tenant|'s hibernated sessions, at most |cap| into |out|; returns how
  * many there are. */
