@@ -334,9 +334,6 @@ static void a_mapped_file_is_copied_not_shared(void **state)
     sbx_session_close(a);
 }
 
-/* A state that fills its memory limit is branched or refused with a
- * reason; either way its origin goes on, and nothing of a refused branch
- * is left. */
 /* The memory of |uid|'s processes, each page counted once (the sum of
  * their Pss), in MiB. */
 static double memory_mib_of(uid_t uid)
@@ -389,6 +386,9 @@ static void a_branch_leaves_its_origin_sharing_its_pages(void **state)
     sbx_session_close(a);
 }
 
+/* A state that fills its memory limit is branched or refused with a
+ * reason; either way its origin goes on, and nothing of a refused branch
+ * is left. */
 static void a_state_at_its_memory_limit(void **state)
 {
     struct sbx_session_limits l;
