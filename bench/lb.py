@@ -372,8 +372,9 @@ def session_client(port, names):
             status, a = post(conn, f"/v1/sessions/{n}/run",
                              json.dumps({"id": rid, "code": code, "cell": k}), rid)
             if status == 0 and a.startswith("IncompleteRead("):
-                # The replica died between its answer's head and its body,
-                # which nginx had passed on: no answer, as a 502 is (CUT).
+                # The replica died while nginx had its answer's head but not
+                # all its body (an answer larger than a socket's buffer; a
+                # small one is sent in one write): no answer, as a 502 is (CUT).
                 status = CUT
             with lock:
                 cell_log.append((n, s["epoch"], k, status, a, time.monotonic() - t0,

@@ -57,6 +57,7 @@ static struct {
     __typeof__(MHD_queue_response) *queue_response;
     __typeof__(MHD_create_response_from_buffer) *create_response_from_buffer;
     __typeof__(MHD_create_response_from_callback) *create_response_from_callback;
+    __typeof__(MHD_create_response_from_buffer_with_free_callback_cls) *create_response_held;
     __typeof__(MHD_destroy_response) *destroy_response;
     __typeof__(MHD_add_response_header) *add_response_header;
     __typeof__(MHD_lookup_connection_value) *lookup_connection_value;
@@ -83,6 +84,7 @@ static int mhd_load(void)
     MHD_LOAD(queue_response, "MHD_queue_response")
     MHD_LOAD(create_response_from_buffer, "MHD_create_response_from_buffer")
     MHD_LOAD(create_response_from_callback, "MHD_create_response_from_callback")
+    MHD_LOAD(create_response_held, "MHD_create_response_from_buffer_with_free_callback_cls")
     MHD_LOAD(destroy_response, "MHD_destroy_response")
     MHD_LOAD(add_response_header, "MHD_add_response_header")
     MHD_LOAD(lookup_connection_value, "MHD_lookup_connection_value")
@@ -295,17 +297,6 @@ struct held {
     size_t len;
 };
 
-static ssize_t held_read(void *cls, uint64_t pos, char *buf, size_t max)
-{
-    struct held *a = cls;
-
-    if (pos >= a->len)
-        return MHD_CONTENT_READER_END_OF_STREAM;
-    size_t n = a->len - (size_t)pos < max ? a->len - (size_t)pos : max;
-    memcpy(buf, a->text + pos, n);
-    return (ssize_t)n;
-}
-
 /* Taken, or the client went away (libmicrohttpd's idle timeout included):
  * the room is given back. */
 static void held_free(void *cls)
@@ -336,7 +327,10 @@ static enum MHD_Result send_held(struct http *h, struct MHD_Connection *conn, in
         free(text);
         return MHD_NO; /* the connection is cut */
     }
-    r = mhd.create_response_from_callback(a->len, 64 << 10, held_read, a, held_free);
+    /* From a buffer, libmicrohttpd sends the head and the body in one
+     * write: a server killed mid-answer leaves its proxy a whole answer or
+     * none (a 502), never a head whose body is cut off. */
+    r = mhd.create_response_held(a->len, a->text, held_free, a);
     if (!r) {
         held_free(a);
         return MHD_NO;
