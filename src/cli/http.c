@@ -329,7 +329,8 @@ static enum MHD_Result send_held(struct http *h, struct MHD_Connection *conn, in
     }
     /* From a buffer, libmicrohttpd sends the head and the body in one
      * write: a server killed mid-answer leaves its proxy a whole answer or
-     * none (a 502), never a head whose body is cut off. */
+     * none (a 502), not a head whose body never comes (unless the answer
+     * is larger than the socket takes at once). */
     r = mhd.create_response_held(a->len, a->text, held_free, a);
     if (!r) {
         held_free(a);
