@@ -1223,6 +1223,9 @@ def hibernation_on_a_socket():
           len(fl) == 1 and refusal(r).get("code") == "session_lost"
           and "failed its check" in r["error"]["message"], (fl, r))
     ask(a, ain, {"id": 14, "session": "fl", "code": "pass"})
+    # A session whose state keeps a file open cannot hibernate.
+    r = ask(a, ain, {"id": 15, "session": "kf", "code": "k = open('k.txt', 'w')"})
+    check("a cell that keeps a file open is kept", cell_of(r) == (1, False), r)
     # A restart: SIGTERM hibernates what is open; the next server restores it.
     a.close()
     b.close()
@@ -1236,6 +1239,15 @@ def hibernation_on_a_socket():
     check("a restarted server with the same --state-dir restores it, its cells numbered on",
           r.get("stdout") == "42 kept\n" and r.get("session") ==
           {"name": "nb", "cell": 4, "rolled_back": False, "restored": True}, r)
+    # The one that could not hibernate: a cell without a number cannot tell
+    # a new session from it, so it is told it is lost, once.
+    r = ask(c, cin, {"id": 16, "session": "kf", "code": "print('k' in globals())"})
+    check("a session that could not hibernate at shutdown: its next cell is session_lost, "
+          "saying why, and nothing ran", refusal(r).get("code") == "session_lost"
+          and "could not hibernate" in r["error"]["message"] and "stdout" not in r, r)
+    r = ask(c, cin, {"id": 17, "session": "kf", "code": "print('k' in globals())"})
+    check("and the cell after starts a new session", r.get("stdout") == "False\n"
+          and cell_of(r) == (1, False), r)
     p = subprocess.run([PYSBX, "serve", "--state-dir", d], input="", capture_output=True,
                        text=True, timeout=60)
     check("a second server on the same --state-dir is refused", p.returncode == 1

@@ -48,6 +48,10 @@ void hibernate_at_exit(struct session_table *const *tables, unsigned n, struct s
         done += session_table_hibernate(tables[i], 0, signal_waiting, &sfd);
     if (done)
         fprintf(stderr, "pysbx serve: %u session%s hibernated\n", done, done == 1 ? "" : "s");
+    /* A cell may come without a number, which would not tell a new session
+     * from the one meant: those still open are said lost at their next. */
+    for (unsigned i = 0; i < n; i++)
+        session_table_bury_open(tables[i]);
 }
 
 void efd_notify(int efd)

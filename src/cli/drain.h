@@ -44,9 +44,10 @@ struct drain {
  * stream could not be waited for, -1 on a second signal on |sfd|. */
 int drain_run(const struct drain *d, int sfd);
 
-/* At shutdown (the drain done): every open session of |tables| (|n|)
- * hibernates, when they have a state directory, until another signal on
- * |sfd| says to stop; then |idler| (may be NULL) is stopped first. */
+/* At shutdown (the drain done), |idler| (may be NULL) stopped first: every
+ * open session of |tables| (|n|) hibernates, when they have a state
+ * directory, until another signal on |sfd| says to stop; those that did
+ * not leave a tombstone there, so that their next cell is session_lost. */
 struct session_table;
 struct session_idler;
 void hibernate_at_exit(struct session_table *const *tables, unsigned n, struct session_idler *idler,
