@@ -357,7 +357,7 @@ static void a_state_that_keeps_files_is_not_imaged(void **state)
                 "");
     int rc = sbx_session_save(a, fd, &err);
     assert_true(rc < 0);
-    if (err.code != SBX_ERR_INVALID_REQUEST || !strstr(err.message, "keeps 1 files open"))
+    if (err.code != SBX_ERR_INVALID_REQUEST || !strstr(err.message, "keeps 1 file open"))
         fail_msg("refused as %s: %s", sbx_error_code_name(err.code), err.message);
     expect_cell(a, "print(db.execute('select v from t').fetchone()[0])", "7\n");
     expect_cell(a, "db.close()", "");

@@ -549,8 +549,8 @@ unsigned session_table_hibernate(struct session_table *t, double idle_seconds,
         if (session_hibernate(c, &bytes, &err) == 0)
             n++;
         else if (err.code != SBX_ERR_SESSION_LOST)
-            fprintf(stderr, "pysbx: session \"%s\" could not hibernate, and goes on: %s\n", name,
-                    err.message);
+            fprintf(stderr, "pysbx: session \"%s\" could not hibernate, and %s: %s\n", name,
+                    idle_seconds > 0 ? "goes on" : "ends with the server", err.message);
     }
     return n;
 }

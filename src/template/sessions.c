@@ -1860,9 +1860,9 @@ static void save_advance(struct tmpl *t, struct session_rec *s)
          * it holds would use numbers that name nothing, or another's. */
         if (s->files.n) {
             fmt(why, sizeof(why),
-                "the state keeps %u files open from one cell to the next, and an image holds "
-                "no open file: close them in a cell, then save",
-                s->files.n);
+                "the state keeps %u file%s open from one cell to the next, and an image holds "
+                "no open file: close %s in a cell, then save",
+                s->files.n, s->files.n == 1 ? "" : "s", s->files.n == 1 ? "it" : "them");
             save_done(t, s, -EBUSY, 0, why);
         } else if (ask_export(t, s, s->id) < 0)
             save_done(t, s, -EPIPE, 0, "the session's state does not listen");
