@@ -47,7 +47,7 @@ void hibernate_at_exit(struct session_table *const *tables, unsigned n, struct s
     for (unsigned i = 0; i < n && !signal_waiting(&sfd); i++)
         done += session_table_hibernate(tables[i], 0, signal_waiting, &sfd);
     if (done)
-        fprintf(stderr, "pysbx serve: %u session%s hibernated\n", done, done == 1 ? "" : "s");
+        fprintf(stderr, "pysbx: %u session%s hibernated\n", done, done == 1 ? "" : "s");
     /* A cell may come without a number, which would not tell a new session
      * from the one meant: those still open are said lost at their next. */
     for (unsigned i = 0; i < n; i++)

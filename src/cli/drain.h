@@ -1,5 +1,6 @@
 /*
- * What the two servers (JSON lines in serve.c, HTTP in http.c) share:
+ * What the two servers (JSON lines in serve.c, HTTP in http.c) share, and
+ * with mcp.c the sessions' end:
  * SIGINT and SIGTERM read from a descriptor, eventfd wake-ups, and the
  * order of a drain at shutdown: the grace for what is in flight, then
  * cancelling what is left, then a moment for clients to read their answers.
@@ -46,8 +47,9 @@ int drain_run(const struct drain *d, int sfd);
 
 /* At shutdown (the drain done), |idler| (may be NULL) stopped first: every
  * open session of |tables| (|n|) hibernates, when they have a state
- * directory, until another signal on |sfd| says to stop; those that did
- * not leave a tombstone there, so that their next cell is session_lost. */
+ * directory, until another signal on |sfd| (-1: none) says to stop; those
+ * that did not leave a tombstone there, so that their next cell is
+ * session_lost. For serve and mcp alike. */
 struct session_table;
 struct session_idler;
 void hibernate_at_exit(struct session_table *const *tables, unsigned n, struct session_idler *idler,

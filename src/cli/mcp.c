@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "commands.h"
 #include "detach.h"
+#include "drain.h"
 #include "lines.h"
 #include "reqjson.h"
 #include "sbxerr.h"
@@ -889,15 +890,7 @@ int mcp_main(const struct mcp_opts *o)
     /* No call holds a session now: with --state-dir each is written there
      * (its processes end), whatever ended the input; then the rest are
      * closed, before the backend is. */
-    session_idler_stop(idler);
-    if (o->state) {
-        unsigned n = session_table_hibernate(s.sessions, 0, NULL, NULL);
-        if (n)
-            fprintf(stderr, "pysbx mcp: %u session%s hibernated\n", n, n == 1 ? "" : "s");
-        /* Its calls carry no cell number that would tell a fresh session
-         * from the one it meant: the rest are said lost at their next. */
-        session_table_bury_open(s.sessions);
-    }
+    hibernate_at_exit(&s.sessions, 1, idler, -1);
     session_table_free(s.sessions);
     pthread_mutex_destroy(&s.lock);
     pthread_cond_destroy(&s.idle);

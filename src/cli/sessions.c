@@ -555,22 +555,17 @@ unsigned session_table_hibernate(struct session_table *t, double idle_seconds,
     return n;
 }
 
-unsigned session_table_bury_open(struct session_table *t)
+void session_table_bury_open(struct session_table *t)
 {
-    unsigned n = 0;
-
     if (!t || !t->state)
-        return 0;
+        return;
     pthread_mutex_lock(&t->lock);
     for (struct entry *e = t->named; e; e = e->next)
-        if (e->s && !e->gone) {
+        if (e->s && !e->gone)
             state_dir_bury(t->state, t->tenant, e->name,
                            "it could not hibernate when its server ended (its state kept files "
                            "open, or its image could not be written), and ended with it");
-            n++;
-        }
     pthread_mutex_unlock(&t->lock);
-    return n;
 }
 
 struct session_idler {

@@ -47,9 +47,9 @@ unsigned session_table_hibernate(struct session_table *t, double idle_seconds,
 /* For each session of |t| still open (one that could not hibernate), a
  * tombstone in the state directory saying so: its next cell, in this
  * process or a later one, is answered session_lost rather than starting a
- * new session unannounced. For a server whose clients do not number their
- * cells (MCP), at its end. Returns how many. */
-unsigned session_table_bury_open(struct session_table *t);
+ * new session unannounced (a cell may come without a number). At a
+ * server's end (hibernate_at_exit). */
+void session_table_bury_open(struct session_table *t);
 
 /* A thread that hibernates the sessions of |tables| (|n|, kept) after
  * |idle_seconds| without a cell, looking a few times as often. NULL when
