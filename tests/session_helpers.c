@@ -216,6 +216,34 @@ int pids_of(uid_t uid, pid_t *out, int cap)
     return u.n;
 }
 
+int descriptors_of(uid_t uid, const char *name)
+{
+    pid_t pids[64];
+    int n = 0;
+
+    if (getuid() != 0)
+        return -1;
+    int np = pids_of(uid, pids, 64);
+    for (int i = 0; i < np; i++) {
+        char path[64], link[256];
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int)pids[i]);
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (e->d_name[0] == '.')
+                continue;
+            ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
+            if (len > 0) {
+                link[len] = '\0';
+                n += strcmp(link, name) == 0;
+            }
+        }
+        if (d)
+            closedir(d);
+    }
+    return n;
+}
+
 long proc_status_field(pid_t pid, const char *field)
 {
     char path[64], buf[4096];

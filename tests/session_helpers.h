@@ -45,6 +45,9 @@ int wait_processes_of(uid_t uid, int n);
 long stack_kb_of(uid_t uid);
 /* The pids (in our /proc) of the processes of |uid|, at most |cap|. */
 int pids_of(uid_t uid, pid_t *out, int cap);
+/* How many descriptors the processes of |uid| hold that the kernel names
+ * |name| (say "anon_inode:[userfaultfd]"); -1 when not root. */
+int descriptors_of(uid_t uid, const char *name);
 /* The number after |field| (say "\nPPid:") in /proc/PID/status, or -1. */
 long proc_status_field(pid_t pid, const char *field);
 /* User and system CPU time of every process of |uid|, in ms. */
@@ -79,5 +82,30 @@ long rss_kb(void);
     "p = P(1, 2)\n"
 #define RICH_VARIABLES_SEEN "x, len(big), big[-1], d, next(g), p"
 #define RICH_VARIABLES_WANT "1 200000 199999 3.30 2 P(a=1, b=2)"
+
+/* A state with a mapping of its own, 64 MiB of no file: every third page
+ * written (its number), one of them given back (zeros again), the rest
+ * never touched. A branch or a restored image maps it afresh, and the
+ * pages go in through the new process's userfaultfd (branch.c): what the
+ * state wrote, and nothing where it has nothing. SPARSE_CHECK prints the
+ * pages written (5461) and whether they are the state's. */
+#define SPARSE_STATE                                                                               \
+    "import ctypes, hashlib\n"                                                                     \
+    "libc = ctypes.CDLL(None)\n"                                                                   \
+    "libc.mmap.restype = ctypes.c_void_p\n"                                                        \
+    "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,\n"        \
+    "                      ctypes.c_int, ctypes.c_long]\n"                                         \
+    "n = 64 << 20\n"                                                                               \
+    "p = libc.mmap(None, n, 3, 0x22, -1, 0)  # read-write, private and anonymous\n"                \
+    "m = (ctypes.c_char * n).from_address(p)\n"                                                    \
+    "for i in range(0, n, 3 * 4096):\n"                                                            \
+    "    m[i:i + 8] = b'%08d' % (i // 4096)\n"                                                     \
+    "libc.madvise(ctypes.c_void_p(p + 300 * 4096), 4096, 4)  # MADV_DONTNEED: page 300\n"          \
+    "def pages():\n"                                                                               \
+    "    b = ctypes.string_at(p, n)\n"                                                             \
+    "    written = sum(1 for i in range(0, n, 4096) if b[i:i + 4096].strip(b'\\0'))\n"             \
+    "    return written, hashlib.sha256(b).hexdigest()\n"                                          \
+    "want = pages()\n"
+#define SPARSE_CHECK "print(want[0], pages() == want)\n"
 
 #endif

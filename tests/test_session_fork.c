@@ -386,6 +386,35 @@ static void a_branch_leaves_its_origin_sharing_its_pages(void **state)
     sbx_session_close(a);
 }
 
+/* The state of SPARSE_STATE (session_helpers.h) is in the branch: the
+ * pages its origin wrote, and nothing where the origin has nothing. */
+
+static void a_branch_has_the_pages_its_origin_wrote_and_no_others(void **state)
+{
+    struct sbx_session_limits l;
+    sbx_session_limits_init(&l);
+    l.memory_bytes = 1ULL << 30;
+    struct sbx_session *a = open_session(SBX(state), &l);
+
+    /* 5462 pages written of 16384, less the one given back. */
+    expect_cell(a, SPARSE_STATE, "");
+    expect_cell(a, SPARSE_CHECK, "5461 True\n");
+    struct sbx_session *b = expect_fork(a);
+    expect_cell(b, SPARSE_CHECK, "5461 True\n");
+    /* The branch's own writes there, in the pages it was given and in
+     * the ones it was not, reach neither its origin nor its next cell
+     * wrongly. */
+    expect_cell(b, "m[0:1] = b'B'\nm[4096:4097] = b'B'\nm[300 * 4096] = b'B'", "");
+    expect_cell(b, "print(pages()[0], m[0], m[4096], m[300 * 4096])", "5463 b'B' b'B' b'B'\n");
+    expect_cell(a, SPARSE_CHECK "print(m[0], m[4096])", "5461 True\nb'0' b'\\x00'\n");
+    /* Nothing of either session holds a userfaultfd: the branch's went
+     * to the copy, and was closed before anything of the tenant's ran. */
+    assert_true(descriptors_of(session_uid(b), "anon_inode:[userfaultfd]") <= 0);
+    assert_true(descriptors_of(session_uid(a), "anon_inode:[userfaultfd]") <= 0);
+    sbx_session_close(b);
+    sbx_session_close(a);
+}
+
 /* A state that fills its memory limit is branched or refused with a
  * reason; either way its origin goes on, and nothing of a refused branch
  * is left. */
@@ -507,6 +536,7 @@ int main(void)
         cmocka_unit_test(a_branch_cannot_reach_its_origin),
         cmocka_unit_test(a_mapped_file_is_copied_not_shared),
         cmocka_unit_test(a_branch_leaves_its_origin_sharing_its_pages),
+        cmocka_unit_test(a_branch_has_the_pages_its_origin_wrote_and_no_others),
         cmocka_unit_test(a_state_at_its_memory_limit),
         cmocka_unit_test(killing_the_origin_during_a_branch_leaves_nothing),
     };

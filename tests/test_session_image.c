@@ -120,6 +120,27 @@ static void a_state_comes_back_from_its_image(void **state)
     close(fd);
 }
 
+/* Memory of a mapping the restoring process makes afresh comes back page
+ * for page: what the state wrote, zeros where it has nothing; and nothing
+ * of the restored session holds the userfaultfd it came in through. */
+static void a_sparse_mapping_comes_back_page_for_page(void **state)
+{
+    struct sbx_session_limits l;
+    sbx_session_limits_init(&l);
+    l.memory_bytes = 1ULL << 30;
+    struct sbx_session *a = open_session(SBX(state), &l);
+
+    expect_cell(a, SPARSE_STATE, "");
+    int fd = save_of(a);
+    sbx_session_close(a);
+    struct sbx_session *b = restore_of(SBX(state), fd);
+    expect_cell(b, SPARSE_CHECK "print(m[0], m[4096], m[300 * 4096])",
+                "5461 True\nb'0' b'\\x00' b'\\x00'\n");
+    assert_true(descriptors_of(session_uid(b), "anon_inode:[userfaultfd]") <= 0);
+    sbx_session_close(b);
+    close(fd);
+}
+
 /* One image, two sessions: each its own uid, and neither sees the other. */
 static void an_image_restores_into_sessions_of_their_own(void **state)
 {
@@ -376,6 +397,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_state_comes_back_from_its_image),
+        cmocka_unit_test(a_sparse_mapping_comes_back_page_for_page),
         cmocka_unit_test(an_image_restores_into_sessions_of_their_own),
         cmocka_unit_test(a_changed_or_cut_image_is_refused),
         cmocka_unit_test(a_forged_image_stays_in_its_session),

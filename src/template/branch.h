@@ -10,10 +10,12 @@
  * it then maps what the state maps, at the same addresses (all of a
  * session's processes descend from the template, so the interpreter, its
  * libraries and their addresses are the same), and the template copies
- * into it the pages in which the two differ. Pages the state still shares
- * with the template (the same physical page, as the kernel's page map
- * says) are not copied: the branch has them too. A state of a few MB
- * costs about a cell; each MB it wrote costs a copy.
+ * into it the pages in which the two differ (into the mappings made for
+ * the copy, through the userfaultfd the branch's process gives it:
+ * session_import_fd). Pages the state still shares with the template (the
+ * same physical page, as the kernel's page map says) are not copied: the
+ * branch has them too. A state of a few MB costs about a cell; each MB it
+ * wrote costs a copy.
  *
  * Nothing of the state's is trusted here: its memory map and page map are
  * the kernel's, its pages are copied as bytes into the branch (the only

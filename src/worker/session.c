@@ -11,6 +11,7 @@
 #include "worker_limits.h"
 
 #include <errno.h>
+#include <linux/userfaultfd.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
@@ -325,6 +326,42 @@ static void adopt_exported(void)
     sigprocmask(SIG_SETMASK, &exported.mask, NULL);
 }
 
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1 /* Linux 5.11 */
+#endif
+
+int session_import_fd(void)
+{
+    return (int)syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
+}
+
+/* BRANCH_MAPPED, with |fd| (session_import_fd's) if there is one, which is
+ * then ours no more: the copier's copy is the only one left. */
+__attribute__((no_sanitize("address", "undefined"), noinline)) static long say_mapped(int fd)
+{
+    char said = BRANCH_MAPPED;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } c;
+    struct iovec iov = {.iov_base = &said, .iov_len = 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+
+    if (fd >= 0) {
+        m.msg_control = c.buf;
+        m.msg_controllen = sizeof(c.buf);
+        struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+        h->cmsg_level = SOL_SOCKET;
+        h->cmsg_type = SCM_RIGHTS;
+        h->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(h), &fd, sizeof(int));
+    }
+    long n = syscall(SYS_sendmsg, FD_READY, &m, 0);
+    if (fd >= 0)
+        syscall(SYS_close, fd);
+    return n;
+}
+
 /* The import failed: the template hears why, and the process ends. */
 __attribute__((no_sanitize("address", "undefined"), noinline)) static void
 branch_fail(const char *what, uint64_t at, int e)
@@ -342,7 +379,7 @@ branch_fail(const char *what, uint64_t at, int e)
  * state's own branch_point. Nothing of the tenant's has run in this
  * process: it is confined as its own session already, and what it maps is
  * what the template (which reads the state's map from the kernel) says. */
-__attribute__((no_sanitize("address", "undefined"), noinline)) static void branch_ops(void)
+__attribute__((no_sanitize("address", "undefined"), noinline)) static void branch_ops(int import_fd)
 {
     for (;;) {
         struct branch_op o;
@@ -394,6 +431,8 @@ __attribute__((no_sanitize("address", "undefined"), noinline)) static void branc
                 *(volatile char *)(uintptr_t)(p - 4096) = 0;
             break;
         case BRANCH_OP_END:
+            if (import_fd >= 0) /* not given: BRANCH_OP_GROW never came */
+                syscall(SYS_close, import_fd);
             longjmp(branch_point, 1);
         default:
             branch_fail("an unknown operation", 0, EPROTO);
@@ -405,10 +444,11 @@ __attribute__((no_sanitize("address", "undefined"), noinline)) static void branc
                                                       : "mmap",
                         o.lo, errno);
         if (o.kind == BRANCH_OP_GROW) {
-            char said = BRANCH_MAPPED, heard = 0;
-            if (syscall(SYS_write, FD_READY, &said, 1) != 1 ||
-                syscall(SYS_read, FD_READY, &heard, 1) != 1 || heard != BRANCH_COPIED)
+            char heard = 0;
+            if (say_mapped(import_fd) != 1 || syscall(SYS_read, FD_READY, &heard, 1) != 1 ||
+                heard != BRANCH_COPIED)
                 syscall(SYS_exit_group, 127);
+            import_fd = -1;
         }
     }
 }
@@ -416,7 +456,7 @@ __attribute__((no_sanitize("address", "undefined"), noinline)) static void branc
 /* A branch's first process: its import stack where the template says,
  * then the import on it. Never returns (the import ends in the state's
  * loop, or the process ends). */
-_Noreturn static void branch_import(void)
+_Noreturn static void branch_import(int import_fd)
 {
     static ucontext_t here, there;
     struct branch_op o;
@@ -434,7 +474,7 @@ _Noreturn static void branch_import(void)
     there.uc_stack.ss_sp = stack;
     there.uc_stack.ss_size = (size_t)(o.hi - o.lo);
     there.uc_link = NULL;
-    makecontext(&there, branch_ops, 0);
+    makecontext(&there, (void (*)(void))branch_ops, 1, import_fd);
     swapcontext(&here, &there);
     _exit(127);
 }
@@ -506,7 +546,7 @@ _Noreturn static void state_loop(const struct worker_args *a)
     }
 }
 
-_Noreturn void session_main(const struct worker_args *a, int listener)
+_Noreturn void session_main(const struct worker_args *a, int listener, int import_fd)
 {
     struct session_begin b;
     int got = 0;
@@ -532,6 +572,8 @@ _Noreturn void session_main(const struct worker_args *a, int listener)
     if (worker_set_limit(RLIMIT_AS, as, as) < 0)
         _exit(127);
     if (b.branch)
-        branch_import();
+        branch_import(import_fd);
+    if (import_fd >= 0)
+        close(import_fd);
     state_loop(a);
 }

@@ -12,8 +12,17 @@
 
 #include "worker.h"
 
-/* In the first state process, confined, with its seccomp |listener|;
- * never returns. */
-_Noreturn void session_main(const struct worker_args *a, int listener);
+/* In the first state process, before it is confined (seccomp kills the
+ * call): a userfaultfd of its own memory (user faults only, which needs
+ * no privilege), or -1. If the process becomes a branch, the copy fills
+ * the mappings made for it through this (branch.c): the kernel puts each
+ * page in place, instead of a fault zeroing one that the copy then
+ * overwrites. It is given to the template's copier and closed before
+ * anything of the tenant's is in the process; it is never a cell's. */
+int session_import_fd(void);
+
+/* In the first state process, confined, with its seccomp |listener| and
+ * session_import_fd()'s |import_fd|; never returns. */
+_Noreturn void session_main(const struct worker_args *a, int listener, int import_fd);
 
 #endif

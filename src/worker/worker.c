@@ -250,7 +250,9 @@ _Noreturn void worker_main(const struct worker_args *a)
          worker_set_limit(RLIMIT_NPROC, WORKER_NPROC_LIMIT, WORKER_NPROC_LIMIT) < 0))
         fail_idle("setrlimit: %s", strerror(errno));
 
-    /* 6. Confinement: privileges, then the kernel policies, seccomp last. */
+    /* 6. Confinement: privileges, then the kernel policies, seccomp last
+     * (a session's descriptor for a branch's copy before it). */
+    int import_fd = a->session ? session_import_fd() : -1;
     plan.ruleset_fd = plan.landlock_abi > 0 ? FD_RULESET : -1;
     if (a->session)
         plan.session_listener = &listener;
@@ -267,7 +269,7 @@ _Noreturn void worker_main(const struct worker_args *a)
 
     /* 7. Ready: the template may hand us out. */
     if (a->session)
-        session_main(a, listener);
+        session_main(a, listener, import_fd);
     char ready = WORKER_READY;
     if (write_full(FD_READY, &ready, 1) < 0)
         _exit(127);

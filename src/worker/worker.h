@@ -72,8 +72,9 @@ struct session_fork_msg {
  * confined as its own session, gets BRANCH_STACK (struct branch_op: where
  * to map the stack it imports on, clear of the state's memory), then
  * struct branch_op messages that make its memory map the state's; at
- * BRANCH_OP_GROW it answers BRANCH_MAPPED and waits while the template
- * copies the state's pages into it; BRANCH_OP_END resumes the copy where
+ * BRANCH_OP_GROW it answers BRANCH_MAPPED, with a userfaultfd of its
+ * own memory if it has one (session_import_fd), and waits while the
+ * template copies the state's pages into it; BRANCH_OP_END resumes the copy where
  * the state marked, and it says SESSION_BRANCHED (from then on it is the
  * tenant's). BRANCH_FAILED and why, then its exit, if an operation fails. */
 #define SESSION_EXPORT   'X'
