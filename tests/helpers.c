@@ -41,7 +41,10 @@ void test_config_init(struct sbx_config *cfg, const char *work_root)
     const char *env = getenv("PYSBX_TEST_PACKAGES");
 
     sbx_config_init(cfg);
-    cfg->template_path = PYSBX_TEST_TEMPLATE;
+    /* PYSBX_TEST_TEMPLATE: a suite again on another build of the helper
+     * (tests/CMakeLists.txt's pysbx-template-written). */
+    const char *tmpl = getenv("PYSBX_TEST_TEMPLATE");
+    cfg->template_path = tmpl && *tmpl ? tmpl : PYSBX_TEST_TEMPLATE;
     cfg->work_root = work_root;
     if (env && *env && !packages[0]) {
         size_t n = 0;
