@@ -469,18 +469,17 @@ static int copy_range(struct copier *c, uint64_t lo, uint64_t hi, bool file_same
 }
 
 /* The branch's userfaultfd (|fd|, as it came with BRANCH_MAPPED) made
- * ready: 0, or -1 (closed) if it is not one, and the copy writes. The
+ * ready, or closed (-1 there) if it is not one, and the copy writes. The
  * branch's process sends it before anything of the tenant's is in it (it
  * is the template's fresh process then), and it is a descriptor of that
  * process's own memory: the worst it could be is not a userfaultfd, which
  * this refuses, and the pages are written as without it. */
-static int fill_ready(int *fd)
+static void fill_ready(int *fd)
 {
     struct uffdio_api api = {.api = UFFD_API};
 
     if (*fd >= 0 && ioctl(*fd, UFFDIO_API, &api) < 0)
         close_fd(fd);
-    return *fd >= 0 ? 0 : -1;
 }
 
 /* Region |r| (mapped for the copy: the branch has no page there)
@@ -705,7 +704,7 @@ static int prepare_import(int proc_fd, pid_t from, const struct map *t, pid_t tm
     if ((rc = map_like(proc_fd, from, t, tmpl, sock, a, b, stack_at, why, cap)) < 0)
         return rc;
     if ((rc = hear(sock, BRANCH_MAPPED, uffd, why, cap)) == 0)
-        (void)fill_ready(uffd);
+        fill_ready(uffd);
     return rc;
 }
 
