@@ -217,6 +217,23 @@ static struct region *region_at(const struct map *m, uint64_t lo)
 
 /* --- the pages -------------------------------------------------------------- */
 
+/* [lo, hi) added to *v (growing it). */
+static int add_range(uint64_t (**v)[2], size_t *n, size_t *room, uint64_t lo, uint64_t hi)
+{
+    if (*n == *room) {
+        size_t c = *room ? *room * 2 : 64;
+        void *nv = realloc(*v, c * sizeof(**v));
+        if (!nv)
+            return -ENOMEM;
+        *v = nv;
+        *room = c;
+    }
+    (*v)[*n][0] = lo;
+    (*v)[*n][1] = hi;
+    (*n)++;
+    return 0;
+}
+
 /* The ranges of [lo, hi) in which |pm| (a page map) has pages present or
  * swapped, added to *v (growing it); -ENOTTY where the kernel cannot say.
  * The zero page is not among them: it reads as the zeros a page the branch
@@ -244,19 +261,9 @@ static int scan(int pm, uint64_t lo, uint64_t hi, bool anon, uint64_t (**v)[2], 
         int r = ioctl(pm, PM_SCAN, &a);
         if (r < 0)
             return errno == EINVAL || errno == ENOTTY ? -ENOTTY : -errno;
-        for (int i = 0; i < r; i++) {
-            if (*n == *room) {
-                size_t c = *room ? *room * 2 : 64;
-                void *nv = realloc(*v, c * sizeof(**v));
-                if (!nv)
-                    return -ENOMEM;
-                *v = nv;
-                *room = c;
-            }
-            (*v)[*n][0] = got[i].start;
-            (*v)[*n][1] = got[i].end;
-            (*n)++;
-        }
+        for (int i = 0; i < r; i++)
+            if (add_range(v, n, room, got[i].start, got[i].end) < 0)
+                return -ENOMEM;
         if (a.walk_end <= at)
             break;
         at = a.walk_end;
@@ -526,14 +533,7 @@ static int copy_region(struct copier *c, struct region *r, char *why, size_t cap
                           (unsigned long long)r->m.lo);
         }
         n = 0;
-        rc = 0;
-        if (room == 0 && !(v = malloc(sizeof(*v))))
-            rc = -ENOMEM;
-        else {
-            v[0][0] = r->m.lo;
-            v[0][1] = r->m.hi;
-            n = 1;
-        }
+        rc = add_range(&v, &n, &room, r->m.lo, r->m.hi);
     }
     /* A region made for the copy, with pages to copy: filled through the
      * branch's userfaultfd if it takes the region (else written). Runs
@@ -886,20 +886,7 @@ static int image_runs(const struct region *r, const struct map *t, int pm, enum 
     /* A file's mapping whole (what was never touched is the file's); of
      * memory of no file, what is there. */
     int rc = r->m.ino ? -ENOTTY : scan(pm, r->m.lo, r->m.hi, false, v, n, room);
-    if (rc != -ENOTTY)
-        return rc;
-    if (*n == *room) {
-        size_t c = *room ? *room * 2 : 64;
-        void *nv = realloc(*v, c * sizeof(**v));
-        if (!nv)
-            return -ENOMEM;
-        *v = nv;
-        *room = c;
-    }
-    (*v)[*n][0] = r->m.lo;
-    (*v)[*n][1] = r->m.hi;
-    (*n)++;
-    return 0;
+    return rc != -ENOTTY ? rc : add_range(v, n, room, r->m.lo, r->m.hi);
 }
 
 int image_save(int proc_fd, const struct branch_pids *p, const struct image_req *r, int out,
@@ -1095,13 +1082,8 @@ static int zero_the_rest(struct copier *c, const struct region *r, uint64_t (*v)
 
     if (rc == -ENOTTY) {
         /* Page by page, for a kernel without PAGEMAP_SCAN: all of it. */
-        rc = 0;
-        if ((mine = malloc(sizeof(*mine)))) {
-            mine[0][0] = r->m.lo;
-            mine[0][1] = r->m.hi;
-            m = 1;
-        } else
-            rc = -ENOMEM;
+        m = 0;
+        rc = add_range(&mine, &m, &room, r->m.lo, r->m.hi);
     }
     if (m > 1)
         qsort(mine, m, sizeof(*mine), cmp_range);
