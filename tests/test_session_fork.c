@@ -13,8 +13,10 @@
 #include "session_helpers.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,6 +417,83 @@ static void a_branch_has_the_pages_its_origin_wrote_and_no_others(void **state)
     sbx_session_close(a);
 }
 
+/* Where [stack] of |pid| starts: its deepest page; 0 if not found. */
+static uint64_t stack_bottom_of(pid_t pid)
+{
+    char path[64], *line = NULL;
+    size_t room = 0;
+    unsigned long long lo = 0, hi;
+
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "re");
+    while (f && getline(&line, &room, f) > 0)
+        if (strstr(line, "[stack]") && sscanf(line, "%llx-%llx", &lo, &hi) == 2)
+            break;
+    free(line);
+    if (f)
+        fclose(f);
+    return lo;
+}
+
+/* Whether the page at |at| reads as zeros in every process of |uid| (1),
+ * is written in one of them (0), or cannot be read in one (-1). */
+static int page_zero_in(uid_t uid, uint64_t at)
+{
+    pid_t pids[8];
+    char path[64], page[4096];
+    int n = settled_pids_of(uid, pids, 8), zero = n > 0 ? 1 : -1;
+
+    for (int i = 0; i < n && zero == 1; i++) {
+        snprintf(path, sizeof(path), "/proc/%d/mem", (int)pids[i]);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || pread(fd, page, sizeof(page), (off_t)at) != (ssize_t)sizeof(page))
+            zero = -1;
+        for (size_t k = 0; zero == 1 && k < sizeof(page); k++)
+            zero = page[k] == 0;
+        if (fd >= 0)
+            close(fd);
+    }
+    return zero;
+}
+
+/* A page the state gave back is not in its branch, though the branch's
+ * own process had written it: the deepest page of the stack, which each
+ * session's first process writes as it starts (another session's shows
+ * it), given back by a kept cell (MADV_DONTNEED: zeros again). The copy
+ * must look at the branch's pages as well as the state's to see it. Read
+ * as root from the sessions' processes. */
+static void a_page_the_state_gave_back_is_not_in_the_branch(void **state)
+{
+    if (geteuid() != 0)
+        skip();
+    struct sbx_session *a = open_session(SBX(state), NULL), *c = open_session(SBX(state), NULL);
+    pid_t pids[8];
+
+    expect_cell(a, "x = 1", "");
+    expect_cell(c, "x = 1", "");
+    assert_true(settled_pids_of(session_uid(a), pids, 8) > 0);
+    uint64_t lo = stack_bottom_of(pids[0]);
+    assert_true(lo != 0);
+    /* Its deepest page that another session's processes have written
+     * (the ones below may be zeros). */
+    while (page_zero_in(session_uid(c), lo) == 1)
+        lo += 4096;
+    assert_int_equal(page_zero_in(session_uid(c), lo), 0);
+    char cell[160];
+    snprintf(cell, sizeof(cell),
+             "import ctypes\n"
+             "ctypes.CDLL(None).madvise(ctypes.c_void_p(%llu), 4096, 4)  # MADV_DONTNEED\n",
+             (unsigned long long)lo);
+    expect_cell(a, cell, "");
+    assert_int_equal(page_zero_in(session_uid(a), lo), 1);
+    struct sbx_session *b = expect_fork(a);
+    assert_int_equal(page_zero_in(session_uid(b), lo), 1);
+    expect_cell(b, "print(x)", "1\n");
+    sbx_session_close(b);
+    sbx_session_close(c);
+    sbx_session_close(a);
+}
+
 /* A state that fills its memory limit is branched or refused with a
  * reason; either way its origin goes on, and nothing of a refused branch
  * is left. */
@@ -537,6 +616,7 @@ int main(void)
         cmocka_unit_test(a_mapped_file_is_copied_not_shared),
         cmocka_unit_test(a_branch_leaves_its_origin_sharing_its_pages),
         cmocka_unit_test(a_branch_has_the_pages_its_origin_wrote_and_no_others),
+        cmocka_unit_test(a_page_the_state_gave_back_is_not_in_the_branch),
         cmocka_unit_test(a_state_at_its_memory_limit),
         cmocka_unit_test(killing_the_origin_during_a_branch_leaves_nothing),
     };
