@@ -71,6 +71,7 @@ struct region {
     bool file_same; /* the branch maps the same file there */
     bool fresh;     /* mapped for the copy (writable until the end) */
     bool filled;    /* its pages go in through the branch's userfaultfd */
+    bool lazy;      /* and after the branch resumed (branch_fill) */
 };
 
 struct map {
@@ -133,8 +134,10 @@ static int send_op(int sock, uint32_t kind, int prot, uint64_t lo, uint64_t hi, 
 }
 
 /* The branch's one-byte answer |want|; its failure's words in |why|.
- * With |fd|, the descriptor that may come with it (else -1 there). */
-static int hear(int sock, char want, int *fd, char *why, size_t cap)
+ * With |fd|, the descriptor that may come with it (else -1 there); with
+ * |full|, whether the answer was BRANCH_MAPPED_FULL (taken for
+ * BRANCH_MAPPED). */
+static int hear(int sock, char want, int *fd, bool *full, char *why, size_t cap)
 {
     char buf[160];
     struct pollfd p = {.fd = sock, .events = POLLIN};
@@ -145,6 +148,13 @@ static int hear(int sock, char want, int *fd, char *why, size_t cap)
     if (poll(&p, 1, STEP_MS) <= 0)
         return errmsg(why, cap, -ETIMEDOUT, "the branch's process did not answer in time");
     ssize_t n = wire_recv(sock, buf, sizeof(buf) - 1, &got, fd ? 1 : 0, &nfds);
+    if (full)
+        *full = false;
+    if (n == 1 && buf[0] == BRANCH_MAPPED_FULL && want == BRANCH_MAPPED) {
+        buf[0] = BRANCH_MAPPED;
+        if (full)
+            *full = true;
+    }
     if (n == 1 && buf[0] == want) {
         if (nfds && fd)
             *fd = got;
@@ -314,7 +324,10 @@ static void buffer_put(char *b)
 
 struct copier {
     pid_t to;
-    int uffd;     /* the branch's userfaultfd (session_import_fd), or -1 */
+    int uffd; /* the branch's userfaultfd (session_import_fd), or -1 */
+    /* Where the pages of regions made for the copy are put after the copy
+     * resumed (a userfaultfd that takes every fault), else NULL. */
+    struct branch_fill *lazy;
     bool filling; /* the runs batched are in regions it fills */
     int mem_from; /* the state's /proc/PID/mem */
     int pm_from, pm_to;
@@ -500,16 +513,22 @@ static int fill_register(int uffd, const struct region *r)
 }
 
 /* Every region filled taken off |*uffd|, which is closed: before the copy
- * resumes, nothing of the branch's waits on a fault of ours. */
+ * resumes, nothing of the branch's waits on a fault of ours, but in the
+ * regions filled after it resumed (kept, with |*uffd|, for branch_fill). */
 static void fill_end(int *uffd, struct map *a)
 {
+    bool lazy = false;
+
     for (size_t i = 0; *uffd >= 0 && i < a->n; i++)
-        if (a->v[i].filled) {
+        if (a->v[i].lazy)
+            lazy = true;
+        else if (a->v[i].filled) {
             struct uffdio_range r = {.start = a->v[i].m.lo, .len = a->v[i].m.hi - a->v[i].m.lo};
             (void)ioctl(*uffd, UFFDIO_UNREGISTER, &r);
             a->v[i].filled = false;
         }
-    close_fd(uffd);
+    if (!lazy)
+        close_fd(uffd);
 }
 
 /* The pages of the state's region |r| that the branch lacks, copied. */
@@ -550,6 +569,13 @@ static int copy_region(struct copier *c, struct region *r, char *why, size_t cap
         rc = flush(c);
         c->filling = r->filled;
     }
+    /* Such a region, if the userfaultfd takes every fault: filled after the
+     * copy resumed (branch_fill), its runs written down. */
+    struct branch_fill *z = rc == 0 && n && lacks && r->filled ? c->lazy : NULL;
+    if (z) {
+        r->lazy = true;
+        rc = add_range(&z->regions, &z->n_regions, &z->regions_room, r->m.lo, r->m.hi);
+    }
     if (rc == 0) {
         if (n > 1)
             qsort(v, n, sizeof(*v), cmp_range);
@@ -558,6 +584,10 @@ static int copy_region(struct copier *c, struct region *r, char *why, size_t cap
             for (i++; i < n && v[i][0] <= hi; i++)
                 if (v[i][1] > hi)
                     hi = v[i][1];
+            if (z) {
+                rc = add_range(&z->runs, &z->n_runs, &z->runs_room, lo, hi);
+                continue;
+            }
             /* In slices, so that the page map entries stay small (no
              * address is near the top of the space: procmaps.h). */
             uint64_t slice = lacks ? COPY_CHUNK : COPY_SLICE;
@@ -697,7 +727,8 @@ static int resume(int sock, const struct map *a, char *why, size_t cap)
 /* The branch's first process at its import: its map read, the stack it
  * imports on placed (told to it), and its map made |a|'s. */
 static int prepare_import(int proc_fd, pid_t from, const struct map *t, pid_t tmpl, pid_t to,
-                          int sock, struct map *a, struct map *b, int *uffd, char *why, size_t cap)
+                          int sock, struct map *a, struct map *b, int *uffd, bool *full, char *why,
+                          size_t cap)
 {
     int rc = read_map(proc_fd, to, b, why, cap);
 
@@ -710,25 +741,30 @@ static int prepare_import(int proc_fd, pid_t from, const struct map *t, pid_t tm
         return errmsg(why, cap, rc, "the branch's process does not listen: %s", strerror(-rc));
     if ((rc = map_like(proc_fd, from, t, tmpl, sock, a, b, stack_at, why, cap)) < 0)
         return rc;
-    if ((rc = hear(sock, BRANCH_MAPPED, uffd, why, cap)) == 0)
+    if ((rc = hear(sock, BRANCH_MAPPED, uffd, full, why, cap)) == 0)
         fill_ready(uffd);
     return rc;
 }
 
-int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_stats *st,
-                char *why, size_t cap)
+int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_fill *lazy,
+                struct branch_stats *st, char *why, size_t cap)
 {
     struct map a = {0}, b = {0};
     struct copier c = {
         .to = p->vm_to, .uffd = -1, .mem_from = -1, .pm_from = -1, .pm_to = -1, .st = st};
     pid_t from = p->from, to = p->to;
     char path[32];
+    bool full = false;
     int rc;
 
     memset(st, 0, sizeof(*st));
+    *lazy = (struct branch_fill){.uffd = -1, .mem = -1};
     if ((rc = read_map(proc_fd, from, &a, why, cap)) < 0 ||
-        (rc = prepare_import(proc_fd, from, NULL, 0, to, sock, &a, &b, &c.uffd, why, cap)) < 0)
+        (rc = prepare_import(proc_fd, from, NULL, 0, to, sock, &a, &b, &c.uffd, &full, why, cap)) <
+            0)
         goto out;
+    if (c.uffd >= 0 && full)
+        c.lazy = lazy;
     st->regions = a.n;
     fmt(path, sizeof(path), "%d/pagemap", (int)from);
     c.pm_from = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
@@ -751,18 +787,172 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
     if (rc < 0)
         goto out;
     fill_end(&c.uffd, &a);
+    if (lazy->n_regions) {
+        /* What the fill needs, kept past the copy. */
+        lazy->uffd = c.uffd;
+        lazy->mem = c.mem_from;
+        lazy->buf = c.buf;
+        c.uffd = c.mem_from = -1;
+        c.buf = NULL;
+        st->lazy = lazy->n_runs;
+    }
     rc = resume(sock, &a, why, cap);
 out:
+    if (rc < 0)
+        branch_fill_free(lazy);
     close_fd(&c.uffd);
     close_fd(&c.pm_from);
     close_fd(&c.pm_to);
     close_fd(&c.mem_from);
-    buffer_put(c.buf);
+    if (c.buf)
+        buffer_put(c.buf);
     free(c.ea);
     free(c.eb);
     map_free(&a);
     map_free(&b);
     return rc;
+}
+
+/* --- the pages filled after the branch resumed ------------------------------ */
+
+/* A step of the fill: between two, the faults waiting are served (so a
+ * fault waits for one step at most, about half a millisecond). */
+#define FILL_STEP (1ULL << 20)
+/* What a fault gets: the 64 KiB around its page, of the run it is in. */
+#define FAULT_CHUNK (64ULL << 10)
+
+void branch_fill_free(struct branch_fill *f)
+{
+    close_fd(&f->uffd);
+    close_fd(&f->mem);
+    if (f->buf)
+        buffer_put(f->buf);
+    free(f->runs);
+    free(f->regions);
+    *f = (struct branch_fill){.uffd = -1, .mem = -1};
+}
+
+/* [at, at + len) of the branch put in from |src| where it has no page yet.
+ * A page there already was put by a fault (or, after a MADV_DONTNEED,
+ * by the branch's own code): it is left as it is, never written over. A
+ * page no longer registered (the branch's code unmapped or moved it) is
+ * the branch's business. Returns 0, or -errno (-ESRCH: its memory is
+ * gone). */
+static int fill_put(int uffd, uint64_t at, const char *src, uint64_t len)
+{
+    for (int again = 0; len;) {
+        struct uffdio_copy cp = {.dst = at, .src = (uint64_t)(uintptr_t)src, .len = len};
+        if (ioctl(uffd, UFFDIO_COPY, &cp) == 0)
+            return 0;
+        int64_t done = cp.copy > 0 ? cp.copy : 0;
+        int e = cp.copy < 0 ? (int)-cp.copy : errno;
+        if (!done && (e == EEXIST || e == ENOENT))
+            done = PAGE;
+        else if (!done && e == EAGAIN && again++ < 1000)
+            continue; /* the map is changing (no event of ours says how) */
+        else if (!done)
+            return -e;
+        at += (uint64_t)done;
+        src += done;
+        len -= (uint64_t)done;
+    }
+    return 0;
+}
+
+/* The run of |f| that holds |page|, or NULL (the state had no page there:
+ * its pages are zeros). */
+static const uint64_t *run_of(const struct branch_fill *f, uint64_t page)
+{
+    size_t lo = 0, hi = f->n_runs;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (f->runs[mid][1] <= page)
+            lo = mid + 1;
+        else if (f->runs[mid][0] > page)
+            hi = mid;
+        else
+            return f->runs[mid];
+    }
+    return NULL;
+}
+
+/* The faults waiting, served: each with the state's 64 KiB around it, or
+ * a page of zeros where the state had none.
+ *
+ * Who faults is the branch's process, which runs the tenant's code once
+ * it resumed: what it can make us do is fault on the pages of its own
+ * regions, in any order, and after a MADV_DONTNEED of its own again (each
+ * such fault a copy of 64 KiB at most, on this process's CPU, which is
+ * bounded: the session ends when it runs out). What it gets is pages of
+ * the state it is a copy of, which are its own. */
+static int serve(struct branch_fill *f)
+{
+    struct uffd_msg msg[16];
+
+    for (;;) {
+        ssize_t n = read(f->uffd, msg, sizeof(msg));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return 0;
+        if (n <= 0 || n % (ssize_t)sizeof(msg[0]))
+            return n < 0 ? -errno : -EIO;
+        for (size_t i = 0; i < (size_t)n / sizeof(msg[0]); i++) {
+            if (msg[i].event != UFFD_EVENT_PAGEFAULT)
+                continue;
+            uint64_t page = msg[i].arg.pagefault.address & ~(PAGE - 1);
+            const uint64_t *run = run_of(f, page);
+            int rc = 0;
+            if (run) {
+                uint64_t lo = page & ~(FAULT_CHUNK - 1), hi = lo + FAULT_CHUNK;
+                lo = lo < run[0] ? run[0] : lo;
+                hi = hi > run[1] ? run[1] : hi;
+                rc = read_at(f->mem, f->buf, lo, hi - lo);
+                if (rc == 0)
+                    rc = fill_put(f->uffd, lo, f->buf, hi - lo);
+            } else {
+                struct uffdio_zeropage z = {.range = {.start = page, .len = PAGE}};
+                if (ioctl(f->uffd, UFFDIO_ZEROPAGE, &z) < 0 && errno != EEXIST && errno != ENOENT)
+                    rc = -errno;
+            }
+            if (rc < 0)
+                return rc;
+            /* It may have been put already: whoever waits on it goes on. */
+            struct uffdio_range w = {.start = page, .len = PAGE};
+            (void)ioctl(f->uffd, UFFDIO_WAKE, &w);
+        }
+    }
+}
+
+int branch_fill(struct branch_fill *f, char *why, size_t cap)
+{
+    int fl = fcntl(f->uffd, F_GETFL), rc = 0;
+
+    if (fl < 0 || fcntl(f->uffd, F_SETFL, fl | O_NONBLOCK) < 0)
+        rc = -errno;
+    for (size_t i = 0; i < f->n_runs && rc == 0; i++)
+        for (uint64_t at = f->runs[i][0], hi = f->runs[i][1]; at < hi && rc == 0; at += FILL_STEP) {
+            uint64_t len = hi - at < FILL_STEP ? hi - at : FILL_STEP;
+            if ((rc = serve(f)) == 0 && (rc = read_at(f->mem, f->buf, at, len)) == 0)
+                rc = fill_put(f->uffd, at, f->buf, len);
+        }
+    if (rc == 0)
+        rc = serve(f);
+    if (rc < 0) {
+        errmsg(why, cap, rc, "copying the state's pages after the branch resumed: %s",
+               strerror(-rc));
+        return rc;
+    }
+    /* Off the userfaultfd, which is closed: a fault still waiting (on a
+     * page the state did not have) is then the kernel's, a page of zeros. */
+    for (size_t i = 0; i < f->n_regions; i++) {
+        struct uffdio_range r = {.start = f->regions[i][0],
+                                 .len = f->regions[i][1] - f->regions[i][0]};
+        (void)ioctl(f->uffd, UFFDIO_UNREGISTER, &r);
+    }
+    close_fd(&f->uffd);
+    return 0;
 }
 
 /* --- images ------------------------------------------------------------------- */
@@ -1138,7 +1328,8 @@ int image_restore(int proc_fd, const struct branch_pids *p, int sock, const stru
     XXH3_64bits_reset(st.hash);
     if ((rc = read_image_map(&st, r, &head, &a, &n_runs, &how, why, cap)) < 0 ||
         (rc = read_map(proc_fd, r->tmpl, &t, why, cap)) < 0 ||
-        (rc = prepare_import(proc_fd, -1, &t, r->tmpl, p->to, sock, &a, &b, &c.uffd, why, cap)) < 0)
+        (rc = prepare_import(proc_fd, -1, &t, r->tmpl, p->to, sock, &a, &b, &c.uffd, NULL, why,
+                             cap)) < 0)
         goto out;
     for (size_t i = 0; i < a.n; i++)
         if (how[i] == IMG_TEMPLATE && !a.v[i].kept && !a.v[i].file_same) {

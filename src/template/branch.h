@@ -15,7 +15,8 @@
  * session_import_fd). Pages the state still shares with the template (the
  * same physical page, as the kernel's page map says) are not copied: the
  * branch has them too. A state of a few MB costs about a cell; each MB it
- * wrote costs a copy.
+ * wrote costs a copy (where the branch's userfaultfd takes every fault,
+ * most of it after the branch resumed: branch_fill).
  *
  * Nothing of the state's is trusted here: its memory map and page map are
  * the kernel's, its pages are copied as bytes into the branch (the only
@@ -32,7 +33,23 @@
 
 struct branch_stats {
     uint64_t regions; /* the state's mappings */
-    uint64_t copied;  /* pages copied */
+    uint64_t copied;  /* pages copied before the branch resumed */
+    uint64_t lazy;    /* runs of pages left for branch_fill */
+};
+
+/* The pages a branch gets after it resumed: of the mappings made for the
+ * copy, when its userfaultfd takes every fault (the kernel's too: made by
+ * a process that could, session_import_fd). Registered with it, they are
+ * put in by branch_fill from the state's memory, and a fault on one
+ * meanwhile is served first. */
+struct branch_fill {
+    int uffd; /* the branch's userfaultfd */
+    int mem;  /* the state's /proc/PID/mem */
+    char *buf;
+    uint64_t (*runs)[2]; /* the state's pages there, in address order */
+    size_t n_runs, runs_room;
+    uint64_t (*regions)[2]; /* the regions registered */
+    size_t n_regions, regions_room;
 };
 
 /* Which processes: as /proc (|proc_fd|) numbers them, and the one copied
@@ -46,9 +63,23 @@ struct branch_pids {
  * the channel |sock|) a copy of the memory of |from| (a state that has
  * exported itself and is stopped), reading both under /proc (|proc_fd|).
  * On success the copy resumes where the state exported, and says
- * SESSION_BRANCHED on its channel. Returns 0, or -errno with |why|. */
-int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_stats *st,
-                char *why, size_t cap);
+ * SESSION_BRANCHED on its channel; if |lazy| has regions then, the copy
+ * is not whole until branch_fill has run (the state must stay as it is
+ * until then, and nothing may fork the copy: a child would not have
+ * the pages not yet put in). Returns 0, or -errno with |why| (|lazy| then
+ * empty). */
+int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_fill *lazy,
+                struct branch_stats *st, char *why, size_t cap);
+
+/* The rest of a branch's pages put in (|f|, branch_copy's), faults
+ * served meanwhile; then its regions taken off the userfaultfd, which is
+ * closed. Returns 0, or -errno with |why|: then the branch is not a copy
+ * of the state (a page not put in reads as zeros once the userfaultfd is
+ * closed) and must end. */
+int branch_fill(struct branch_fill *f, char *why, size_t cap);
+
+/* What |f| holds, released. */
+void branch_fill_free(struct branch_fill *f);
 
 /* The buffer a copy goes through, made and written now, before the copy
  * (a copier made ahead calls it while it waits): a page of it written for

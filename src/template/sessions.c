@@ -251,6 +251,10 @@ struct session_rec {
     /* BR_COPYING: the copier, and the pipe its result comes on. */
     pid_t copier;
     int copier_fd;
+    /* A branch resumed whose copier still puts its pages in (branch_fill):
+     * no cell is made of it until then (fill_make_due: one was due). */
+    bool filling;
+    bool fill_make_due;
     /* Its cgroup (freezer.h), frozen while the session is idle. */
     struct freezer_cg cg;
     bool frozen;
@@ -749,6 +753,12 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
     struct session_rec *a = s->branch_of ? find_session(t, s->branch_of) : NULL;
     if (a && a->held_by == s->id)
         release_hold(t, a);
+    /* A branch that resumed and is still filled from our state: the state
+     * stays (stopped, as it is) until the fill ends, then goes
+     * (release_hold), and we are freed once it is reaped. */
+    struct session_rec *b = s->held_by ? find_session(t, s->held_by) : NULL;
+    bool lend = b && b->filling && b->phase != SESS_ENDING;
+    s->filling = false;
     if (s->copier > 0)
         kill(s->copier, SIGKILL); /* reaped as any child of ours */
     s->copier = 0;
@@ -760,7 +770,8 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
      * of the uid finds it (maybe_free). */
     if (s->stray)
         release(t, &s->stray);
-    release(t, &s->state);
+    if (!lend)
+        release(t, &s->state);
     release(t, &s->candidate);
     /* The cell out is killed as by its deadline; its status says the
      * session ended (it stays the cell until it is reaped). */
@@ -768,8 +779,7 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
         kill(s->cell->pid, SIGKILL);
     /* A branch being made of it cannot be made now: it ends at once, not
      * at its budget. */
-    if (s->held_by) {
-        struct session_rec *b = find_session(t, s->held_by);
+    if (s->held_by && !lend) {
         s->held_by = 0;
         if (b && b->phase == SESS_OPENING)
             end_session(t, b, "the session branched from ended before its copy was made");
@@ -1115,10 +1125,16 @@ static void plan_ranges(struct session_fork_msg *m, const struct prefault *plan,
 static void start_making(struct tmpl *t, struct session_rec *s, struct worker_rec *from)
 {
     int chan[2] = {-1, -1};
-    struct worker_rec *w = worker_new(t);
     char why[WIRE_TEXT_MAX];
     struct stat st;
 
+    /* A fork of a branch not yet filled would lack the pages still to
+     * come (a child has none of its parent's userfaultfd): after. */
+    if (s->filling && from && from == s->state) {
+        s->fill_make_due = true;
+        return;
+    }
+    struct worker_rec *w = worker_new(t);
     if (!from || from->dead || s->phase == SESS_ENDING) {
         free(w);
         return;
@@ -1491,8 +1507,8 @@ static void settle(struct tmpl *t, struct session_rec *s, bool keep, const struc
 /* What the copier says when it is done. */
 struct copier_result {
     int32_t rc;
-    uint32_t reserved;
-    uint64_t bytes; /* an image written */
+    uint32_t filling; /* a branch resumed: its pages are being put in (a result follows) */
+    uint64_t bytes;   /* an image written */
     char why[WIRE_TEXT_MAX];
 };
 
@@ -1544,9 +1560,19 @@ _Noreturn static void copier_main(void)
         if (at[i] > 0 && (fds[k] < 0 || dup2(fds[k++], at[i]) < 0))
             _exit(1);
     close_fds(fds, (size_t)got);
-    r.rc = j.job == COPY_BRANCH ? branch_copy(3, &j.pids, 4, &st, r.why, sizeof(r.why))
+    struct branch_fill lazy;
+    r.rc = j.job == COPY_BRANCH ? branch_copy(3, &j.pids, 4, &lazy, &st, r.why, sizeof(r.why))
            : j.job == COPY_SAVE ? image_save(3, &j.pids, &j.req, 6, &r.bytes, r.why, sizeof(r.why))
                                 : image_restore(3, &j.pids, 4, &j.req, 6, r.why, sizeof(r.why));
+    if (j.job == COPY_BRANCH && r.rc == 0 && lazy.n_regions) {
+        /* The branch resumed: its answer need not wait for the rest. */
+        close(4);
+        r.filling = 1;
+        if (write_full(5, &r, sizeof(r)) < 0)
+            _exit(1);
+        r.filling = 0;
+        r.rc = branch_fill(&lazy, r.why, sizeof(r.why));
+    }
     _exit(write_full(5, &r, sizeof(r)) < 0);
 }
 
@@ -1641,12 +1667,23 @@ static int start_copier(struct tmpl *t, struct session_rec *s, enum copy_job job
 static void save_done(struct tmpl *t, struct session_rec *s, int rc, uint64_t bytes,
                       const char *why);
 
-/* The copier's answer (or its end without one). */
+static void fill_ended(struct tmpl *t, struct session_rec *b, int rc, const char *why);
+
+/* The copier's answer (or its end without one). The copier is the
+ * template's code and has run nothing of a tenant's; what a branch's
+ * process made it do is bounded by its CPU limit (BRANCH_COPY_CPU_S). */
 static void on_copier(struct tmpl *t, struct session_rec *s)
 {
     struct copier_result r;
     ssize_t got = read_full(s->copier_fd, &r, sizeof(r));
 
+    if (got == (ssize_t)sizeof(r) && r.rc == 0 && r.filling && s->branch_step == BR_COPYING &&
+        !s->saving && !s->restoring) {
+        /* Resumed; the copier goes on, and its next word is its last. */
+        s->filling = true;
+        s->branch_step = BR_RESUMING;
+        return;
+    }
     close_fd(&s->copier_fd);
     close_fd(&s->image_fd);
     s->copier = 0; /* reaped as any child of ours */
@@ -1657,6 +1694,10 @@ static void on_copier(struct tmpl *t, struct session_rec *s)
     r.why[sizeof(r.why) - 1] = '\0';
     if (s->saving == SAVE_COPYING) {
         save_done(t, s, r.rc, r.bytes, r.why);
+        return;
+    }
+    if (s->filling) {
+        fill_ended(t, s, r.filling ? -EPROTO : r.rc, r.why);
         return;
     }
     if (r.rc < 0) {
@@ -1676,7 +1717,8 @@ bool session_heard(const struct worker_rec *w)
 static bool exportable(const struct session_rec *a)
 {
     return a->phase == SESS_WAITING && a->state && a->state->stop_seen && !a->held_by &&
-           !a->adopt_due && !(a->making >= NEXT_FORKING && a->making <= NEXT_FAILING);
+           !a->adopt_due && !a->filling &&
+           !(a->making >= NEXT_FORKING && a->making <= NEXT_FAILING);
 }
 
 /* |a|'s state told to export itself for |holder| (a branch, or |a| itself
@@ -1756,7 +1798,12 @@ static void release_hold(struct tmpl *t, struct session_rec *a)
     if (a->export_owed || !a->held_by)
         return;
     a->held_by = 0;
-    if (a->phase == SESS_ENDING || !a->state)
+    if (a->phase == SESS_ENDING) {
+        /* Its state, kept for a branch's fill (end_session), goes now. */
+        release(t, &a->state);
+        return;
+    }
+    if (!a->state)
         return;
     if (a->make_due) {
         a->make_due = false;
@@ -1824,7 +1871,8 @@ static void branch_resumed(struct tmpl *t, struct session_rec *b)
         m.held_ino[i] = b->files.v[i].ino;
     b->adopt_due = b->files.n > 0;
     b->branch_step = BR_NONE;
-    if (a)
+    /* A branch still being filled holds its origin until it is. */
+    if (a && !b->filling)
         release_hold(t, a);
     if (wire_send(b->chan, &m, sizeof(m),
                   (const int[]){b->ws_fd, b->saved_fd, a ? a->saved_fd : -1},
@@ -1838,6 +1886,32 @@ static void branch_resumed(struct tmpl *t, struct session_rec *b)
         proc_stop(b->state); /* nothing of it runs until then */
     else
         start_making(t, b, b->state);
+}
+
+/* The copier of branch |b| is done putting its pages in (|rc| 0), or is
+ * not (an error, or its end: a page not put in would read as zeros, so
+ * the branch is not a copy and ends). Its origin goes on, and a cell due
+ * is made. */
+static void fill_ended(struct tmpl *t, struct session_rec *b, int rc, const char *why)
+{
+    char msg[WIRE_TEXT_MAX];
+    struct session_rec *a = find_session(t, b->branch_of);
+
+    b->filling = false;
+    if (rc < 0) {
+        fmt(msg, sizeof(msg), "the branch's pages could not all be copied: %s",
+            why[0] ? why : "its copier ended");
+        end_session(t, b, msg);
+        return;
+    }
+    /* Before its copy said it resumed, branch_resumed lets go of the
+     * origin. */
+    if (a && a->held_by == b->id && b->phase != SESS_OPENING)
+        release_hold(t, a);
+    if (b->fill_make_due) {
+        b->fill_make_due = false;
+        start_making(t, b, b->state);
+    }
 }
 
 /* --- images --------------------------------------------------------------- */

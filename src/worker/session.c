@@ -330,16 +330,28 @@ static void adopt_exported(void)
 #define UFFD_USER_MODE_ONLY 1 /* Linux 5.11 */
 #endif
 
+/* Whether session_import_fd's descriptor takes the kernel's faults too. */
+static bool import_fd_full;
+
 int session_import_fd(void)
 {
-    return (int)syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
+    /* Faults of the kernel's as well (a system call reading or writing a
+     * page not yet there), where the process may make one: root, before
+     * it drops its privileges (CAP_SYS_PTRACE), or where the sysctl
+     * vm.unprivileged_userfaultfd allows it. */
+    int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
+
+    import_fd_full = fd >= 0;
+    return fd >= 0 ? fd : (int)syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
 }
 
-/* BRANCH_MAPPED, with |fd| (session_import_fd's) if there is one, which is
- * then ours no more: the copier's copy is the only one left. */
-__attribute__((no_sanitize("address", "undefined"), noinline)) static long say_mapped(int fd)
+/* BRANCH_MAPPED (BRANCH_MAPPED_FULL if |full|), with |fd|
+ * (session_import_fd's) if there is one, which is then ours no more: the
+ * copier's copy is the only one left. */
+__attribute__((no_sanitize("address", "undefined"), noinline)) static long say_mapped(int fd,
+                                                                                      bool full)
 {
-    char said = BRANCH_MAPPED;
+    char said = fd >= 0 && full ? BRANCH_MAPPED_FULL : BRANCH_MAPPED;
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
@@ -379,7 +391,8 @@ branch_fail(const char *what, uint64_t at, int e)
  * state's own branch_point. Nothing of the tenant's has run in this
  * process: it is confined as its own session already, and what it maps is
  * what the template (which reads the state's map from the kernel) says. */
-__attribute__((no_sanitize("address", "undefined"), noinline)) static void branch_ops(int import_fd)
+__attribute__((no_sanitize("address", "undefined"), noinline)) static void branch_ops(int import_fd,
+                                                                                      int full)
 {
     for (;;) {
         struct branch_op o;
@@ -445,7 +458,7 @@ __attribute__((no_sanitize("address", "undefined"), noinline)) static void branc
                         o.lo, errno);
         if (o.kind == BRANCH_OP_GROW) {
             char heard = 0;
-            if (say_mapped(import_fd) != 1 || syscall(SYS_read, FD_READY, &heard, 1) != 1 ||
+            if (say_mapped(import_fd, full) != 1 || syscall(SYS_read, FD_READY, &heard, 1) != 1 ||
                 heard != BRANCH_COPIED)
                 syscall(SYS_exit_group, 127);
             import_fd = -1;
@@ -474,7 +487,7 @@ _Noreturn static void branch_import(int import_fd)
     there.uc_stack.ss_sp = stack;
     there.uc_stack.ss_size = (size_t)(o.hi - o.lo);
     there.uc_link = NULL;
-    makecontext(&there, (void (*)(void))branch_ops, 1, import_fd);
+    makecontext(&there, (void (*)(void))branch_ops, 2, import_fd, (int)import_fd_full);
     swapcontext(&here, &there);
     _exit(127);
 }

@@ -13,12 +13,16 @@
 #include "worker.h"
 
 /* In the first state process, before it is confined (seccomp kills the
- * call): a userfaultfd of its own memory (user faults only, which needs
- * no privilege), or -1. If the process becomes a branch, the copy fills
- * the mappings made for it through this (branch.c): the kernel puts each
- * page in place, instead of a fault zeroing one that the copy then
- * overwrites. It is given to the template's copier and closed before
- * anything of the tenant's is in the process; it is never a cell's. */
+ * call): a userfaultfd of its own memory, or -1: one that takes every
+ * fault where the process may make one (as root, before it drops its
+ * privileges), else user faults only (which needs no privilege). If the
+ * process becomes a branch, the copy fills the mappings made for it
+ * through this (branch.c): the kernel puts each page in place, instead of
+ * a fault zeroing one that the copy then overwrites; with one that takes
+ * every fault, the copier fills most of them after the branch resumed.
+ * It is given to the template's copier and closed before anything of the
+ * tenant's is in the process; it is never a cell's, nor held by any
+ * process that runs the tenant's code. */
 int session_import_fd(void);
 
 /* In the first state process, confined, with its seccomp |listener| and

@@ -73,16 +73,18 @@ struct session_fork_msg {
  * to map the stack it imports on, clear of the state's memory), then
  * struct branch_op messages that make its memory map the state's; at
  * BRANCH_OP_GROW it answers BRANCH_MAPPED, with a userfaultfd of its
- * own memory if it has one (session_import_fd), and waits while the
+ * own memory if it has one (session_import_fd; BRANCH_MAPPED_FULL if that
+ * takes the kernel's faults too), and waits while the
  * template copies the state's pages into it; BRANCH_OP_END resumes the copy where
  * the state marked, and it says SESSION_BRANCHED (from then on it is the
  * tenant's). BRANCH_FAILED and why, then its exit, if an operation fails. */
-#define SESSION_EXPORT   'X'
-#define SESSION_EXPORTED 'x'
-#define SESSION_BRANCHED 'b'
-#define BRANCH_MAPPED    'M'
-#define BRANCH_FAILED    'E'
-#define BRANCH_COPIED    'C'
+#define SESSION_EXPORT     'X'
+#define SESSION_EXPORTED   'x'
+#define SESSION_BRANCHED   'b'
+#define BRANCH_MAPPED      'M'
+#define BRANCH_MAPPED_FULL 'F' /* its userfaultfd takes the kernel's faults too */
+#define BRANCH_FAILED      'E'
+#define BRANCH_COPIED      'C'
 enum branch_op_kind {
     BRANCH_STACK = 1,
     BRANCH_OP_MUNMAP,
