@@ -642,17 +642,31 @@ static int kill_copiers(void)
     return n;
 }
 
+struct copier_kill {
+    int delay_us, killed;
+};
+
+static void *kill_copiers_later(void *p)
+{
+    struct copier_kill *k = p;
+
+    usleep((useconds_t)k->delay_us);
+    k->killed = kill_copiers();
+    return NULL;
+}
+
 /* 256 MiB the state wrote, each page 1s: what a branch's cell reads of it. */
 #define FILLED_STATE "big = bytearray(b'\\x01') * (256 << 20)"
 #define FILLED_CHECK "print(sum(big[::4096]), len(big))"
 #define FILLED_SUM   "65536 268435456\n"
 
 /* A branch answers before all its pages are in when its process's
- * userfaultfd takes every fault (root): the copier puts the rest in after.
- * If the copier dies first, the branch is not a copy (a page not put in
- * would read as zeros once its userfaultfd is gone): it ends, its first
- * cell is refused with why, and no cell ever runs on what is not the
- * state's. Its origin goes on, and can be branched again. */
+ * userfaultfd takes every fault (root): the copier puts the rest in after,
+ * as the branch's cells run. If the copier dies first, the branch is not
+ * a copy (a page not put in reads as zeros once its userfaultfd is gone):
+ * it ends, and a cell that ran meanwhile is answered for as lost, with
+ * why, never as what it computed from zeros. Its origin goes on, and can
+ * be branched again. */
 static void a_branch_whose_copier_dies_ends(void **state)
 {
     if (geteuid() != 0)
@@ -664,12 +678,24 @@ static void a_branch_whose_copier_dies_ends(void **state)
     int lost = 0;
 
     expect_cell(a, FILLED_STATE, "");
-    for (int i = 0; i < 3; i++) {
+    /* Killed before the branch's first cell is asked for, then while it
+     * runs (as it reads the pages, some not put in yet). */
+    for (int i = 0; i < 6; i++) {
         struct sbx_session *b = expect_fork(a);
-        int killed = kill_copiers(), rc;
+        struct copier_kill k = {.delay_us = i < 3 ? 0 : 10000 * (i - 2)};
+        pthread_t t;
+        int rc;
+        if (i >= 3)
+            assert_int_equal(pthread_create(&t, NULL, kill_copiers_later, &k), 0);
+        else
+            k.killed = kill_copiers();
         struct sbx_error err = {0};
         struct sbx_result *r =
-            cell_full(b, FILLED_CHECK, SBX_ROLLBACK_ON_ERROR, 0, NULL, 0, &rc, &err);
+            cell_full(b, i < 3 ? FILLED_CHECK : "import time\ntime.sleep(0.02)\n" FILLED_CHECK,
+                      SBX_ROLLBACK_ON_ERROR, 0, NULL, 0, &rc, &err);
+        if (i >= 3)
+            pthread_join(t, NULL);
+        int killed = k.killed;
         if (rc < 0) {
             if (err.code != SBX_ERR_SESSION_LOST ||
                 !strstr(err.message, "pages could not all be copied"))
@@ -719,6 +745,120 @@ static void closing_the_origin_as_its_branch_fills(void **state)
     sbx_session_close(b);
 }
 
+/* Whether a copier holds a userfaultfd now: a branch's pages are still
+ * being put in. */
+static bool a_copier_fills(void)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    bool found = false;
+
+    assert_non_null(d);
+    while (!found && (e = readdir(d))) {
+        char path[300], comm[32] = "";
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        bool copier = fgets(comm, sizeof(comm), f) && strcmp(comm, "pysbx-copier\n") == 0;
+        fclose(f);
+        snprintf(path, sizeof(path), "/proc/%s/fd", e->d_name);
+        DIR *fd = copier ? opendir(path) : NULL;
+        struct dirent *g;
+        while (fd && !found && (g = readdir(fd))) {
+            char link[256];
+            ssize_t n = readlinkat(dirfd(fd), g->d_name, link, sizeof(link) - 1);
+            found = n > 0 && (link[n] = '\0', strstr(link, "userfaultfd") != NULL);
+        }
+        if (fd)
+            closedir(fd);
+    }
+    closedir(d);
+    return found;
+}
+
+/* A state whose pages a branch gets after it answered: 256 MiB of 1s, and
+ * 64 MiB mapped privately whose page i holds i % 251 + 1. */
+#define MOVING_STATE                                                                               \
+    "import ctypes, mmap, os\n"                                                                    \
+    "big = bytearray(b'\\x01') * (256 << 20)\n"                                                    \
+    "N = 64 << 20\n"                                                                               \
+    "m = mmap.mmap(-1, N, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\n"                          \
+    "for i in range(0, N, 4096):\n"                                                                \
+    "    m[i] = (i >> 12) % 251 + 1\n"                                                             \
+    "def page_ok(at, off):\n"                                                                      \
+    "    return ctypes.string_at(at, 1)[0] == (off >> 12) % 251 + 1\n"                             \
+    "base = ctypes.addressof(ctypes.c_char.from_buffer(m))\n"
+#define MOVING_CHECK                                                                               \
+    "print(sum(big[::4096]), all(m[i] == (i >> 12) % 251 + 1 for i in range(0, N, 4096)))"
+
+/* The first cell of a branch runs as its pages are put in (as root): it
+ * gives back pages, moves others (mremap), unmaps and maps anew, and reads
+ * the rest; each reads what it would have read in its origin, and what it
+ * did stays its own (the cell rolled back, the state is as it was; kept,
+ * the next cells read what it left). */
+static void a_cell_of_a_branch_being_filled_reads_the_state(void **state)
+{
+    struct sbx_session_limits l;
+    sbx_session_limits_init(&l);
+    l.memory_bytes = 2ULL << 30;
+    struct sbx_session *a = open_session(SBX(state), &l);
+    const char *first =
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p\n"
+        "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,\n"
+        "                      ctypes.c_int, ctypes.c_long]\n"
+        "libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,\n"
+        "                        ctypes.c_void_p]\n"
+        "libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]\n"
+        "m.madvise(mmap.MADV_DONTNEED, 0, 1 << 20)\n"
+        "gone = all(m[i] == 0 for i in range(0, 1 << 20, 4096))\n"
+        "to = libc.mmap(None, 8 << 20, 0, 0x22, -1, 0)\n"
+        "moved = libc.mremap(base + (32 << 20), 8 << 20, 8 << 20, 3, to)\n"
+        "assert moved == to, ctypes.get_errno()\n"
+        "there = all(page_ok(to + o, (32 << 20) + o) for o in range(0, 8 << 20, 4096))\n"
+        "assert libc.munmap(base + (48 << 20), 1 << 20) == 0\n"
+        "again = libc.mmap(base + (48 << 20), 1 << 20, 3, 0x32, -1, 0)\n"
+        "fresh = ctypes.string_at(again, 1 << 20) == bytes(1 << 20)\n"
+        "inner = all(page_ok(base + o, o) for o in range(1 << 20, 32 << 20, 4096))\n"
+        "rest = all(page_ok(base + o, o) for o in range(40 << 20, 48 << 20, 4096))\n"
+        "print(gone, there, fresh, sum(big[::4096]), inner, rest)\n";
+    const char *want = "True True True 65536 True True\n";
+    int filling = 0;
+
+    expect_cell(a, MOVING_STATE, "");
+    for (int round = 0; round < 2; round++) {
+        struct sbx_session *b = expect_fork(a);
+        struct sbx_result *r;
+        char code[4096];
+        /* Rolled back, then kept. */
+        snprintf(code, sizeof(code), "%s%s", first,
+                 round == 0 ? "raise RuntimeError('undo')\n" : "");
+        r = cell(b, code);
+        filling += a_copier_fills();
+        if (strcmp(r->stdout_text, want) != 0)
+            fail_msg("round %d: the first cell printed:\n%s\nstderr:\n%s", round, r->stdout_text,
+                     r->stderr_text);
+        assert_int_equal(r->rolled_back, round == 0);
+        sbx_result_free(r);
+        if (round == 0)
+            expect_cell(b, MOVING_CHECK, "65536 True\n");
+        else
+            expect_cell(b,
+                        "print(sum(big[::4096]), all(page_ok(base + o, o) for o in "
+                        "range(1 << 20, 32 << 20, 4096)), ctypes.string_at(to, 1)[0], "
+                        "all(m[i] == 0 for i in range(0, 1 << 20, 4096)))",
+                        "65536 True 161 True\n");
+        sbx_session_close(b);
+    }
+    fprintf(stderr, "(a copier was still at work after the first cell in %d of 2 rounds)\n",
+            filling);
+    expect_cell(a, MOVING_CHECK, "65536 True\n");
+    sbx_session_close(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -739,6 +879,7 @@ int main(void)
         cmocka_unit_test(killing_the_origin_during_a_branch_leaves_nothing),
         cmocka_unit_test(a_branch_whose_copier_dies_ends),
         cmocka_unit_test(closing_the_origin_as_its_branch_fills),
+        cmocka_unit_test(a_cell_of_a_branch_being_filled_reads_the_state),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));

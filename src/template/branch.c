@@ -494,12 +494,23 @@ static int copy_range(struct copier *c, uint64_t lo, uint64_t hi, bool file_same
  * is the template's fresh process then), and it is a descriptor of that
  * process's own memory: the worst it could be is not a userfaultfd, which
  * this refuses, and the pages are written as without it. */
-static void fill_ready(int *fd)
+static void fill_ready(int *fd, bool *full)
 {
-    struct uffdio_api api = {.api = UFFD_API};
+    /* One that takes every fault is followed into the processes made of
+     * the branch, and through what they unmap, move and give back, so
+     * that their pages can be put in after the branch resumed
+     * (branch_fill; the fork event takes our CAP_SYS_PTRACE). */
+    struct uffdio_api api = {
+        .api = UFFD_API,
+        .features = full && *full ? UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMAP |
+                                        UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP
+                                  : 0};
 
-    if (*fd >= 0 && ioctl(*fd, UFFDIO_API, &api) < 0)
+    if (*fd >= 0 && ioctl(*fd, UFFDIO_API, &api) < 0) {
         close_fd(fd);
+        if (full)
+            *full = false;
+    }
 }
 
 /* Region |r| (mapped for the copy: the branch has no page there)
@@ -742,7 +753,7 @@ static int prepare_import(int proc_fd, pid_t from, const struct map *t, pid_t tm
     if ((rc = map_like(proc_fd, from, t, tmpl, sock, a, b, stack_at, why, cap)) < 0)
         return rc;
     if ((rc = hear(sock, BRANCH_MAPPED, uffd, full, why, cap)) == 0)
-        fill_ready(uffd);
+        fill_ready(uffd, full);
     return rc;
 }
 
@@ -820,9 +831,41 @@ out:
 #define FILL_STEP (1ULL << 20)
 /* What a fault gets: the 64 KiB around its page, of the run it is in. */
 #define FAULT_CHUNK (64ULL << 10)
+/* The most processes, and pieces of one's memory, the fill follows: past
+ * them the branch ends (its code forked, or moved and gave back its
+ * memory, more than any program does while a copy is made). */
+#define FILL_MAX_MMS    256
+#define FILL_MAX_PIECES 65536
+
+/* A part of a process's memory that no longer reads as the state's at the
+ * same address: zeros from now on (gone: given back, unmapped, or moved
+ * away), or the state's pages from |src| on (moved there by mremap). */
+struct piece {
+    uint64_t lo, hi, src;
+    uint64_t done; /* moved: how far from lo its pages are in (at least) */
+    bool gone;
+};
+
+/* The memory of a process the copier puts pages in (its userfaultfd): the
+ * branch's first process, and each fork made of one before all of its
+ * pages were in (the fork event gives its child's descriptor). */
+struct fill_mm {
+    int uffd;
+    struct piece *p;
+    size_t n, room;
+    size_t run;   /* the pass over the state's runs: the next one, */
+    uint64_t off; /* and how far into it */
+    bool done;    /* every page of the state's is in (or its place gone) */
+    bool dead;    /* its process has ended (ESRCH) */
+};
 
 void branch_fill_free(struct branch_fill *f)
 {
+    for (size_t i = 0; i < f->n_mm; i++) {
+        close_fd(&f->mm[i].uffd);
+        free(f->mm[i].p);
+    }
+    free(f->mm);
     close_fd(&f->uffd);
     close_fd(&f->mem);
     if (f->buf)
@@ -832,15 +875,16 @@ void branch_fill_free(struct branch_fill *f)
     *f = (struct branch_fill){.uffd = -1, .mem = -1};
 }
 
-/* [at, at + len) of the branch put in from |src| where it has no page yet.
- * A page there already was put by a fault (or, after a MADV_DONTNEED,
- * by the branch's own code): it is left as it is, never written over. A
- * page no longer registered (the branch's code unmapped or moved it) is
- * the branch's business. Returns 0, or -errno (-ESRCH: its memory is
- * gone). */
+/* [at, at + len) of the memory of |uffd| put in from |src| where it has no
+ * page yet. A page there already was put by a fault (or, after a
+ * MADV_DONTNEED, by the process's own code): it is left as it is, never
+ * written over. A page no longer registered (unmapped, or moved: an event
+ * says where) is skipped. Returns 0; -EAGAIN while an event of its
+ * memory waits to be read (the kernel puts nothing in until it is: what
+ * was done stays done); -ESRCH once its process has ended; else -errno. */
 static int fill_put(int uffd, uint64_t at, const char *src, uint64_t len)
 {
-    for (int again = 0; len;) {
+    while (len) {
         struct uffdio_copy cp = {.dst = at, .src = (uint64_t)(uintptr_t)src, .len = len};
         if (ioctl(uffd, UFFDIO_COPY, &cp) == 0)
             return 0;
@@ -848,8 +892,6 @@ static int fill_put(int uffd, uint64_t at, const char *src, uint64_t len)
         int e = cp.copy < 0 ? (int)-cp.copy : errno;
         if (!done && (e == EEXIST || e == ENOENT))
             done = PAGE;
-        else if (!done && e == EAGAIN && again++ < 1000)
-            continue; /* the map is changing (no event of ours says how) */
         else if (!done)
             return -e;
         at += (uint64_t)done;
@@ -859,100 +901,424 @@ static int fill_put(int uffd, uint64_t at, const char *src, uint64_t len)
     return 0;
 }
 
-/* The run of |f| that holds |page|, or NULL (the state had no page there:
- * its pages are zeros). */
-static const uint64_t *run_of(const struct branch_fill *f, uint64_t page)
+/* The state's bytes of [src, src + len) put at [dst, dst + len) of |m|,
+ * through our buffer (len at most COPY_CHUNK). */
+static int fill_from(struct branch_fill *f, struct fill_mm *m, uint64_t dst, uint64_t src,
+                     uint64_t len)
+{
+    int rc = read_at(f->mem, f->buf, src, len);
+
+    return rc < 0 ? rc : fill_put(m->uffd, dst, f->buf, len);
+}
+
+/* The run of the state's that holds |at|, or the first after it (n_runs
+ * if none). */
+static size_t run_from(const struct branch_fill *f, uint64_t at)
 {
     size_t lo = 0, hi = f->n_runs;
 
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (f->runs[mid][1] <= page)
+        if (f->runs[mid][1] <= at)
             lo = mid + 1;
-        else if (f->runs[mid][0] > page)
-            hi = mid;
         else
-            return f->runs[mid];
+            hi = mid;
     }
-    return NULL;
+    return lo;
 }
 
-/* The faults waiting, served: each with the state's 64 KiB around it, or
- * a page of zeros where the state had none.
+/* The state's pages of [src, src + len) put at dst + (s - src) in |m|,
+ * the runs of it the state has. */
+static int fill_runs(struct branch_fill *f, struct fill_mm *m, uint64_t dst, uint64_t src,
+                     uint64_t len)
+{
+    for (size_t i = run_from(f, src); i < f->n_runs && f->runs[i][0] < src + len; i++) {
+        uint64_t lo = f->runs[i][0] > src ? f->runs[i][0] : src;
+        uint64_t hi = f->runs[i][1] < src + len ? f->runs[i][1] : src + len;
+        int rc = fill_from(f, m, dst + (lo - src), lo, hi - lo);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The first piece of |m| that ends past |at| (m->n if none). */
+static size_t piece_from(const struct fill_mm *m, uint64_t at)
+{
+    size_t lo = 0, hi = m->n;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (m->p[mid].hi <= at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The piece of |m| that holds |at| split there (nothing if none does). */
+static int piece_cut(struct fill_mm *m, uint64_t at)
+{
+    size_t i = piece_from(m, at);
+
+    if (i == m->n || m->p[i].lo >= at)
+        return 0;
+    if (m->n == m->room) {
+        size_t c = m->room ? m->room * 2 : 16;
+        if (c > FILL_MAX_PIECES)
+            return -E2BIG;
+        void *nv = realloc(m->p, c * sizeof(*m->p));
+        if (!nv)
+            return -ENOMEM;
+        m->p = nv;
+        m->room = c;
+    }
+    memmove(&m->p[i + 1], &m->p[i], (m->n - i) * sizeof(*m->p));
+    m->n++;
+    struct piece *l = &m->p[i], *r = &m->p[i + 1];
+    uint64_t left = at - l->lo;
+    l->hi = r->lo = at;
+    r->src = l->gone ? 0 : l->src + left;
+    r->done = l->done > left ? l->done - left : 0;
+    l->done = l->done < left ? l->done : left;
+    return 0;
+}
+
+/* [lo, hi) of |m| made |with| (|n| pieces in order, within it; gaps read
+ * as the state's at the same address). */
+static int piece_set(struct fill_mm *m, uint64_t lo, uint64_t hi, const struct piece *with,
+                     size_t n)
+{
+    int rc = piece_cut(m, lo);
+
+    if (rc == 0)
+        rc = piece_cut(m, hi);
+    if (rc < 0)
+        return rc;
+    size_t i = piece_from(m, lo), j = i;
+    while (j < m->n && m->p[j].hi <= hi)
+        j++;
+    size_t want = m->n - (j - i) + n;
+    if (want > FILL_MAX_PIECES)
+        return -E2BIG;
+    if (want > m->room) {
+        void *nv = realloc(m->p, want * sizeof(*m->p));
+        if (!nv)
+            return -ENOMEM;
+        m->p = nv;
+        m->room = want;
+    }
+    memmove(&m->p[i + n], &m->p[j], (m->n - j) * sizeof(*m->p));
+    memcpy(&m->p[i], with, n * sizeof(*with));
+    m->n = want;
+    return 0;
+}
+
+/* [lo, hi) of |m| given back, unmapped or moved away: zeros from now on. */
+static int piece_gone(struct fill_mm *m, uint64_t lo, uint64_t hi)
+{
+    struct piece g = {.lo = lo, .hi = hi, .gone = true};
+
+    return lo < hi ? piece_set(m, lo, hi, &g, 1) : 0;
+}
+
+/* |len| bytes of |m| moved from |from| to |to| (mremap): what read as the
+ * state's pages at |from| on reads as them at |to| on. */
+static int piece_moved(struct fill_mm *m, uint64_t from, uint64_t to, uint64_t len)
+{
+    uint64_t hi = from + len;
+    struct piece *v = malloc((2 * (m->n + 1)) * sizeof(*v));
+    size_t n = 0;
+    int rc = 0;
+
+    if (!v)
+        return -ENOMEM;
+    for (uint64_t at = from; at < hi;) {
+        size_t i = piece_from(m, at);
+        struct piece q = {.lo = at, .hi = hi, .src = at};
+        if (i < m->n && m->p[i].lo <= at) {
+            q = m->p[i];
+            q.src = q.gone ? 0 : q.src + (at - q.lo);
+            q.lo = at;
+            q.hi = q.hi < hi ? q.hi : hi;
+        } else if (i < m->n && m->p[i].lo < hi)
+            q.hi = m->p[i].lo;
+        q.done = 0;
+        at = q.hi;
+        q.lo += to - from;
+        q.hi += to - from;
+        v[n++] = q;
+    }
+    rc = piece_gone(m, from, hi);
+    if (rc == 0)
+        rc = piece_set(m, to, to + len, v, n);
+    free(v);
+    return rc;
+}
+
+/* A process forked of |parent|: its memory read as its parent's did. */
+static int mm_forked(struct branch_fill *f, size_t parent, int uffd)
+{
+    int fl = fcntl(uffd, F_GETFL);
+
+    if (fl < 0 || fcntl(uffd, F_SETFL, fl | O_NONBLOCK) < 0 || f->n_mm == FILL_MAX_MMS) {
+        close(uffd);
+        return f->n_mm == FILL_MAX_MMS ? -EMLINK : -errno;
+    }
+    if (f->n_mm == f->mm_room) {
+        size_t c = f->mm_room ? f->mm_room * 2 : 8;
+        void *nv = realloc(f->mm, c * sizeof(*f->mm));
+        if (!nv) {
+            close(uffd);
+            return -ENOMEM;
+        }
+        f->mm = nv;
+        f->mm_room = c;
+    }
+    struct fill_mm *m = &f->mm[f->n_mm], *p = parent < f->n_mm ? &f->mm[parent] : NULL;
+    *m = (struct fill_mm){.uffd = uffd};
+    f->n_mm++;
+    if (!p)
+        return 0;
+    p = &f->mm[parent]; /* the array may have moved */
+    /* A fork of a process whose pages were all in has them all. */
+    m->done = p->done;
+    if (p->n) {
+        m->p = malloc(p->n * sizeof(*m->p));
+        if (!m->p)
+            return -ENOMEM;
+        memcpy(m->p, p->p, p->n * sizeof(*m->p));
+        m->n = m->room = p->n;
+        for (size_t i = 0; i < m->n; i++)
+            m->p[i].done = 0;
+    }
+    return 0;
+}
+
+/* A fault of |m|'s at |addr| served: with the state's pages around it
+ * (64 KiB of them at most, that read the same way), or a page of zeros
+ * where the state had none or its place is gone. */
+static int serve_fault(struct branch_fill *f, struct fill_mm *m, uint64_t addr)
+{
+    uint64_t page = addr & ~(PAGE - 1), lo = page & ~(FAULT_CHUNK - 1), hi = lo + FAULT_CHUNK;
+    size_t i = piece_from(m, page);
+    uint64_t delta = 0;
+    bool zero = false;
+    int rc = 0;
+
+    if (i < m->n && m->p[i].lo <= page) {
+        zero = m->p[i].gone;
+        delta = m->p[i].src - m->p[i].lo;
+        lo = lo > m->p[i].lo ? lo : m->p[i].lo;
+        hi = hi < m->p[i].hi ? hi : m->p[i].hi;
+    } else {
+        if (i < m->n && m->p[i].lo < hi)
+            hi = m->p[i].lo;
+        if (i > 0 && m->p[i - 1].hi > lo)
+            lo = m->p[i - 1].hi;
+    }
+    size_t r = zero ? f->n_runs : run_from(f, page + delta);
+    if (r < f->n_runs && f->runs[r][0] <= page + delta) {
+        lo = lo + delta > f->runs[r][0] ? lo : f->runs[r][0] - delta;
+        hi = hi + delta < f->runs[r][1] ? hi : f->runs[r][1] - delta;
+        rc = fill_from(f, m, lo, lo + delta, hi - lo);
+    } else {
+        struct uffdio_zeropage z = {.range = {.start = page, .len = PAGE}};
+        if (ioctl(m->uffd, UFFDIO_ZEROPAGE, &z) < 0 && errno != EEXIST && errno != ENOENT)
+            rc = -errno;
+    }
+    if (rc < 0)
+        return rc;
+    /* It may have been put already: whoever waits on it goes on. */
+    struct uffdio_range w = {.start = page, .len = PAGE};
+    (void)ioctl(m->uffd, UFFDIO_WAKE, &w);
+    return 0;
+}
+
+/* An event of |f->mm[k]|'s memory followed. */
+static int follow(struct branch_fill *f, size_t k, const struct uffd_msg *e)
+{
+    switch (e->event) {
+    case UFFD_EVENT_FORK:
+        return mm_forked(f, k, (int)e->arg.fork.ufd);
+    case UFFD_EVENT_REMAP:
+        return piece_moved(&f->mm[k], e->arg.remap.from, e->arg.remap.to, e->arg.remap.len);
+    case UFFD_EVENT_REMOVE:
+    case UFFD_EVENT_UNMAP:
+        return piece_gone(&f->mm[k], e->arg.remove.start & ~(PAGE - 1),
+                          (e->arg.remove.end + PAGE - 1) & ~(PAGE - 1));
+    default:
+        return -EPROTO;
+    }
+}
+
+/* What waits on |f->mm[k]|'s descriptor, read and done: its events (a
+ * fork, a range moved, given back or unmapped) followed in order, its
+ * faults served after the events read with them (the map they fault in
+ * is the one the events made; one that meets an event not read yet is
+ * served once it is). Returns 0, or -errno.
  *
- * Who faults is the branch's process, which runs the tenant's code once
- * it resumed: what it can make us do is fault on the pages of its own
- * regions, in any order, and after a MADV_DONTNEED of its own again (each
- * such fault a copy of 64 KiB at most, on this process's CPU, which is
- * bounded: the session ends when it runs out). What it gets is pages of
- * the state it is a copy of, which are its own. */
-static int serve(struct branch_fill *f)
+ * Who says these is a process of the branch's, which runs the tenant's
+ * code: what it can make us do is follow its forks and moves (each a
+ * process or a piece more, bounded: FILL_MAX_MMS, FILL_MAX_PIECES, past
+ * which the branch ends) and fault on its own pages in any order (each
+ * fault a copy of 64 KiB at most, a fault waiting once per thread), all
+ * on this process's CPU, which is bounded: the session ends when it runs
+ * out. What it gets is pages of the state it is a copy of, or zeros, in
+ * its own memory. */
+static int serve(struct branch_fill *f, size_t k)
 {
     struct uffd_msg msg[16];
+    uint64_t *wait = NULL;
+    size_t n_wait = 0, room = 0;
+    int rc = 0;
 
-    for (;;) {
-        ssize_t n = read(f->uffd, msg, sizeof(msg));
+    for (int idle = 0; rc == 0 && !f->mm[k].dead;) {
+        ssize_t n = read(f->mm[k].uffd, msg, sizeof(msg));
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0 && errno == EAGAIN)
-            return 0;
-        if (n <= 0 || n % (ssize_t)sizeof(msg[0]))
-            return n < 0 ? -errno : -EIO;
-        for (size_t i = 0; i < (size_t)n / sizeof(msg[0]); i++) {
-            if (msg[i].event != UFFD_EVENT_PAGEFAULT)
-                continue;
-            uint64_t page = msg[i].arg.pagefault.address & ~(PAGE - 1);
-            const uint64_t *run = run_of(f, page);
-            int rc = 0;
-            if (run) {
-                uint64_t lo = page & ~(FAULT_CHUNK - 1), hi = lo + FAULT_CHUNK;
-                lo = lo < run[0] ? run[0] : lo;
-                hi = hi > run[1] ? run[1] : hi;
-                rc = read_at(f->mem, f->buf, lo, hi - lo);
-                if (rc == 0)
-                    rc = fill_put(f->uffd, lo, f->buf, hi - lo);
-            } else {
-                struct uffdio_zeropage z = {.range = {.start = page, .len = PAGE}};
-                if (ioctl(f->uffd, UFFDIO_ZEROPAGE, &z) < 0 && errno != EEXIST && errno != ENOENT)
-                    rc = -errno;
+        if (n < 0 && errno == EAGAIN) {
+            if (!n_wait)
+                break;
+            /* A fault that met an event not yet read: wait for it (the
+             * kernel queues it as the change it reports ends). */
+            if (++idle > 2000) {
+                rc = -ETIMEDOUT;
+                break;
             }
+            struct pollfd p = {.fd = f->mm[k].uffd, .events = POLLIN};
+            (void)poll(&p, 1, 1);
+        } else if (n <= 0 || n % (ssize_t)sizeof(msg[0])) {
+            rc = n < 0 ? -errno : -EIO;
+            break;
+        }
+        for (ssize_t i = 0; n > 0 && i < n / (ssize_t)sizeof(msg[0]) && rc == 0; i++) {
+            if (msg[i].event != UFFD_EVENT_PAGEFAULT) {
+                rc = follow(f, k, &msg[i]);
+                continue;
+            }
+            if (n_wait == room) {
+                size_t c = room ? room * 2 : 16;
+                void *nv = realloc(wait, c * sizeof(*wait));
+                if (!nv) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                wait = nv;
+                room = c;
+            }
+            wait[n_wait++] = msg[i].arg.pagefault.address;
+        }
+        size_t kept = 0;
+        for (size_t i = 0; i < n_wait && rc == 0; i++) {
+            int r = serve_fault(f, &f->mm[k], wait[i]);
+            if (r == -EAGAIN)
+                wait[kept++] = wait[i];
+            else if (r == -ESRCH)
+                f->mm[k].dead = true;
+            else
+                rc = r;
+        }
+        n_wait = f->mm[k].dead ? 0 : kept;
+    }
+    free(wait);
+    return rc;
+}
+
+/* One step of |m|'s fill: 1 MiB of the state's pages, where they read as
+ * the state's at the same address, or else (the first pass done) in a
+ * piece moved there. Returns 0 (|m| done once nothing is left), -EAGAIN
+ * (an event to read first: the step is taken again), or -errno. */
+static int fill_step(struct branch_fill *f, struct fill_mm *m)
+{
+    if (m->run < f->n_runs) {
+        uint64_t at = f->runs[m->run][0] + m->off;
+        uint64_t len = f->runs[m->run][1] - at < FILL_STEP ? f->runs[m->run][1] - at : FILL_STEP;
+        /* Less what a piece says reads otherwise. */
+        uint64_t end = at + len;
+        for (size_t i = piece_from(m, at); at < end;) {
+            if (i < m->n && m->p[i].lo <= at) {
+                at = m->p[i++].hi;
+                continue;
+            }
+            uint64_t to = i < m->n && m->p[i].lo < end ? m->p[i].lo : end;
+            int rc = fill_from(f, m, at, at, to - at);
             if (rc < 0)
                 return rc;
-            /* It may have been put already: whoever waits on it goes on. */
-            struct uffdio_range w = {.start = page, .len = PAGE};
-            (void)ioctl(f->uffd, UFFDIO_WAKE, &w);
+            at = to;
         }
+        m->off += len;
+        if (f->runs[m->run][0] + m->off >= f->runs[m->run][1]) {
+            m->run++;
+            m->off = 0;
+        }
+        return 0;
     }
+    for (size_t i = 0; i < m->n; i++) {
+        struct piece *q = &m->p[i];
+        if (q->gone || q->done >= q->hi - q->lo)
+            continue;
+        uint64_t len = q->hi - q->lo - q->done < FILL_STEP ? q->hi - q->lo - q->done : FILL_STEP;
+        int rc = fill_runs(f, m, q->lo + q->done, q->src + q->done, len);
+        if (rc < 0)
+            return rc;
+        q->done += len;
+        return 0;
+    }
+    m->done = true;
+    return 0;
 }
 
 int branch_fill(struct branch_fill *f, char *why, size_t cap)
 {
-    int fl = fcntl(f->uffd, F_GETFL), rc = 0;
+    int rc = mm_forked(f, (size_t)-1, f->uffd);
 
-    if (fl < 0 || fcntl(f->uffd, F_SETFL, fl | O_NONBLOCK) < 0)
-        rc = -errno;
-    for (size_t i = 0; i < f->n_runs && rc == 0; i++)
-        for (uint64_t at = f->runs[i][0], hi = f->runs[i][1]; at < hi && rc == 0; at += FILL_STEP) {
-            uint64_t len = hi - at < FILL_STEP ? hi - at : FILL_STEP;
-            if ((rc = serve(f)) == 0 && (rc = read_at(f->mem, f->buf, at, len)) == 0)
-                rc = fill_put(f->uffd, at, f->buf, len);
+    f->uffd = -1; /* the first process's, now f->mm[0]'s */
+    /* The processes in the order they were made: the branch's first
+     * before the cells made of it, a cell kept before its own forks. */
+    for (int quiet = 0; rc == 0;) {
+        for (size_t k = 0; k < f->n_mm && rc == 0; k++)
+            if (!f->mm[k].dead)
+                rc = serve(f, k);
+        size_t k = 0;
+        while (k < f->n_mm && (f->mm[k].done || f->mm[k].dead))
+            k++;
+        if (rc < 0)
+            break;
+        if (k == f->n_mm) {
+            /* All in: a last look for a fork of one not yet followed. */
+            if (quiet++)
+                break;
+            struct pollfd p[64];
+            size_t np = 0;
+            for (size_t i = 0; i < f->n_mm && np < 64; i++)
+                if (!f->mm[i].dead)
+                    p[np++] = (struct pollfd){.fd = f->mm[i].uffd, .events = POLLIN};
+            (void)poll(p, np, 2);
+            continue;
         }
-    if (rc == 0)
-        rc = serve(f);
-    if (rc < 0) {
+        quiet = 0;
+        rc = fill_step(f, &f->mm[k]);
+        if (rc == -EAGAIN) {
+            rc = 0;
+            struct pollfd p = {.fd = f->mm[k].uffd, .events = POLLIN};
+            (void)poll(&p, 1, 1);
+        } else if (rc == -ESRCH) {
+            f->mm[k].dead = true;
+            rc = 0;
+        }
+    }
+    if (rc < 0)
         errmsg(why, cap, rc, "copying the state's pages after the branch resumed: %s",
-               strerror(-rc));
-        return rc;
-    }
-    /* Off the userfaultfd, which is closed: a fault still waiting (on a
-     * page the state did not have) is then the kernel's, a page of zeros. */
-    for (size_t i = 0; i < f->n_regions; i++) {
-        struct uffdio_range r = {.start = f->regions[i][0],
-                                 .len = f->regions[i][1] - f->regions[i][0]};
-        (void)ioctl(f->uffd, UFFDIO_UNREGISTER, &r);
-    }
-    close_fd(&f->uffd);
-    return 0;
+               rc == -E2BIG || rc == -EMLINK
+                   ? "the branch's processes forked, moved or gave back more than the copy "
+                     "follows"
+                   : strerror(-rc));
+    /* Closed at our end: a process's pages still missing then are those
+     * the state did not have or whose place is gone, which the kernel
+     * gives as zeros once nothing is registered. */
+    return rc;
 }
 
 /* --- images ------------------------------------------------------------------- */

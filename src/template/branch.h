@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+struct fill_mm;
+
 struct branch_stats {
     uint64_t regions; /* the state's mappings */
     uint64_t copied;  /* pages copied before the branch resumed */
@@ -40,8 +42,9 @@ struct branch_stats {
 /* The pages a branch gets after it resumed: of the mappings made for the
  * copy, when its userfaultfd takes every fault (the kernel's too: made by
  * a process that could, session_import_fd). Registered with it, they are
- * put in by branch_fill from the state's memory, and a fault on one
- * meanwhile is served first. */
+ * put in by branch_fill from the state's memory, a fault on one served
+ * first; a process forked of the branch's meanwhile (a cell) is followed
+ * (the fork event: a userfaultfd of its own memory) and gets them too. */
 struct branch_fill {
     int uffd; /* the branch's userfaultfd */
     int mem;  /* the state's /proc/PID/mem */
@@ -50,6 +53,8 @@ struct branch_fill {
     size_t n_runs, runs_room;
     uint64_t (*regions)[2]; /* the regions registered */
     size_t n_regions, regions_room;
+    struct fill_mm *mm; /* the processes filled (branch_fill's) */
+    size_t n_mm, mm_room;
 };
 
 /* Which processes: as /proc (|proc_fd|) numbers them, and the one copied
@@ -65,17 +70,17 @@ struct branch_pids {
  * On success the copy resumes where the state exported, and says
  * SESSION_BRANCHED on its channel; if |lazy| has regions then, the copy
  * is not whole until branch_fill has run (the state must stay as it is
- * until then, and nothing may fork the copy: a child would not have
- * the pages not yet put in). Returns 0, or -errno with |why| (|lazy| then
- * empty). */
+ * until then). Returns 0, or -errno with |why| (|lazy| then empty). */
 int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_fill *lazy,
                 struct branch_stats *st, char *why, size_t cap);
 
-/* The rest of a branch's pages put in (|f|, branch_copy's), faults
- * served meanwhile; then its regions taken off the userfaultfd, which is
- * closed. Returns 0, or -errno with |why|: then the branch is not a copy
- * of the state (a page not put in reads as zeros once the userfaultfd is
- * closed) and must end. */
+/* The rest of a branch's pages put in (|f|, branch_copy's), in its first
+ * process and in every process forked of one before its pages were all
+ * in, in the order they were made; faults served meanwhile. Returns once
+ * every page is in each of them that is alive; branch_fill_free then
+ * closes their userfaultfds. Returns 0, or -errno with |why|: then the
+ * branch is not a copy of the state (a page not put in reads as zeros
+ * once the userfaultfd is closed) and must end. */
 int branch_fill(struct branch_fill *f, char *why, size_t cap);
 
 /* What |f| holds, released. */

@@ -285,6 +285,8 @@ static struct seccomp_notif *notif;
 static struct seccomp_notif_resp *notif_resp;
 
 static void start_making(struct tmpl *t, struct session_rec *s, struct worker_rec *from);
+static void make_if_due(struct tmpl *t, struct session_rec *s);
+static void copier_heard(struct tmpl *t, struct session_rec *s);
 static void end_session(struct tmpl *t, struct session_rec *s, const char *why);
 static void release_hold(struct tmpl *t, struct session_rec *a);
 
@@ -1128,9 +1130,11 @@ static void start_making(struct tmpl *t, struct session_rec *s, struct worker_re
     char why[WIRE_TEXT_MAX];
     struct stat st;
 
-    /* A fork of a branch not yet filled would lack the pages still to
-     * come (a child has none of its parent's userfaultfd): after. */
-    if (s->filling && from && from == s->state) {
+    /* A cell made of a branch whose pages are not all in has its pages
+     * put in too (branch_fill follows the fork), which costs a copy of
+     * what the branch has not got yet: only a cell asked for is made
+     * before the pages are in, not one made ahead. */
+    if (s->filling && s->phase != SESS_ASKED) {
         s->fill_make_due = true;
         return;
     }
@@ -1433,6 +1437,9 @@ static void cell_looked_at(struct tmpl *t, struct session_rec *s)
     struct worker_rec *w = s->cell;
     long got[2];
 
+    copier_heard(t, s);
+    if (s->phase == SESS_ENDING)
+        return; /* the cell was killed with it, and is answered for as reaped */
     for (int i = 0; i < 2; i++)
         got[i] = status_number(t, w->pid, fields[i]);
     s->recheck_ns = 0;
@@ -1499,6 +1506,7 @@ static void settle(struct tmpl *t, struct session_rec *s, bool keep, const struc
     }
     s->phase = SESS_WAITING;
     s->idle_since_ns = now_ns();
+    make_if_due(t, s);
     maybe_freeze(s);
 }
 
@@ -1564,16 +1572,33 @@ _Noreturn static void copier_main(void)
     r.rc = j.job == COPY_BRANCH ? branch_copy(3, &j.pids, 4, &lazy, &st, r.why, sizeof(r.why))
            : j.job == COPY_SAVE ? image_save(3, &j.pids, &j.req, 6, &r.bytes, r.why, sizeof(r.why))
                                 : image_restore(3, &j.pids, 4, &j.req, 6, r.why, sizeof(r.why));
+    int out = 5;
     if (j.job == COPY_BRANCH && r.rc == 0 && lazy.n_regions) {
+        /* Our socket above every userfaultfd we hold or will (a fork's
+         * comes at the lowest number free): a process ending releases its
+         * descriptors from the highest down (close_files closes them in
+         * order, each released by task work, which runs last-in first),
+         * so that if we die the template sees our end before any process
+         * of the branch can read a page not put in as zeros (on_copier's
+         * check as a cell ends). */
+        struct rlimit nofile;
+        if (getrlimit(RLIMIT_NOFILE, &nofile) < 0 || nofile.rlim_cur < 64 ||
+            (out = dup3(5, (int)(nofile.rlim_cur > 4096 ? 4096 : nofile.rlim_cur) - 1, O_CLOEXEC)) <
+                0)
+            _exit(1);
+        close(5);
         /* The branch resumed: its answer need not wait for the rest. */
         close(4);
         r.filling = 1;
-        if (write_full(5, &r, sizeof(r)) < 0)
+        if (write_full(out, &r, sizeof(r)) < 0)
             _exit(1);
         r.filling = 0;
         r.rc = branch_fill(&lazy, r.why, sizeof(r.why));
+        /* Its processes' userfaultfds closed before we say so: a fork
+         * made after it waits on none. */
+        branch_fill_free(&lazy);
     }
-    _exit(write_full(5, &r, sizeof(r)) < 0);
+    _exit(write_full(out, &r, sizeof(r)) < 0);
 }
 
 /* A copier forked, into t->copier_next. Returns 0, or -errno with |why|. */
@@ -1669,6 +1694,18 @@ static void save_done(struct tmpl *t, struct session_rec *s, int rc, uint64_t by
 
 static void fill_ended(struct tmpl *t, struct session_rec *b, int rc, const char *why);
 
+/* The next cell, made ahead once a branch's pages are all in, if one was
+ * due meanwhile (start_making) and none is made or being made since; a
+ * cell being settled makes it as it is kept or not (settle). */
+static void make_if_due(struct tmpl *t, struct session_rec *s)
+{
+    if (!s->fill_make_due || s->filling || s->phase == SESS_SETTLING || s->phase == SESS_ENDING ||
+        s->making != NEXT_NONE)
+        return;
+    s->fill_make_due = false;
+    start_making(t, s, s->state);
+}
+
 /* The copier's answer (or its end without one). The copier is the
  * template's code and has run nothing of a tenant's; what a branch's
  * process made it do is bounded by its CPU limit (BRANCH_COPY_CPU_S). */
@@ -1705,6 +1742,19 @@ static void on_copier(struct tmpl *t, struct session_rec *s)
         return;
     }
     s->branch_step = BR_RESUMING;
+}
+
+/* A branch whose pages are being put in: its copier's word, if it has
+ * said one or ended, taken before a cell of it is answered for. Its end
+ * shows before any process of the branch can read a page it did not put
+ * in (copier_main puts its socket above its userfaultfds), so a cell that
+ * ended after reading such a page is answered for as the session's end. */
+static void copier_heard(struct tmpl *t, struct session_rec *s)
+{
+    struct pollfd p = {.fd = s->copier_fd, .events = POLLIN};
+
+    if (s->filling && s->copier_fd >= 0 && poll(&p, 1, 0) == 1)
+        on_copier(t, s);
 }
 
 bool session_heard(const struct worker_rec *w)
@@ -1908,10 +1958,7 @@ static void fill_ended(struct tmpl *t, struct session_rec *b, int rc, const char
      * origin. */
     if (a && a->held_by == b->id && b->phase != SESS_OPENING)
         release_hold(t, a);
-    if (b->fill_make_due) {
-        b->fill_make_due = false;
-        start_making(t, b, b->state);
-    }
+    make_if_due(t, b);
 }
 
 /* --- images --------------------------------------------------------------- */
@@ -2031,8 +2078,10 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
     char why[WIRE_TEXT_MAX];
     const char *end = NULL;
 
+    w->dead = true; /* reaped: nothing kills its pid now */
+    if (w == s->cell)
+        copier_heard(t, s); /* while it is still counted: |s| stays */
     s->procs--;
-    w->dead = true;
     if (w == s->state && s->export_owed && w->cpu_killed) {
         fmt(why, sizeof(why),
             "the session ended: its state did not export itself within %llu ms of CPU",
