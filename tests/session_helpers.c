@@ -216,6 +216,52 @@ int pids_of(uid_t uid, pid_t *out, int cap)
     return u.n;
 }
 
+struct name_pids {
+    const char *name;
+    pid_t *out;
+    int cap, n;
+};
+
+static void note_name(void *ctx, pid_t pid, const char *status)
+{
+    struct name_pids *u = ctx;
+    size_t len = strlen(u->name);
+
+    if (strncmp(status, "Name:\t", 6) == 0 && strncmp(status + 6, u->name, len) == 0 &&
+        status[6 + len] == '\n' && u->n < u->cap)
+        u->out[u->n++] = pid;
+}
+
+int pids_named(const char *name, pid_t *out, int cap)
+{
+    struct name_pids u = {.name = name, .out = out, .cap = cap};
+
+    each_process(note_name, &u);
+    return u.n;
+}
+
+int descriptors_of_pid(pid_t pid, const char *name)
+{
+    char path[64], link[256];
+    int n = 0;
+
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
+        if (len > 0) {
+            link[len] = '\0';
+            n += strcmp(link, name) == 0;
+        }
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
 int descriptors_of(uid_t uid, const char *name)
 {
     pid_t pids[64];
@@ -224,23 +270,8 @@ int descriptors_of(uid_t uid, const char *name)
     if (getuid() != 0)
         return -1;
     int np = pids_of(uid, pids, 64);
-    for (int i = 0; i < np; i++) {
-        char path[64], link[256];
-        snprintf(path, sizeof(path), "/proc/%d/fd", (int)pids[i]);
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (e->d_name[0] == '.')
-                continue;
-            ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
-            if (len > 0) {
-                link[len] = '\0';
-                n += strcmp(link, name) == 0;
-            }
-        }
-        if (d)
-            closedir(d);
-    }
+    for (int i = 0; i < np; i++)
+        n += descriptors_of_pid(pids[i], name);
     return n;
 }
 

@@ -48,6 +48,11 @@ int pids_of(uid_t uid, pid_t *out, int cap);
 /* How many descriptors the processes of |uid| hold that the kernel names
  * |name| (say "anon_inode:[userfaultfd]"); -1 when not root. */
 int descriptors_of(uid_t uid, const char *name);
+/* How many descriptors process |pid| holds that the kernel names |name|. */
+int descriptors_of_pid(pid_t pid, const char *name);
+/* The pids of the processes that call themselves |name| (their comm), at
+ * most |cap|. */
+int pids_named(const char *name, pid_t *out, int cap);
 /* The number after |field| (say "\nPPid:") in /proc/PID/status, or -1. */
 long proc_status_field(pid_t pid, const char *field);
 /* User and system CPU time of every process of |uid|, in ms. */

@@ -12,7 +12,6 @@
 #define _GNU_SOURCE
 #include "session_helpers.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -621,24 +620,11 @@ static void killing_the_origin_during_a_branch_leaves_nothing(void **state)
 /* The copiers in our pid namespace, killed; how many. */
 static int kill_copiers(void)
 {
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    int n = 0;
+    pid_t pids[16];
+    int n = 0, found = pids_named("pysbx-copier", pids, 16);
 
-    assert_non_null(d);
-    while ((e = readdir(d))) {
-        char path[300], comm[32] = "";
-        if (e->d_name[0] < '1' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        if (fgets(comm, sizeof(comm), f) && strcmp(comm, "pysbx-copier\n") == 0)
-            n += kill((pid_t)atoi(e->d_name), SIGKILL) == 0;
-        fclose(f);
-    }
-    closedir(d);
+    for (int i = 0; i < found; i++)
+        n += kill(pids[i], SIGKILL) == 0;
     return n;
 }
 
@@ -749,34 +735,13 @@ static void closing_the_origin_as_its_branch_fills(void **state)
  * being put in. */
 static bool a_copier_fills(void)
 {
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    bool found = false;
+    pid_t pids[16];
+    int n = pids_named("pysbx-copier", pids, 16);
 
-    assert_non_null(d);
-    while (!found && (e = readdir(d))) {
-        char path[300], comm[32] = "";
-        if (e->d_name[0] < '1' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        bool copier = fgets(comm, sizeof(comm), f) && strcmp(comm, "pysbx-copier\n") == 0;
-        fclose(f);
-        snprintf(path, sizeof(path), "/proc/%s/fd", e->d_name);
-        DIR *fd = copier ? opendir(path) : NULL;
-        struct dirent *g;
-        while (fd && !found && (g = readdir(fd))) {
-            char link[256];
-            ssize_t n = readlinkat(dirfd(fd), g->d_name, link, sizeof(link) - 1);
-            found = n > 0 && (link[n] = '\0', strstr(link, "userfaultfd") != NULL);
-        }
-        if (fd)
-            closedir(fd);
-    }
-    closedir(d);
-    return found;
+    for (int i = 0; i < n; i++)
+        if (descriptors_of_pid(pids[i], "anon_inode:[userfaultfd]") > 0)
+            return true;
+    return false;
 }
 
 /* A state whose pages a branch gets after it answered: 256 MiB of 1s, and
