@@ -1138,6 +1138,7 @@ static void start_making(struct tmpl *t, struct session_rec *s, struct worker_re
         s->fill_make_due = true;
         return;
     }
+    s->fill_make_due = false;
     struct worker_rec *w = worker_new(t);
     if (!from || from->dead || s->phase == SESS_ENDING) {
         free(w);
@@ -1695,14 +1696,14 @@ static void save_done(struct tmpl *t, struct session_rec *s, int rc, uint64_t by
 static void fill_ended(struct tmpl *t, struct session_rec *b, int rc, const char *why);
 
 /* The next cell, made ahead once a branch's pages are all in, if one was
- * due meanwhile (start_making) and none is made or being made since; a
- * cell being settled makes it as it is kept or not (settle). */
+ * due meanwhile (start_making) and the session is between cells with none
+ * made or being made. With a cell out or being settled, its end or its
+ * settling makes the next, as it does for any session. */
 static void make_if_due(struct tmpl *t, struct session_rec *s)
 {
-    if (!s->fill_make_due || s->filling || s->phase == SESS_SETTLING || s->phase == SESS_ENDING ||
+    if (!s->fill_make_due || s->filling || (s->phase != SESS_WAITING && s->phase != SESS_ASKED) ||
         s->making != NEXT_NONE)
         return;
-    s->fill_make_due = false;
     start_making(t, s, s->state);
 }
 
