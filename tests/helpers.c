@@ -195,3 +195,27 @@ int count_fds(void)
 {
     return count_entries("/proc/self/fd") - 1; /* the directory's own */
 }
+
+int list_fds(char *out, size_t cap)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    size_t used = 0;
+    int n = 0;
+
+    if (cap)
+        out[0] = '\0';
+    while (d && (e = readdir(d))) {
+        char link[256];
+        if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d))
+            continue;
+        ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
+        link[len > 0 ? len : 0] = '\0';
+        int w = snprintf(out + used, cap > used ? cap - used : 0, "%s:%s\n", e->d_name, link);
+        used += w > 0 ? (size_t)w : 0;
+        n++;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}

@@ -47,6 +47,8 @@ void expect_stdout(struct sbx *sbx, const char *code, const char *want);
 int count_entries(const char *dir);
 /* Number of open descriptors of this process. */
 int count_fds(void);
+/* The same, each as "number:what it is" on a line of |out|. */
+int list_fds(char *out, size_t cap);
 /* Makes a temporary directory; returns its path in |buf|. */
 void make_temp_dir(char *buf, size_t cap);
 /* rm -rf without following links (the library's own). */

@@ -177,7 +177,8 @@ static void many_callers_and_random_kills_lose_nothing(void **state)
 
     make_temp_dir(root, sizeof(root));
     chmod(root, 0711);
-    int fds_before = count_fds();
+    static char fds_were[8192], fds_are[8192];
+    int fds_before = list_fds(fds_were, sizeof(fds_were));
     int mounts_before = count_lines("/proc/self/mountinfo");
     test_config_init(&cfg, root);
     cfg.max_running = 8;
@@ -220,7 +221,8 @@ static void many_callers_and_random_kills_lose_nothing(void **state)
     assert_true((double)atomic_load(&worst_recovery_ns) / 1e6 < RECOVERY_LIMIT_MS);
     /* Back to idle: descriptors, processes, the host's mounts, the work
      * root; memory flat (the allocator keeps some; not run by run). */
-    assert_int_equal(count_fds(), fds_before);
+    if (list_fds(fds_are, sizeof(fds_are)) != fds_before || strcmp(fds_are, fds_were) != 0)
+        fail_msg("descriptors before:\n%s\nand after:\n%s", fds_were, fds_are);
     pid_t left[8];
     int zombies = 0;
     int n = proc_children(getpid(), "pysbx-template", left, 8, &zombies);
