@@ -583,10 +583,8 @@ static int copy_region(struct copier *c, struct region *r, char *why, size_t cap
     /* Such a region, if the userfaultfd takes every fault: filled after the
      * copy resumed (branch_fill), its runs written down. */
     struct branch_fill *z = rc == 0 && n && lacks && r->filled ? c->lazy : NULL;
-    if (z) {
+    if (z)
         r->lazy = true;
-        rc = add_range(&z->regions, &z->n_regions, &z->regions_room, r->m.lo, r->m.hi);
-    }
     if (rc == 0) {
         if (n > 1)
             qsort(v, n, sizeof(*v), cmp_range);
@@ -798,14 +796,13 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
     if (rc < 0)
         goto out;
     fill_end(&c.uffd, &a);
-    if (lazy->n_regions) {
+    if (lazy->n_runs) {
         /* What the fill needs, kept past the copy. */
         lazy->uffd = c.uffd;
         lazy->mem = c.mem_from;
         lazy->buf = c.buf;
         c.uffd = c.mem_from = -1;
         c.buf = NULL;
-        st->lazy = lazy->n_runs;
     }
     rc = resume(sock, &a, why, cap);
 out:
@@ -871,7 +868,6 @@ void branch_fill_free(struct branch_fill *f)
     if (f->buf)
         buffer_put(f->buf);
     free(f->runs);
-    free(f->regions);
     *f = (struct branch_fill){.uffd = -1, .mem = -1};
 }
 
@@ -1081,7 +1077,6 @@ static int mm_forked(struct branch_fill *f, size_t parent, int uffd)
     f->n_mm++;
     if (!p)
         return 0;
-    p = &f->mm[parent]; /* the array may have moved */
     /* A fork of a process whose pages were all in has them all. */
     m->done = p->done;
     if (p->n) {

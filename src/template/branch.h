@@ -36,7 +36,6 @@ struct fill_mm;
 struct branch_stats {
     uint64_t regions; /* the state's mappings */
     uint64_t copied;  /* pages copied before the branch resumed */
-    uint64_t lazy;    /* runs of pages left for branch_fill */
 };
 
 /* The pages a branch gets after it resumed: of the mappings made for the
@@ -51,8 +50,6 @@ struct branch_fill {
     char *buf;
     uint64_t (*runs)[2]; /* the state's pages there, in address order */
     size_t n_runs, runs_room;
-    uint64_t (*regions)[2]; /* the regions registered */
-    size_t n_regions, regions_room;
     struct fill_mm *mm; /* the processes filled (branch_fill's) */
     size_t n_mm, mm_room;
 };
@@ -68,7 +65,7 @@ struct branch_pids {
  * the channel |sock|) a copy of the memory of |from| (a state that has
  * exported itself and is stopped), reading both under /proc (|proc_fd|).
  * On success the copy resumes where the state exported, and says
- * SESSION_BRANCHED on its channel; if |lazy| has regions then, the copy
+ * SESSION_BRANCHED on its channel; if |lazy| has runs then, the copy
  * is not whole until branch_fill has run (the state must stay as it is
  * until then). Returns 0, or -errno with |why| (|lazy| then empty). */
 int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_fill *lazy,

@@ -252,7 +252,8 @@ struct session_rec {
     pid_t copier;
     int copier_fd;
     /* A branch resumed whose copier still puts its pages in (branch_fill):
-     * no cell is made of it until then (fill_make_due: one was due). */
+     * only a cell asked for is made of it until then (fill_make_due: one
+     * made ahead was due). */
     bool filling;
     bool fill_make_due;
     /* Its cgroup (freezer.h), frozen while the session is idle. */
@@ -1574,7 +1575,7 @@ _Noreturn static void copier_main(void)
            : j.job == COPY_SAVE ? image_save(3, &j.pids, &j.req, 6, &r.bytes, r.why, sizeof(r.why))
                                 : image_restore(3, &j.pids, 4, &j.req, 6, r.why, sizeof(r.why));
     int out = 5;
-    if (j.job == COPY_BRANCH && r.rc == 0 && lazy.n_regions) {
+    if (j.job == COPY_BRANCH && r.rc == 0 && lazy.n_runs) {
         /* Our socket above every userfaultfd we hold or will (a fork's
          * comes at the lowest number free): a process ending releases its
          * descriptors from the highest down (close_files closes them in
@@ -1727,6 +1728,7 @@ static void on_copier(struct tmpl *t, struct session_rec *s)
     s->copier = 0; /* reaped as any child of ours */
     if (got != (ssize_t)sizeof(r)) {
         r.rc = -EPIPE;
+        r.filling = 0;
         fmt(r.why, sizeof(r.why), "the copy ended before it was made");
     }
     r.why[sizeof(r.why) - 1] = '\0';
