@@ -561,8 +561,8 @@ static void *kill_later(void *p)
 }
 
 /* The origin's processes killed at any moment of a branch (before it is
- * asked, while it exports, while it is copied, after): the branch is made
- * and works on its own, or is refused with a reason, or (killed while the
+ * held, while it is copied, after): the branch is made and works on its
+ * own, or is refused with a reason, or (killed while the
  * branch's pages are still put in after it answered) ends at its first
  * cell with that reason; never a cell that runs on what is not the
  * state's. Nothing waits for ever, no process of either is left once both

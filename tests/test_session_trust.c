@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +305,7 @@ static void a_message_out_of_turn_from_the_state_ends_the_session(void **state)
         "b'R'",            /* "ready": the first state's word, once */
         "b'D' + bytes(9)", /* "done": a cell's */
         "b'H'",            /* "hello": the next cell's */
+        "b'x'",            /* "exported": once a state's answer, never asked now */
         "b'?' * 100",
     };
 
@@ -336,85 +338,119 @@ static void a_message_out_of_turn_from_the_state_ends_the_session(void **state)
     }
 }
 
-/* A cell of |s| that takes over the state's channel with |on_export|
- * (what it does when asked to export itself, no descriptors given) and
- * answers every fork command "not here"; then a branch of it, which is
- * refused (|err| says why). */
-static void branch_refused_by(struct sbx_session *s, const char *on_export, struct sbx_error *err)
+/* A cell of |s| that takes over the state's channel and answers every
+ * fork command "not here" without forking, keeping what came with it (so
+ * that the session lives on, its state never forking). */
+static void take_over_refusing_forks(struct sbx_session *s)
 {
-    char code[4096];
-    struct sbx_session *b = NULL;
+    struct sbx_error err = {0};
     int rc;
-
-    snprintf(code, sizeof(code),
-             LOOKS_DONE COMMAND "looks_done()\n"
-                                "while True:\n"
-                                "    fds = command(4)\n"
-                                "    if not fds:\n"
-                                "%s"
-                                "    os.write(4, b'Fnot here')\n",
-             on_export);
-    struct sbx_result *r =
-        cell_limited(s, code, SBX_ROLLBACK_ON_ERROR, 2.0, 2.0, NULL, 0, &rc, err);
+    struct sbx_result *r = cell_limited(s,
+                                        LOOKS_DONE COMMAND "looks_done()\n"
+                                                           "while True:\n"
+                                                           "    fds = command(4)\n"
+                                                           "    os.write(4, b'Fnot here')\n",
+                                        SBX_ROLLBACK_ON_ERROR, 2.0, 2.0, NULL, 0, &rc, &err);
     if (rc == 0)
         sbx_result_free(r);
-    rc = sbx_session_fork(s, &b, err);
-    if (rc == 0)
-        fail_msg("a branch of a state that never exported itself was made");
+}
+
+/* A state is copied (for a branch, or an image) only once the kernel has
+ * seen it fork since it became the state: that is when its record (what
+ * a copy takes on) is written, and it is never woken to write it. A state
+ * that never forks is neither branched nor saved: both are refused at
+ * once, saying why, and nothing of it runs meanwhile. */
+static void a_state_that_never_forks_is_not_copied(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    struct sbx_session *b = NULL;
+    uid_t uid = session_uid(s);
+    struct sbx_error err = {0};
+
+    take_over_refusing_forks(s);
+    double before = cpu_ms_of(uid);
+    if (sbx_session_fork(s, &b, &err) == 0)
+        fail_msg("a branch of a state that never forked was made");
     assert_null(b);
-}
-
-/* The state, told to export itself for a branch, spins instead of
- * answering (its fork commands it refuses, keeping what came with them, so
- * that the session lives until then): the branch is refused, and the
- * state is killed at the fork's CPU budget, not let run on. */
-static void a_state_that_spins_when_asked_to_export(void **state)
-{
-    struct sbx_session *s = open_session(SBX(state), NULL);
-    uid_t uid = session_uid(s);
-    struct sbx_error err = {0};
-
-    branch_refused_by(s,
-                      "        while True:\n"
-                      "            pass\n",
-                      &err);
-    if (err.code != SBX_ERR_SESSION_LOST || !strstr(err.message, "export"))
-        fail_msg("refused as %s: %s", sbx_error_code_name(err.code), err.message);
-    /* Nothing of the session runs on. */
-    if (processes_of(uid) >= 0) {
-        assert_int_equal(wait_processes_of(uid, 0), 0);
-        assert_true(cpu_spent_between(uid, 0, 300) < 1.0);
-    }
+    if (!strstr(err.message, "has not forked"))
+        fail_msg("the branch refused as %s: %s", sbx_error_code_name(err.code), err.message);
+    int fd = memfd_create("image", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    if (sbx_session_save(s, fd, &err) == 0)
+        fail_msg("an image of a state that never forked was made");
+    if (!strstr(err.message, "has not forked"))
+        fail_msg("the image refused as %s: %s", sbx_error_code_name(err.code), err.message);
+    close(fd);
+    /* Its state was let run to fork (and said no), for nothing else. */
+    double spent = cpu_ms_of(uid) - before + cpu_spent_between(uid, 0, 500);
+    if (spent > 100)
+        fail_msg("the state used %.0f ms of CPU while it was refused", spent);
     sbx_session_close(s);
-}
-
-/* The state, told to export itself, sleeps instead, and answers only
- * after its branch has been given up: the answer is never taken out of
- * turn (before, the count of exports asked stayed up: the late answer was
- * taken whenever it came, stopping the state mid-fork, and the session
- * could never be branched again). The session ends once the state has not
- * answered within the fork's wall budget, and nothing of it runs on. */
-static void a_state_that_answers_its_export_late(void **state)
-{
-    struct sbx_session *s = open_session(SBX(state), NULL);
-    uid_t uid = session_uid(s);
-    struct sbx_error err = {0};
-    int rc;
-
-    branch_refused_by(s,
-                      "        time.sleep(12)\n"
-                      "        os.write(4, b'x')\n"
-                      "        continue\n",
-                      &err);
-    /* The session ended, saying why; nothing of it is left. */
-    struct sbx_result *r = cell_full(s, "print(1)", SBX_ROLLBACK_ON_ERROR, 0, NULL, 0, &rc, &err);
-    if (rc == 0)
-        fail_msg("the session still runs cells: %s", r->stdout_text);
-    assert_int_equal(err.code, SBX_ERR_SESSION_LOST);
-    if (!strstr(err.message, "export"))
-        fail_msg("lost: %s", err.message);
     if (processes_of(uid) >= 0)
         assert_int_equal(wait_processes_of(uid, 0), 0);
+}
+
+/* The context switches of the processes of |uid|, summed (the kernel's
+ * count of each time one stopped running), and in *n how many there are;
+ * -1 when one cannot be read. */
+static long switches_of(uid_t uid, int *n)
+{
+    pid_t pids[16];
+    long sum = 0;
+
+    *n = pids_of(uid, pids, 16);
+    for (int i = 0; i < *n; i++) {
+        long v = proc_status_field(pids[i], "\nvoluntary_ctxt_switches:");
+        long nv = proc_status_field(pids[i], "\nnonvoluntary_ctxt_switches:");
+        if (v < 0 || nv < 0)
+            return -1;
+        sum += v + nv;
+    }
+    return sum;
+}
+
+/* Between cells a session's processes do not run, and a branch or an image
+ * of it changes nothing of that: its state is copied as it is, stopped,
+ * never let run for a copy (before, it was woken to export itself, and
+ * whatever its code had arranged ran with it). The kernel's count of
+ * context switches of every process of the session stays what it was. */
+static void the_origin_does_not_run_for_its_copies(void **state)
+{
+    struct sbx_session *s = open_session(SBX(state), NULL);
+    uid_t uid = session_uid(s);
+    int n0 = 0, n1 = 0;
+    long before = -1;
+
+    if (geteuid() != 0)
+        skip(); /* the processes of a uid are told apart only as root */
+    expect_cell(s, "x = list(range(1000))", "");
+    /* Idle: its next cell made and stopped, nothing of it running. */
+    for (int i = 0; i < 40; i++) {
+        long a = switches_of(uid, &n0);
+        pause_ms(100);
+        if (a >= 0 && switches_of(uid, &n1) == a && n1 == n0) {
+            before = a;
+            break;
+        }
+    }
+    assert_true(before >= 0);
+    for (int i = 0; i < 3; i++) {
+        struct sbx_session *b = expect_fork(s);
+        expect_cell(b, "print(len(x))", "1000\n");
+        sbx_session_close(b);
+    }
+    int fd = memfd_create("image", MFD_CLOEXEC);
+    struct sbx_error err = {0};
+    assert_true(fd >= 0);
+    if (sbx_session_save(s, fd, &err) < 0)
+        fail_msg("sbx_session_save: %s: %s", sbx_error_code_name(err.code), err.message);
+    close(fd);
+    long after = switches_of(uid, &n1);
+    if (after != before || n1 != n0)
+        fail_msg("the session's %d processes switched %ld times, then its %d processes %ld times "
+                 "across three branches and an image",
+                 n0, before, n1, after);
+    expect_cell(s, "print(len(x))", "1000\n");
     sbx_session_close(s);
 }
 
@@ -660,8 +696,8 @@ int main(void)
         cmocka_unit_test(a_forged_end_with_closed_output_runs_for_a_bounded_moment),
         cmocka_unit_test(a_child_the_state_made_itself_is_held_and_dies_with_the_session),
         cmocka_unit_test(a_cell_cannot_claim_limits_of_its_own),
-        cmocka_unit_test(a_state_that_spins_when_asked_to_export),
-        cmocka_unit_test(a_state_that_answers_its_export_late),
+        cmocka_unit_test(a_state_that_never_forks_is_not_copied),
+        cmocka_unit_test(the_origin_does_not_run_for_its_copies),
         cmocka_unit_test(a_state_that_says_its_fork_failed_and_forks_leaves_no_child),
         cmocka_unit_test(a_message_out_of_turn_from_the_state_ends_the_session),
         cmocka_unit_test(a_message_out_of_turn_ends_the_session),

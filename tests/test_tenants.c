@@ -4,8 +4,8 @@
  * sizes. Each test here has a session do what made shared work grow (names
  * of mapped files that read as mappings of their own, forged stacks and
  * unaligned ranges among them, tens of thousands of mappings, a large
- * state, a timer that resumes a stopped state, an export answered late),
- * while another tenant runs print(1) in a loop through the same sandbox;
+ * state, a timer that resumes a stopped state), while another tenant runs
+ * print(1) in a loop through the same sandbox;
  * no run of that tenant may wait for the attack (before, they waited
  * seconds), and each attack's own invariant is checked (the branch is an
  * exact copy, a stopped state uses no CPU). The latencies are printed.

@@ -158,24 +158,20 @@ enum next_phase {
  * an image (restoring): */
 enum branch_step {
     BR_NONE,
-    BR_READYING,  /* its first process gets ready, as any session's */
-    BR_IMAGE,     /* restoring: it waits at its import for the image */
-    BR_ORIGIN,    /* it waits at its import; the origin's state is not idle yet */
-    BR_EXPORTING, /* the origin's state is told to export itself */
-    BR_STOPPING,  /* it said it did: being stopped, then copied (branch.h) */
-    BR_COPYING,   /* copied by a copier process; its channel is the copier's */
-    BR_RESUMING,  /* copied: the copy resumes, and says so */
+    BR_READYING, /* its first process gets ready, as any session's */
+    BR_IMAGE,    /* restoring: it waits at its import for the image */
+    BR_ORIGIN,   /* it waits at its import; the origin's state is not idle yet */
+    BR_COPYING,  /* copied by a copier process; its channel is the copier's */
+    BR_RESUMING, /* copied: the copy resumes, and says so */
 };
 
 /* A session's state being written to an image (WIRE_SAVE), while it waits
- * between cells: the steps of an origin's export for a branch, then a
+ * between cells: as for a branch, the state once it is idle, held, then a
  * copier that writes the image. */
 enum save_step {
     SAVE_NONE,
-    SAVE_WAIT,      /* until the state is idle (its next cell made, stopped) */
-    SAVE_EXPORTING, /* the state is told to export itself */
-    SAVE_STOPPING,  /* it said it did: being stopped */
-    SAVE_COPYING,   /* a copier writes its image */
+    SAVE_WAIT,    /* until the state is idle (its next cell made, stopped) */
+    SAVE_COPYING, /* a copier writes its image */
 };
 
 static const char *const sess_names[] = {"opening",  "waiting",  "asked",   "running",
@@ -238,16 +234,12 @@ struct session_rec {
     uint64_t as_limit;
     enum branch_step branch_step;
     uint64_t branch_by_ns;
-    /* An origin whose state a branch holds (its id; 0: none), from the
-     * export asked until the branch has its copy or has ended and the
-     * state has answered: meanwhile no cell is handed out and the state
-     * is let run for nothing else (a next cell asked for is made after:
-     * make_due). The export is owed until the state answers, or by
-     * export_by_ns the session ends. */
+    /* An origin whose state a branch holds (its id; 0: none), stopped as
+     * it is, until the branch has its copy or has ended: meanwhile no cell
+     * is handed out and the state is let run for nothing (a next cell
+     * asked for is made after: make_due). */
     uint64_t held_by;
-    bool export_owed;
     bool make_due;
-    uint64_t export_by_ns;
     /* BR_COPYING: the copier, and the pipe its result comes on. */
     pid_t copier;
     int copier_fd;
@@ -516,15 +508,14 @@ static void proc_stop(struct worker_rec *w)
     }
 }
 
-/* Between cells (and between the steps of a branch) nothing of the
- * session runs: every process of it the kernel has reported stopped, none
- * made or being made, no export owed. Then it is frozen: a SIGCONT its
+/* Between cells (and while a branch or an image is made of it) nothing of
+ * the session runs: every process of it the kernel has reported stopped,
+ * none made or being made. Then it is frozen: a SIGCONT its
  * code arranged can end a stop, but not let it run. */
 static void maybe_freeze(struct session_rec *s)
 {
-    bool idle = s->phase == SESS_WAITING && !s->export_owed && !s->cell && !s->candidate &&
-                s->state && s->state->stop_seen &&
-                (!s->coming || (s->coming->pid && s->coming->stop_seen)) &&
+    bool idle = s->phase == SESS_WAITING && !s->cell && !s->candidate && s->state &&
+                s->state->stop_seen && (!s->coming || (s->coming->pid && s->coming->stop_seen)) &&
                 (s->making == NEXT_NONE || s->making == NEXT_MADE || s->making == NEXT_FAILED);
 
     if (idle && !s->frozen && s->cg.freeze >= 0)
@@ -749,10 +740,7 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
     s->phase = SESS_ENDING;
     s->ended_ns = now_ns();
     s->recheck_ns = 0;
-    s->export_owed = false;
-    /* Its origin goes on once its state has answered an export owed (it
-     * runs for that within the fork's budget, and is stopped when it
-     * answers). */
+    /* Its origin goes on. */
     struct session_rec *a = s->branch_of ? find_session(t, s->branch_of) : NULL;
     if (a && a->held_by == s->id)
         release_hold(t, a);
@@ -889,8 +877,7 @@ static int session_spawn(struct tmpl *t, struct session_rec *s, char *why, size_
 }
 
 /* Whether a session being opened is on its way: its first process getting
- * ready, a branch's origin exporting itself or being stopped, its copier
- * at work (on this CPU or the other), its copy resuming. What is made ahead
+ * ready, its copier at work (on this CPU or the other), its copy resuming. What is made ahead
  * waits for it (the loop's time, and a CPU, are its now). Not a session
  * that waits for its image or for its origin's cell to end. */
 static bool opening_waits(const struct tmpl *t)
@@ -1765,46 +1752,46 @@ bool session_heard(const struct worker_rec *w)
     return !(w->session && w == w->session->state && w->session->branch_step == BR_COPYING);
 }
 
-/* An origin whose state may be told to export itself: idle (waiting, its
- * next cell made, stopped), held by none. */
-static bool exportable(const struct session_rec *a)
+/* Whether |a|'s state may be copied now (for a branch, or an image): idle
+ * (waiting, its next cell made, stopped), held by none, and seen by the
+ * kernel to fork since it became the state, which a state does only once
+ * it has written down its record (worker.h). It is copied as it is,
+ * stopped: never let run for a copy. */
+static bool copyable(const struct session_rec *a)
 {
-    return a->phase == SESS_WAITING && a->state && a->state->stop_seen && !a->held_by &&
-           !a->adopt_due && !a->filling &&
+    return a->phase == SESS_WAITING && a->state && a->state->stop_seen && a->state->recorded &&
+           !a->held_by && !a->adopt_due && !a->filling &&
            !(a->making >= NEXT_FORKING && a->making <= NEXT_FAILING);
 }
 
-/* |a|'s state told to export itself for |holder| (a branch, or |a| itself
- * when it is saved), which holds it until its copy is made. Returns 0, or
- * -EPIPE when the state does not listen. */
-static int ask_export(struct tmpl *t, struct session_rec *a, uint64_t holder)
+/* |a|'s state is idle but has not forked since it became the state: a
+ * fork of it is started if none was tried (its clone is the kernel's word
+ * that its record is written), and if its last one failed before it
+ * forked, why no copy can be made now (a cell asked for tries again), in
+ * |why|. Returns true when the copy is refused. */
+static bool unrecorded(struct tmpl *t, struct session_rec *a, char *why, size_t cap)
 {
-    char ask = SESSION_EXPORT;
-
-    if (wire_send(a->state->ready_fd, &ask, 1, NULL, 0) < 0)
-        return -EPIPE;
-    a->held_by = holder;
-    a->export_owed = true;
-    a->export_by_ns = now_ns() + FORK_WALL_BUDGET_NS;
-    /* It runs for that alone, within the fork's budget (its code may have
-     * made it anything: a state that spins dies of it). */
-    a->state->cont_cpu_ns = cpu_ns(a->state->pid);
-    disarm_limits(a->state);
-    struct wire_started budget = {.cpu_used_ns = a->state->cont_cpu_ns,
-                                  .cpu_limit_ns = FORK_CPU_BUDGET_NS};
-    arm_cpu_limit(a->state, &budget);
-    proc_continue(t, a->state);
-    return 0;
+    if (a->phase != SESS_WAITING || !a->state || a->state->recorded || a->filling || a->adopt_due ||
+        a->held_by)
+        return false;
+    if (a->making == NEXT_NONE)
+        start_making(t, a, a->state);
+    if (a->making != NEXT_FAILED)
+        return false;
+    fmt(why, cap, "the session's state has not forked a cell since it became the state (%.200s)",
+        a->fork_why);
+    utf8_terminate(why);
+    return true;
 }
 
 /* A branch is a session whose first process, once confined, waits at its
  * import (branch.h) until the origin's state is idle (WAITING, its next
- * cell made, stopped); the state is then told to export itself, stopped
- * again once it says it did (the only thing it may say then), and copied.
- * Its copy says when it has resumed; only then, with the kernel's word that
- * it has one thread and no descriptor but its own, is the branch ready and
- * its supervisor told (WIRE_SESSION, with the workspaces whose files it
- * copies). The origin only ever stops a moment longer than it would. */
+ * cell made, stopped: copyable); the state is then held, stopped as it is,
+ * and copied. Its copy says when it has resumed; only then, with the
+ * kernel's word that it has one thread and no descriptor but its own, is
+ * the branch ready and its supervisor told (WIRE_SESSION, with the
+ * workspaces whose files it copies). The origin only ever stops a moment
+ * longer than it would, and runs nothing for the copy. */
 static void branch_advance(struct tmpl *t, struct session_rec *b)
 {
     struct session_rec *a = find_session(t, b->branch_of);
@@ -1816,39 +1803,30 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
         end_session(t, b, "the session branched from ended before its copy was made");
         return;
     }
-    switch (b->branch_step) {
-    case BR_ORIGIN:
-        if (!exportable(a)) {
-            b->recheck_ns = now_ns() + RECHECK_NS;
-            return;
-        }
-        if (ask_export(t, a, b->id) < 0) {
-            end_session(t, b, "the session branched from does not listen");
-            return;
-        }
-        b->branch_step = BR_EXPORTING;
+    if (b->branch_step != BR_ORIGIN)
         return;
-    case BR_STOPPING:
-        if (!a->state->stop_seen)
-            return;
-        /* What the copy costs is the tenant's to size (its mappings, its
-         * pages): never the loop's. */
-        if (start_copier(t, b, COPY_BRANCH, a->state->pid, why, sizeof(why)) < 0)
-            end_session(t, b, why);
-        else
-            b->branch_step = BR_COPYING;
-        return;
-    default:
+    if (unrecorded(t, a, why, sizeof(why))) {
+        end_session(t, b, why);
         return;
     }
+    if (!copyable(a)) {
+        b->recheck_ns = now_ns() + RECHECK_NS;
+        return;
+    }
+    /* What the copy costs is the tenant's to size (its mappings, its
+     * pages): never the loop's. */
+    a->held_by = b->id;
+    if (start_copier(t, b, COPY_BRANCH, a->state->pid, why, sizeof(why)) < 0)
+        end_session(t, b, why);
+    else
+        b->branch_step = BR_COPYING;
 }
 
-/* The branch holding |a| is done with it (it has its copy, or ended), or
- * the state answered the export of a branch that has ended: unless the
- * export is still owed, |a| goes on with what waited for it. */
+/* The branch (or the image) holding |a| is done with it (it has its copy,
+ * or ended): |a| goes on with what waited for it. */
 static void release_hold(struct tmpl *t, struct session_rec *a)
 {
-    if (a->export_owed || !a->held_by)
+    if (!a->held_by)
         return;
     a->held_by = 0;
     if (a->phase == SESS_ENDING) {
@@ -1863,28 +1841,6 @@ static void release_hold(struct tmpl *t, struct session_rec *a)
         start_making(t, a, a->state);
     } else if (a->phase == SESS_ASKED && a->making == NEXT_MADE)
         announce(t, a);
-}
-
-/* The origin's state said it exported itself (as it was asked to): it is
- * stopped again, and copied once it is seen stopped, if its branch still
- * waits for it. */
-static void origin_exported(struct tmpl *t, struct session_rec *a)
-{
-    struct session_rec *b = a->saving ? NULL : find_session(t, a->held_by);
-
-    a->export_owed = false;
-    disarm_limits(a->state);
-    proc_stop(a->state);
-    if (a->saving == SAVE_EXPORTING) {
-        a->saving = SAVE_STOPPING;
-        if (a->state->stop_seen)
-            save_advance(t, a);
-    } else if (b && b->phase == SESS_OPENING && b->branch_step == BR_EXPORTING) {
-        b->branch_step = BR_STOPPING;
-        if (a->state->stop_seen)
-            branch_advance(t, b);
-    } else
-        release_hold(t, a);
 }
 
 /* The copy says it resumed: the branch is a session like any other. */
@@ -1966,15 +1922,18 @@ static void fill_ended(struct tmpl *t, struct session_rec *b, int rc, const char
 
 /* --- images --------------------------------------------------------------- */
 
-/* Saving (WIRE_SAVE): once the state is idle it exports itself, as for a
- * branch, holding the session (no cell meanwhile); once it is seen
- * stopped, a copier writes its image. */
+/* Saving (WIRE_SAVE): once the state may be copied, as for a branch, the
+ * session is held (no cell meanwhile) and a copier writes its image. */
 static void save_advance(struct tmpl *t, struct session_rec *s)
 {
     char why[WIRE_TEXT_MAX];
 
     if (s->saving == SAVE_WAIT) {
-        if (!exportable(s)) {
+        if (unrecorded(t, s, why, sizeof(why))) {
+            save_done(t, s, -EAGAIN, 0, why);
+            return;
+        }
+        if (!copyable(s)) {
             s->save_look_ns = now_ns() + RECHECK_NS;
             return;
         }
@@ -1988,11 +1947,9 @@ static void save_advance(struct tmpl *t, struct session_rec *s)
                 "no open file: close %s in a cell, then save",
                 s->files.n, s->files.n == 1 ? "" : "s", s->files.n == 1 ? "it" : "them");
             save_done(t, s, -EBUSY, 0, why);
-        } else if (ask_export(t, s, s->id) < 0)
-            save_done(t, s, -EPIPE, 0, "the session's state does not listen");
-        else
-            s->saving = SAVE_EXPORTING;
-    } else if (s->saving == SAVE_STOPPING && s->state->stop_seen) {
+            return;
+        }
+        s->held_by = s->id;
         if (start_copier(t, s, COPY_SAVE, s->state->pid, why, sizeof(why)) < 0)
             save_done(t, s, -EIO, 0, why);
         else
@@ -2040,13 +1997,6 @@ void session_stopped(struct tmpl *t, struct worker_rec *w)
     struct session_rec *s = w->session;
 
     hold_stopped(w);
-    if (w == s->state && s->saving == SAVE_STOPPING)
-        save_advance(t, s);
-    if (w == s->state && !s->export_owed)
-        for (struct session_rec *b = t->sessions; b; b = b->next)
-            if (b->branch_of == s->id && b->branch_step == BR_STOPPING)
-                branch_advance(t, b);
-
     if (s->phase == SESS_STOPPING && w == s->cell)
         cell_looked_at(t, s);
     if ((s->making == NEXT_HOLDING || s->making == NEXT_FAILING) &&
@@ -2085,12 +2035,6 @@ void session_reaped(struct tmpl *t, struct worker_rec *w, int wait_status, const
     if (w == s->cell)
         copier_heard(t, s); /* while it is still counted: |s| stays */
     s->procs--;
-    if (w == s->state && s->export_owed && w->cpu_killed) {
-        fmt(why, sizeof(why),
-            "the session ended: its state did not export itself within %llu ms of CPU",
-            (unsigned long long)(FORK_CPU_BUDGET_NS / 1000000ULL));
-        end = why;
-    }
     if (w == s->from && s->making != NEXT_NONE && w->cpu_killed) {
         fmt(why, sizeof(why),
             "the session ended: its process did not fork the next cell within %llu ms of CPU",
@@ -2257,13 +2201,6 @@ void session_said(struct tmpl *t, struct worker_rec *w)
         return;
     }
     close_fd(&fd);
-    /* Asked to export itself (branch_advance), the state says it did: the
-     * worst it can do is say so early (before its mark is set), which makes
-     * a copy that resumes wrongly, in the branch's process alone. */
-    if (w == s->state && s->export_owed && n == 1 && buf[0] == SESSION_EXPORTED && from == w->pid) {
-        origin_exported(t, s);
-        return;
-    }
     /* A branch's copy says it resumed, or that its import failed. It is
      * the tenant's process from its resumption: what it says only chooses
      * between its branch being ready (then the kernel is asked whether it
@@ -2446,7 +2383,8 @@ static void on_notification(struct tmpl *t, struct session_rec *s)
     else if (valid && allow) {
         notif_resp->flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
         if (nr == SYS_clone) {
-            s->making = NEXT_FORKED; /* the permit is spent */
+            s->from->recorded = true; /* it forks only once it wrote it */
+            s->making = NEXT_FORKED;  /* the permit is spent */
             s->forked = true;
             s->recheck_ns = now_ns() + LOOK_NS;
         }
@@ -2513,8 +2451,6 @@ static uint64_t next_deadline(const struct session_rec *s)
 
     if (s->lost_track)
         return 1;
-    if (s->export_owed)
-        d = soonest(d, s->export_by_ns);
     if (s->saving == SAVE_WAIT)
         d = soonest(d, s->save_look_ns);
     if (s->phase == SESS_OPENING && (s->branch_of || s->restoring))
@@ -2646,12 +2582,7 @@ void sessions_tick(struct tmpl *t, bool idle)
             end_session(t, s, why);
             continue;
         }
-        if (s->export_owed && now >= s->export_by_ns) {
-            fmt(why, sizeof(why),
-                "the session ended: its state did not export itself within %llu s",
-                (unsigned long long)(FORK_WALL_BUDGET_NS / 1000000000ULL));
-            end_session(t, s, why);
-        } else if (s->making >= NEXT_FORKING && s->making <= NEXT_FAILING && now >= s->fork_by_ns) {
+        if (s->making >= NEXT_FORKING && s->making <= NEXT_FAILING && now >= s->fork_by_ns) {
             fmt(why, sizeof(why),
                 "the session ended: its process did not fork the next cell within %llu s",
                 (unsigned long long)(FORK_WALL_BUDGET_NS / 1000000000ULL));

@@ -75,6 +75,10 @@ struct worker_rec {
     uint64_t stop_sent_ns; /* when SIGSTOP was last sent */
     uint64_t stop_cpu_ns;  /* its CPU clock when it was seen stopped */
     uint64_t stop_ns;      /* ... and the time */
+    /* The kernel has seen it fork (its clone, a seccomp notification): as
+     * a state it had written its record down before (worker.h), and may
+     * be copied. */
+    bool recorded;
 };
 
 struct tmpl {

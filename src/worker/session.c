@@ -41,11 +41,11 @@
 
 _Static_assert(FD_READY == POLICY_SESSION_CHANNEL_FD, "the policy lets the channel carry messages");
 
-/* What a fork would carry into a child that a fresh process has not: the
- * state writes it down when asked (SESSION_EXPORT), and its copy takes it
- * on once it has the state's memory, where this record is. Nothing here is
- * the template's concern: what the state writes shapes its copy alone,
- * which its code could shape anyway. */
+/* What a fork would carry into a child that a fresh process has not: a
+ * process writes it down as it becomes the state (state_loop), and a copy
+ * of the state takes it on once it has the state's memory, where this
+ * record is. Nothing here is the template's concern: what the state writes
+ * shapes its copy alone, which its code could shape anyway. */
 static struct {
     struct sigaction act[_NSIG];
     sigset_t mask;
@@ -74,9 +74,9 @@ static int send_fd(int sock, char byte, int fd)
     return sendmsg(sock, &m, MSG_NOSIGNAL) == 1 ? 0 : -errno;
 }
 
-/* SESSION_FORK, with the cell's channel in *chan and its plan in |m|,
- * SESSION_EXPORT alone, or SESSION_ADOPT (struct session_adopt_msg at the
- * start of |m|) with its file in *chan (m->cmd says which). Returns 1, 0
+/* SESSION_FORK, with the cell's channel in *chan and its plan in |m|, or
+ * SESSION_ADOPT (struct session_adopt_msg at the start of |m|) with its
+ * file in *chan (m->cmd says which). Returns 1, 0
  * when the template is gone, or -errno (-EPROTO for anything else, whose
  * descriptors are closed). */
 static int recv_fork(int sock, struct session_fork_msg *m, int *chan)
@@ -86,8 +86,6 @@ static int recv_fork(int sock, struct session_fork_msg *m, int *chan)
 
     if (len <= 0)
         return (int)len;
-    if (len == 1 && got == 0 && m->cmd == SESSION_EXPORT)
-        return 1;
     if ((size_t)len == sizeof(struct session_adopt_msg) && got == 1 && m->cmd == SESSION_ADOPT)
         return 1;
     size_t head = offsetof(struct session_fork_msg, ranges);
@@ -295,7 +293,9 @@ static void cell_main(const struct worker_args *a, int chan, const struct sessio
 
 /* --- branching ----------------------------------------------------------- */
 
-/* Where a copy resumes: in state_loop, as if it had just exported. */
+/* Where a copy resumes: in state_loop, where it waits for its first
+ * command. Marked once, by a session's first process: every state after
+ * it is a fork of it or a copy, whose state_loop is where the first's is. */
 static jmp_buf branch_point;
 
 static void export_self(void)
@@ -493,11 +493,21 @@ _Noreturn static void branch_import(int import_fd)
 }
 
 /* The state: nothing runs but this loop, and the template stops it between
- * cells. Each SESSION_FORK makes a cell; SESSION_EXPORT readies a copy. */
+ * cells. Each SESSION_FORK makes a cell. A copy of the state (a branch, an
+ * image restored) resumes at the top, with the state's memory. */
 _Noreturn static void state_loop(const struct worker_args *a)
 {
     static struct session_fork_msg fork_msg;
 
+    if (setjmp(branch_point) != 0) {
+        /* A copy of the state, in a process of its own session: its record
+         * is the state's, written before the state forked (the template
+         * copies none that has not). */
+        adopt_exported();
+        char said = SESSION_BRANCHED;
+        (void)write_full(FD_READY, &said, 1);
+    } else
+        export_self();
     for (;;) {
         int chan = -1;
         int rc = recv_fork(FD_READY, &fork_msg, &chan);
@@ -517,17 +527,6 @@ _Noreturn static void state_loop(const struct worker_args *a)
             }
             continue;
         }
-        if (fork_msg.cmd == SESSION_EXPORT) {
-            export_self();
-            char said = SESSION_EXPORTED;
-            if (setjmp(branch_point) != 0) {
-                /* A copy of the state, in a process of its own session. */
-                adopt_exported();
-                said = SESSION_BRANCHED;
-            }
-            (void)write_full(FD_READY, &said, 1);
-            continue;
-        }
         /* The raw system call: glibc's fork() would run the process's
          * at-fork handlers, and the template allows these flags only. No
          * Python code runs here, and this is the only thread. The cell is
@@ -542,7 +541,11 @@ _Noreturn static void state_loop(const struct worker_args *a)
             (pid_t)syscall(SYS_clone, (unsigned long)POLICY_SESSION_FORK, 0UL, 0UL, 0UL, 0UL);
         if (pid == 0) {
             cell_main(a, chan, &fork_msg, &mask);
-            continue; /* the cell ended: it is a state now */
+            /* The cell ended: it is a state now, if it is kept. Its record
+             * is written (after its answer: the template stops it as it
+             * settles, and lets it run again to fork) before it forks. */
+            export_self();
+            continue;
         }
         int e = errno;
         sigprocmask(SIG_SETMASK, &mask, NULL);

@@ -64,11 +64,14 @@ struct session_fork_msg {
     uint32_t n_ranges;
     uint64_t ranges[CELL_PLAN_MAX_RANGES][2]; /* [start, end), page-aligned; n_ranges of them */
 };
-/* Branching (a copy of a state as a session of its own). The template
- * tells the state SESSION_EXPORT: it writes down what a fork would carry
- * into a child and a fresh process lacks (its signal actions, mask and
- * alternate stack, umask, working directory), marks where a copy resumes,
- * and answers SESSION_EXPORTED. A branch's first process, made fresh and
+/* Branching (a copy of a state as a session of its own). Each process, as
+ * it becomes the state (the session's first, a kept cell once its code
+ * ended), writes down what a fork would carry into a child and a fresh
+ * process lacks (its signal actions, mask and alternate stack, umask,
+ * working directory) before it forks anything, and where a copy resumes is
+ * marked once, in the first: the template copies a state only once the
+ * kernel has seen it fork since it became the state, and never wakes it
+ * for a copy. A branch's first process, made fresh and
  * confined as its own session, gets BRANCH_STACK (struct branch_op: where
  * to map the stack it imports on, clear of the state's memory), then
  * struct branch_op messages that make its memory map the state's; at
@@ -78,8 +81,6 @@ struct session_fork_msg {
  * template copies the state's pages into it; BRANCH_OP_END resumes the copy where
  * the state marked, and it says SESSION_BRANCHED (from then on it is the
  * tenant's). BRANCH_FAILED and why, then its exit, if an operation fails. */
-#define SESSION_EXPORT     'X'
-#define SESSION_EXPORTED   'x'
 #define SESSION_BRANCHED   'b'
 #define BRANCH_MAPPED      'M'
 #define BRANCH_MAPPED_FULL 'F' /* its userfaultfd takes the kernel's faults too */
