@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include "session_helpers.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -641,6 +642,165 @@ static void *kill_copiers_later(void *p)
     return NULL;
 }
 
+/* The copiers there are, and how long each has run (the kernel's count,
+ * /proc/PID/schedstat, in ns). */
+struct copiers {
+    int n;
+    pid_t pid[16];
+    long long ran[16];
+};
+
+static long long ran_ns(pid_t pid)
+{
+    char path[64];
+    long long ns = -1;
+
+    snprintf(path, sizeof(path), "/proc/%d/schedstat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (f && fscanf(f, "%lld", &ns) != 1)
+        ns = -1;
+    if (f)
+        fclose(f);
+    return ns;
+}
+
+static void copiers_now(struct copiers *c)
+{
+    c->n = pids_named("pysbx-copier", c->pid, 16);
+    for (int i = 0; i < c->n; i++)
+        c->ran[i] = ran_ns(c->pid[i]);
+}
+
+/* The copiers once none has run for 200 ms (one made ahead has readied
+ * its buffer). */
+static void copiers_idle(struct copiers *c)
+{
+    struct copiers again;
+
+    copiers_now(c);
+    for (int i = 0; i < 50; i++) {
+        usleep(200 * 1000);
+        copiers_now(&again);
+        if (again.n == c->n && memcmp(again.pid, c->pid, sizeof(c->pid[0]) * (size_t)c->n) == 0 &&
+            memcmp(again.ran, c->ran, sizeof(c->ran[0]) * (size_t)c->n) == 0)
+            return;
+        *c = again;
+    }
+    fail_msg("the copiers did not go idle");
+}
+
+/* The one copier of |before| that has run since (or ended), or -1. */
+static pid_t copier_that_ran(const struct copiers *before)
+{
+    pid_t found = -1;
+    int n = 0;
+
+    for (int i = 0; i < before->n; i++) {
+        long long r = ran_ns(before->pid[i]);
+        if (r < 0 || r > before->ran[i]) {
+            found = before->pid[i];
+            n++;
+        }
+    }
+    return n == 1 ? found : -1;
+}
+
+/* How many of |pid|'s descriptors the kernel names starting with |prefix|. */
+static int descriptors_like(pid_t pid, const char *prefix, int *all)
+{
+    char path[64], link[256];
+    int n = 0;
+
+    *all = 0;
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
+        (*all)++;
+        if (len > 0) {
+            link[len] = '\0';
+            n += strncmp(link, prefix, strlen(prefix)) == 0;
+        }
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* A branch of |from| whose cell prints |want| for |check|, closed once
+ * the copiers are idle (its pages all in); the one copier that ran for it,
+ * which must be alive (kept by |from|) and hold one socket and nothing
+ * but the standard descriptors and /proc. */
+static pid_t branch_by_kept_copier(struct sbx_session *from, const char *check, const char *want)
+{
+    struct copiers c;
+    int all = 0;
+
+    copiers_idle(&c);
+    struct sbx_session *br = expect_fork(from);
+    expect_cell(br, check, want);
+    struct copiers after;
+    copiers_idle(&after);
+    sbx_session_close(br);
+    pid_t pid = copier_that_ran(&c);
+    assert_true(pid > 0);
+    if (ran_ns(pid) < 0)
+        fail_msg("the copier of a branch ended: its origin did not keep it");
+    if (descriptors_like(pid, "socket:", &all) != 1 || descriptors_like(pid, "anon_inode:", &all) ||
+        all > 5)
+        fail_msg("the copier kept by its origin holds %d descriptors", all);
+    return pid;
+}
+
+/* The copier of a branch is its origin's from then on, for its next
+ * branch: warm for the origin's pages (on a VM that shadows page tables,
+ * the kernel's first touch of each page in a new process is a trap), and
+ * holding nothing of the branch's (its socket to the template and /proc
+ * alone; no userfaultfd of a branch it filled). It never copies another
+ * session's state, and it ends with its origin. */
+static void a_copier_serves_one_origin_and_ends_with_it(void **state)
+{
+    if (geteuid() != 0)
+        skip(); /* the copiers are found in /proc */
+    /* A copy first, so that a copier is made ahead from then on. */
+    struct sbx_session *warm = open_session(SBX(state), NULL);
+    sbx_session_close(expect_fork(warm));
+    sbx_session_close(warm);
+    struct sbx_session *a = open_session(SBX(state), NULL), *b = open_session(SBX(state), NULL);
+    struct sbx_session *c = open_session(SBX(state), NULL);
+    expect_cell(a, "x = 'a'", "");
+    expect_cell(b, "x = 'b'", "");
+    /* Pages in a mapping of its own: as root, filled after the branch
+     * resumed. */
+    expect_cell(c, SPARSE_STATE, "");
+
+    pid_t of_a = branch_by_kept_copier(a, "print(x)", "a\n");
+    pid_t of_b = branch_by_kept_copier(b, "print(x)", "b\n");
+    pid_t of_c = branch_by_kept_copier(c, SPARSE_CHECK, "5461 True\n");
+    if (of_b == of_a || of_c == of_a || of_c == of_b)
+        fail_msg("the copier of one session's branch copied another's state");
+    if (branch_by_kept_copier(a, "print(x)", "a\n") != of_a ||
+        branch_by_kept_copier(c, SPARSE_CHECK, "5461 True\n") != of_c)
+        fail_msg("an origin's next branch was not copied by its copier");
+
+    sbx_session_close(a);
+    for (int i = 0; i < 100 && ran_ns(of_a) >= 0; i++)
+        usleep(10 * 1000);
+    if (ran_ns(of_a) >= 0)
+        fail_msg("the copier of a closed session lives on");
+    if (ran_ns(of_b) < 0 || ran_ns(of_c) < 0)
+        fail_msg("a session's copier ended with another session");
+    sbx_session_close(b);
+    sbx_session_close(c);
+    for (int i = 0; i < 100 && (ran_ns(of_b) >= 0 || ran_ns(of_c) >= 0); i++)
+        usleep(10 * 1000);
+    if (ran_ns(of_b) >= 0 || ran_ns(of_c) >= 0)
+        fail_msg("the copier of a closed session lives on");
+}
+
 /* 256 MiB the state wrote, each page 1s: what a branch's cell reads of it. */
 #define FILLED_STATE "big = bytearray(b'\\x01') * (256 << 20)"
 #define FILLED_CHECK "print(sum(big[::4096]), len(big))"
@@ -843,6 +1003,7 @@ int main(void)
         cmocka_unit_test(a_state_at_its_memory_limit),
         cmocka_unit_test(killing_the_origin_during_a_branch_leaves_nothing),
         cmocka_unit_test(a_branch_whose_copier_dies_ends),
+        cmocka_unit_test(a_copier_serves_one_origin_and_ends_with_it),
         cmocka_unit_test(closing_the_origin_as_its_branch_fills),
         cmocka_unit_test(a_cell_of_a_branch_being_filled_reads_the_state),
     };

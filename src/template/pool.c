@@ -491,15 +491,8 @@ static void reap(struct tmpl *t)
             t->keeper.pid = -1;
             continue;
         }
-        if (t->copier_next.pid > 0 && pid == t->copier_next.pid) {
-            /* The copier made ahead died unused (its number may be
-             * another's soon: never signalled again). The next is made
-             * when a copy wants one: never in a loop of deaths. */
-            t->copier_next.pid = 0;
-            t->copier_wanted = false;
-            close_fd(&t->copier_next.sock);
+        if (copier_reaped(t, pid))
             continue;
-        }
         if (pid == t->claim.holder) {
             /* Another sandbox could claim our ids now: a new template will
              * claim a range of its own. */

@@ -118,6 +118,12 @@
 /* The CPU a branch's copier may use (it copies a state of at most the
  * session's memory limit; past it, it is killed and the branch refused). */
 #define BRANCH_COPY_CPU_S 10
+/* A copier that has copied a branch of a session (and filled it, if it
+ * did) is kept for that session's next branch (copier_kept), for as long
+ * as it has used less CPU than this (each job then has BRANCH_COPY_CPU_S
+ * still) and has been idle less than COPIER_KEEP_MS. */
+#define COPIER_KEEP_CPU_NS (1000ULL * 1000000ULL)
+#define COPIER_KEEP_MS     10000
 /* How long a branch may take, from its opening to its copy resumed. */
 #define BRANCH_BUDGET_NS (10000ULL * 1000000ULL)
 /* A process seen stopped may use this much CPU, and 1% of the time since,
@@ -243,6 +249,13 @@ struct session_rec {
     /* BR_COPYING: the copier, and the pipe its result comes on. */
     pid_t copier;
     int copier_fd;
+    /* The copier of this session's last branch, kept for its next: it
+     * copies this session's states alone, and is warm for them (on a VM
+     * that shadows page tables, each page a new process's kernel touches
+     * first is a trap of its own). */
+    struct copier_ref copier_kept;
+    uint64_t copier_kept_ns; /* ... let go then, if it has had no job */
+    uint64_t copier_of;      /* BR_COPYING: the session whose copier it may be */
     /* A branch resumed whose copier still puts its pages in (branch_fill):
      * only a cell asked for is made of it until then (fill_make_due: one
      * made ahead was due). */
@@ -411,9 +424,41 @@ bool known_child(const struct tmpl *t, pid_t pid)
         if (w->pid == pid)
             return true;
     for (const struct session_rec *s = t->sessions; s; s = s->next)
-        if (s->copier == pid)
+        if (s->copier == pid || (s->copier_kept.pid > 0 && s->copier_kept.pid == pid))
             return true;
     return t->copier_next.pid > 0 && pid == t->copier_next.pid;
+}
+
+/* A copier waiting for a job, not wanted any more: killed while it is not
+ * reaped (its number is still its own), and its socket closed. */
+static void copier_let_go(struct copier_ref *c)
+{
+    if (c->pid > 0)
+        kill(c->pid, SIGKILL); /* reaped as any child of ours */
+    c->pid = 0;
+    close_fd(&c->sock);
+}
+
+bool copier_reaped(struct tmpl *t, pid_t pid)
+{
+    if (t->copier_next.pid > 0 && pid == t->copier_next.pid) {
+        /* The copier made ahead died unused (its number may be another's
+         * soon: never signalled again). The next is made when a copy
+         * wants one: never in a loop of deaths. */
+        t->copier_next.pid = 0;
+        t->copier_wanted = false;
+        close_fd(&t->copier_next.sock);
+        return true;
+    }
+    for (struct session_rec *s = t->sessions; s; s = s->next)
+        if (s->copier_kept.pid > 0 && pid == s->copier_kept.pid) {
+            /* Idle too long, or done with its CPU: the next branch has a
+             * copier of its own. */
+            s->copier_kept.pid = 0;
+            close_fd(&s->copier_kept.sock);
+            return true;
+        }
+    return false;
 }
 
 /* The directory of process |pid|'s descriptors, /proc/PID/fd, or NULL. */
@@ -705,6 +750,7 @@ static void free_session(struct tmpl *t, struct session_rec *s, bool release_uid
     close_fd(&s->ws_fd);
     close_fd(&s->saved_fd);
     close_fd(&s->copier_fd);
+    copier_let_go(&s->copier_kept);
     close_fd(&s->image_fd);
     freezer_cg_end(&t->freezer, s->id, &s->cg);
     prefault_free(&s->plan);
@@ -754,6 +800,7 @@ static void end_session(struct tmpl *t, struct session_rec *s, const char *why)
         kill(s->copier, SIGKILL); /* reaped as any child of ours */
     s->copier = 0;
     close_fd(&s->copier_fd);
+    copier_let_go(&s->copier_kept);
     close_fd(&s->image_fd);
     s->saving = SAVE_NONE;
     drop_coming(t, s);
@@ -838,6 +885,7 @@ static struct session_rec *session_new(struct tmpl *t, int chan)
                               .ws_fd = -1,
                               .saved_fd = -1,
                               .copier_fd = -1,
+                              .copier_kept = {.sock = -1},
                               .image_fd = -1,
                               .cg = {.dir = -1, .freeze = -1}};
     s->id = ++t->next_id;
@@ -1504,7 +1552,8 @@ static void settle(struct tmpl *t, struct session_rec *s, bool keep, const struc
 /* What the copier says when it is done. */
 struct copier_result {
     int32_t rc;
-    uint32_t filling; /* a branch resumed: its pages are being put in (a result follows) */
+    uint16_t filling; /* a branch resumed: its pages are being put in (a result follows) */
+    uint16_t again;   /* the copier waits for another job (its socket closed: it ends) */
     uint64_t bytes;   /* an image written */
     char why[WIRE_TEXT_MAX];
 };
@@ -1527,19 +1576,31 @@ struct copier_job {
 
 /* A copier's process, forked ahead when the loop is idle (sessions_tick),
  * as the spare session's process is: it holds nothing but /proc (at 3)
- * and its end of a socket (at 5), on which it takes one job and answers;
+ * and its end of a socket (at 5), on which it takes a job and answers;
  * its buffer is in memory already (branch_buffer_ready: each page of it
  * written first during a copy is a fault, about 3 to 5 us each on a VM we
- * measured). It dies with us, and of its CPU (BRANCH_COPY_CPU_S, from its
- * fork). */
+ * measured). A branch copied (and filled, if it was), it may take another
+ * (the template gives it the same origin's next branch, copier_kept), with
+ * nothing of the last job's but what it read of that origin's state, and
+ * warm for it; an image's job is its last. It dies with us, and of its CPU
+ * (from its fork: BRANCH_COPY_CPU_S for each job at least). */
+static void copier_job(void);
+
 _Noreturn static void copier_main(void)
+{
+    branch_buffer_ready();
+    for (;;)
+        copier_job();
+}
+
+/* One job of copier_main's; returns if another may come. */
+static void copier_job(void)
 {
     struct copier_job j;
     struct copier_result r = {0};
     struct branch_stats st;
     int fds[2] = {-1, -1}, got = 0;
 
-    branch_buffer_ready();
     ssize_t n = wire_recv(5, &j, sizeof(j), fds, 2, &got);
     if (n != (ssize_t)sizeof(j))
         _exit(0); /* the template is gone, or closed our socket */
@@ -1587,7 +1648,17 @@ _Noreturn static void copier_main(void)
          * made after it waits on none. */
         branch_fill_free(&lazy);
     }
-    _exit(write_full(out, &r, sizeof(r)) < 0);
+    struct timespec cpu;
+    r.again = j.job == COPY_BRANCH && r.rc == 0 &&
+              clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu) == 0 &&
+              (uint64_t)cpu.tv_sec * 1000000000ULL + (uint64_t)cpu.tv_nsec < COPIER_KEEP_CPU_NS;
+    if (write_full(out, &r, sizeof(r)) < 0 || !r.again)
+        _exit(0);
+    /* Nothing of the branch's kept: its channel (and, had it been filled,
+     * the userfaultfds) was all of it. */
+    close(4);
+    if (out != 5 && (dup2(out, 5) < 0 || close(out) < 0))
+        _exit(0);
 }
 
 /* A copier forked, into t->copier_next. Returns 0, or -errno with |why|. */
@@ -1605,7 +1676,8 @@ static int copier_fork(struct tmpl *t, char *why, size_t cap)
     }
     if (pid == 0) {
         int keep[2] = {fcntl(t->proc_fd, F_DUPFD, 64), fcntl(sv[1], F_DUPFD, 65)};
-        struct rlimit cpu = {BRANCH_COPY_CPU_S, BRANCH_COPY_CPU_S};
+        struct rlimit cpu = {BRANCH_COPY_CPU_S + COPIER_KEEP_CPU_NS / 1000000000ULL,
+                             BRANCH_COPY_CPU_S + COPIER_KEEP_CPU_NS / 1000000000ULL};
         /* /proc at 3 and the socket at 5; nothing else of ours. */
         if (keep[0] < 0 || keep[1] < 0 || dup2(keep[0], 3) < 0 || dup2(keep[1], 5) < 0 ||
             close_range(4, 4, 0) < 0 || close_range(6, ~0U, 0) < 0 ||
@@ -1623,19 +1695,17 @@ static int copier_fork(struct tmpl *t, char *why, size_t cap)
 /* The copier made ahead, if any, gone. */
 static void copier_drop(struct tmpl *t)
 {
-    if (t->copier_next.pid > 0)
-        kill(t->copier_next.pid, SIGKILL); /* reaped as any child of ours */
-    t->copier_next.pid = 0;
-    close_fd(&t->copier_next.sock);
+    copier_let_go(&t->copier_next);
 }
 
 /* A copy of |s|'s (the branch's, the saved or the restored session's) by
- * a copier (copier_main): the one made ahead, or one forked now. It gets
+ * a copier (copier_main): for a branch, the one kept by its origin |a|;
+ * else the one made ahead, or one forked now. It gets
  * the channel of the process copied into (which we do not read meanwhile:
  * session_heard) and the image's descriptor. |from| is the state copied
  * (BRANCH, SAVE). Returns 0, or -errno with |why|. */
-static int start_copier(struct tmpl *t, struct session_rec *s, enum copy_job job, pid_t from,
-                        char *why, size_t cap)
+static int start_copier(struct tmpl *t, struct session_rec *s, struct session_rec *a,
+                        enum copy_job job, pid_t from, char *why, size_t cap)
 {
     pid_t to = job == COPY_SAVE ? 0 : s->state->pid;
     /* The copier is in the pid namespace of our children (keeper.h): the
@@ -1658,6 +1728,18 @@ static int start_copier(struct tmpl *t, struct session_rec *s, enum copy_job job
         fds[nfds++] = s->state->ready_fd;
     if (job != COPY_BRANCH)
         fds[nfds++] = s->image_fd;
+    /* The origin's, if it kept one that is still there (it may have gone
+     * idle meanwhile: then another). */
+    if (a && a->copier_kept.pid > 0) {
+        if (wire_send(a->copier_kept.sock, &j, sizeof(j), fds, nfds) == 0) {
+            s->copier = a->copier_kept.pid;
+            s->copier_fd = a->copier_kept.sock;
+            s->copier_of = a->id;
+            a->copier_kept = (struct copier_ref){.sock = -1};
+            return 0;
+        }
+        copier_let_go(&a->copier_kept);
+    }
     t->copier_wanted = true;
     /* The one made ahead may have died meanwhile: then one forked now. */
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -1668,8 +1750,8 @@ static int start_copier(struct tmpl *t, struct session_rec *s, enum copy_job job
         if (rc == 0) {
             s->copier = t->copier_next.pid;
             s->copier_fd = t->copier_next.sock;
-            t->copier_next.pid = 0;
-            t->copier_next.sock = -1;
+            s->copier_of = a ? a->id : 0;
+            t->copier_next = (struct copier_ref){.sock = -1};
             return 0;
         }
         copier_drop(t);
@@ -1710,6 +1792,16 @@ static void on_copier(struct tmpl *t, struct session_rec *s)
         s->branch_step = BR_RESUMING;
         return;
     }
+    /* A copier that copied a branch and may take another job waits for
+     * the origin's next branch (its socket closed, it ends). */
+    struct session_rec *a = s->copier_of ? find_session(t, s->copier_of) : NULL;
+    if (got == (ssize_t)sizeof(r) && r.rc == 0 && r.again && a && a->phase != SESS_ENDING &&
+        a->copier_kept.pid <= 0) {
+        a->copier_kept = (struct copier_ref){.pid = s->copier, .sock = s->copier_fd};
+        a->copier_kept_ns = now_ns() + COPIER_KEEP_MS * 1000000ULL;
+        s->copier_fd = -1;
+    }
+    s->copier_of = 0;
     close_fd(&s->copier_fd);
     close_fd(&s->image_fd);
     s->copier = 0; /* reaped as any child of ours */
@@ -1816,7 +1908,7 @@ static void branch_advance(struct tmpl *t, struct session_rec *b)
     /* What the copy costs is the tenant's to size (its mappings, its
      * pages): never the loop's. */
     a->held_by = b->id;
-    if (start_copier(t, b, COPY_BRANCH, a->state->pid, why, sizeof(why)) < 0)
+    if (start_copier(t, b, a, COPY_BRANCH, a->state->pid, why, sizeof(why)) < 0)
         end_session(t, b, why);
     else
         b->branch_step = BR_COPYING;
@@ -1950,7 +2042,7 @@ static void save_advance(struct tmpl *t, struct session_rec *s)
             return;
         }
         s->held_by = s->id;
-        if (start_copier(t, s, COPY_SAVE, s->state->pid, why, sizeof(why)) < 0)
+        if (start_copier(t, s, NULL, COPY_SAVE, s->state->pid, why, sizeof(why)) < 0)
             save_done(t, s, -EIO, 0, why);
         else
             s->saving = SAVE_COPYING;
@@ -1984,7 +2076,7 @@ static void restore_advance(struct tmpl *t, struct session_rec *s)
 
     if (s->branch_step != BR_IMAGE || s->image_fd < 0)
         return;
-    if (start_copier(t, s, COPY_RESTORE, 0, why, sizeof(why)) < 0)
+    if (start_copier(t, s, NULL, COPY_RESTORE, 0, why, sizeof(why)) < 0)
         end_session(t, s, why);
     else
         s->branch_step = BR_COPYING;
@@ -2451,6 +2543,8 @@ static uint64_t next_deadline(const struct session_rec *s)
 
     if (s->lost_track)
         return 1;
+    if (s->copier_kept.pid > 0)
+        d = soonest(d, s->copier_kept_ns);
     if (s->saving == SAVE_WAIT)
         d = soonest(d, s->save_look_ns);
     if (s->phase == SESS_OPENING && (s->branch_of || s->restoring))
@@ -2555,6 +2649,8 @@ void sessions_tick(struct tmpl *t, bool idle)
         }
         if (s->stray && s->stray_look_ns <= now)
             look_for_stray(t, s, false);
+        if (s->copier_kept.pid > 0 && s->copier_kept_ns <= now)
+            copier_let_go(&s->copier_kept);
         if (s->saving == SAVE_WAIT && s->save_look_ns && s->save_look_ns <= now)
             save_advance(t, s);
         if (s->making == NEXT_HOLDING && s->warm_by_ns && s->warm_by_ns <= now) {

@@ -35,6 +35,12 @@ struct session_rec;
 
 /* A process the template made and will reap: a worker, or a session's
  * process (sessions.c). */
+/* A copier's process (sessions.c), and the socket it takes jobs on. */
+struct copier_ref {
+    pid_t pid; /* 0: none (reaped, or never made) */
+    int sock;
+};
+
 struct worker_rec {
     struct worker_rec *next;
     uint64_t id; /* unique in this template: what a poll slot names it by */
@@ -138,10 +144,7 @@ struct tmpl {
     struct session_rec *spare; /* a session's first process made ahead, or NULL */
     bool spare_due;            /* one to be made when the loop is idle (sessions.c) */
     /* A copier made ahead, likewise, once a session has been copied. */
-    struct {
-        pid_t pid;
-        int sock;
-    } copier_next;
+    struct copier_ref copier_next;
     bool copier_wanted;
     struct policy session_policy;
     bool session_policy_built;
@@ -221,6 +224,9 @@ void forget_worker(struct tmpl *t, struct worker_rec *w);
 /* Whether |pid| is a process the template knows (a worker, a session's,
  * the keeper, the sweeper). */
 bool known_child(const struct tmpl *t, pid_t pid);
+/* Whether |pid|, just reaped, was a copier waiting for a job (made ahead,
+ * or kept for a session's next branch): then it is forgotten. */
+bool copier_reaped(struct tmpl *t, pid_t pid);
 
 /* The report the supervisor gets at start: versions, and each layer as
  * active or not with the reason. */
