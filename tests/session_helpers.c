@@ -240,10 +240,10 @@ int pids_named(const char *name, pid_t *out, int cap)
     return u.n;
 }
 
-int descriptors_of_pid(pid_t pid, const char *name)
+int descriptors_named(pid_t pid, const char *name, bool prefix, int *all)
 {
     char path[64], link[256];
-    int n = 0;
+    int n = 0, any = 0;
 
     snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
     DIR *d = opendir(path);
@@ -251,15 +251,23 @@ int descriptors_of_pid(pid_t pid, const char *name)
     while (d && (e = readdir(d))) {
         if (e->d_name[0] == '.')
             continue;
+        any++;
         ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
         if (len > 0) {
             link[len] = '\0';
-            n += strcmp(link, name) == 0;
+            n += (prefix ? strncmp(link, name, strlen(name)) : strcmp(link, name)) == 0;
         }
     }
     if (d)
         closedir(d);
+    if (all)
+        *all = any;
     return n;
+}
+
+int descriptors_of_pid(pid_t pid, const char *name)
+{
+    return descriptors_named(pid, name, false, NULL);
 }
 
 int descriptors_of(uid_t uid, const char *name)

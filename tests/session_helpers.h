@@ -6,6 +6,7 @@
 
 #include "helpers.h"
 
+#include <stdbool.h>
 #include <sys/types.h>
 
 struct sbx_session *open_session(struct sbx *sbx, const struct sbx_session_limits *l);
@@ -50,6 +51,9 @@ int pids_of(uid_t uid, pid_t *out, int cap);
 int descriptors_of(uid_t uid, const char *name);
 /* How many descriptors process |pid| holds that the kernel names |name|. */
 int descriptors_of_pid(pid_t pid, const char *name);
+/* The same, or with |prefix| those whose name starts with |name|; in *all
+ * (unless NULL) how many descriptors it holds. */
+int descriptors_named(pid_t pid, const char *name, bool prefix, int *all);
 /* The pids of the processes that call themselves |name| (their comm), at
  * most |cap|. */
 int pids_named(const char *name, pid_t *out, int cap);

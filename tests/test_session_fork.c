@@ -12,7 +12,6 @@
 #define _GNU_SOURCE
 #include "session_helpers.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -705,31 +704,6 @@ static pid_t copier_that_ran(const struct copiers *before)
     return n == 1 ? found : -1;
 }
 
-/* How many of |pid|'s descriptors the kernel names starting with |prefix|. */
-static int descriptors_like(pid_t pid, const char *prefix, int *all)
-{
-    char path[64], link[256];
-    int n = 0;
-
-    *all = 0;
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
-        (*all)++;
-        if (len > 0) {
-            link[len] = '\0';
-            n += strncmp(link, prefix, strlen(prefix)) == 0;
-        }
-    }
-    if (d)
-        closedir(d);
-    return n;
-}
-
 /* A branch of |from| whose cell prints |want| for |check|, closed once
  * the copiers are idle (its pages all in); the one copier that ran for it,
  * which must be alive (kept by |from|) and hold one socket and nothing
@@ -749,8 +723,8 @@ static pid_t branch_by_kept_copier(struct sbx_session *from, const char *check, 
     assert_true(pid > 0);
     if (ran_ns(pid) < 0)
         fail_msg("the copier of a branch ended: its origin did not keep it");
-    if (descriptors_like(pid, "socket:", &all) != 1 || descriptors_like(pid, "anon_inode:", &all) ||
-        all > 5)
+    if (descriptors_named(pid, "socket:", true, &all) != 1 ||
+        descriptors_named(pid, "anon_inode:", true, NULL) || all > 5)
         fail_msg("the copier kept by its origin holds %d descriptors", all);
     return pid;
 }
