@@ -925,9 +925,10 @@ static int session_spawn(struct tmpl *t, struct session_rec *s, char *why, size_
 }
 
 /* Whether a session being opened is on its way: its first process getting
- * ready, its copier at work (on this CPU or the other), its copy resuming. What is made ahead
- * waits for it (the loop's time, and a CPU, are its now). Not a session
- * that waits for its image or for its origin's cell to end. */
+ * ready, its copier at work (on this CPU or the other), its copy resuming.
+ * What is made ahead waits for it (the loop's time, and a CPU, are its
+ * now). Not a session that waits for its image or for its origin's cell
+ * to end. */
 static bool opening_waits(const struct tmpl *t)
 {
     for (const struct session_rec *s = t->sessions; s; s = s->next)

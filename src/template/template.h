@@ -33,14 +33,14 @@
 
 struct session_rec;
 
-/* A process the template made and will reap: a worker, or a session's
- * process (sessions.c). */
 /* A copier's process (sessions.c), and the socket it takes jobs on. */
 struct copier_ref {
     pid_t pid; /* 0: none (reaped, or never made) */
     int sock;
 };
 
+/* A process the template made and will reap: a worker, or a session's
+ * process (sessions.c). */
 struct worker_rec {
     struct worker_rec *next;
     uint64_t id; /* unique in this template: what a poll slot names it by */

@@ -76,9 +76,9 @@ static int send_fd(int sock, char byte, int fd)
 
 /* SESSION_FORK, with the cell's channel in *chan and its plan in |m|, or
  * SESSION_ADOPT (struct session_adopt_msg at the start of |m|) with its
- * file in *chan (m->cmd says which). Returns 1, 0
- * when the template is gone, or -errno (-EPROTO for anything else, whose
- * descriptors are closed). */
+ * file in *chan (m->cmd says which). Returns 1, 0 when the template is
+ * gone, or -errno (-EPROTO for anything else, whose descriptors are
+ * closed). */
 static int recv_fork(int sock, struct session_fork_msg *m, int *chan)
 {
     int got = 0;

@@ -71,16 +71,16 @@ struct session_fork_msg {
  * working directory) before it forks anything, and where a copy resumes is
  * marked once, in the first: the template copies a state only once the
  * kernel has seen it fork since it became the state, and never wakes it
- * for a copy. A branch's first process, made fresh and
- * confined as its own session, gets BRANCH_STACK (struct branch_op: where
- * to map the stack it imports on, clear of the state's memory), then
- * struct branch_op messages that make its memory map the state's; at
- * BRANCH_OP_GROW it answers BRANCH_MAPPED, with a userfaultfd of its
- * own memory if it has one (session_import_fd; BRANCH_MAPPED_FULL if that
- * takes the kernel's faults too), and waits while the
- * template copies the state's pages into it; BRANCH_OP_END resumes the copy where
- * the state marked, and it says SESSION_BRANCHED (from then on it is the
- * tenant's). BRANCH_FAILED and why, then its exit, if an operation fails. */
+ * for a copy. A branch's first process, made fresh and confined as its
+ * own session, gets BRANCH_STACK (struct branch_op: where to map the stack
+ * it imports on, clear of the state's memory), then struct branch_op
+ * messages that make its memory map the state's; at BRANCH_OP_GROW it
+ * answers BRANCH_MAPPED, with a userfaultfd of its own memory if it has
+ * one (session_import_fd; BRANCH_MAPPED_FULL if that takes the kernel's
+ * faults too), and waits while the template copies the state's pages into
+ * it; BRANCH_OP_END resumes the copy where the state marked, and it says
+ * SESSION_BRANCHED (from then on it is the tenant's). BRANCH_FAILED and
+ * why, then its exit, if an operation fails. */
 #define SESSION_BRANCHED   'b'
 #define BRANCH_MAPPED      'M'
 #define BRANCH_MAPPED_FULL 'F' /* its userfaultfd takes the kernel's faults too */
