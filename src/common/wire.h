@@ -168,8 +168,8 @@ struct wire_session {
 
 /*
  * Images of a session's state. WIRE_SAVE (a session waiting between cells,
- * the descriptor to write to attached): the template has the state export
- * itself, as for a branch, and a copier write its memory to the descriptor
+ * the descriptor to write to attached): once the state may be copied, as
+ * for a branch, a copier writes its memory to the descriptor
  * (src/template/branch.h); then WIRE_SAVED says how it went, with the
  * session's saved copy of its files attached when it went well (the
  * supervisor writes the files after the memory). The session goes on.

@@ -63,8 +63,9 @@ struct branch_pids {
 
 /* Makes process |to| (a branch's first process, waiting at its import on
  * the channel |sock|) a copy of the memory of |from| (a state that has
- * exported itself and is stopped), reading both under /proc (|proc_fd|).
- * On success the copy resumes where the state exported, and says
+ * written its record down and is stopped: worker.h), reading both under
+ * /proc (|proc_fd|). On success the copy resumes where the state marked,
+ * and says
  * SESSION_BRANCHED on its channel; if |lazy| has runs then, the copy
  * is not whole until branch_fill has run (the state must stay as it is
  * until then). Returns 0, or -errno with |why| (|lazy| then empty). */
@@ -120,7 +121,7 @@ struct image_req {
     uint64_t as_limit;  /* save: the state's hard RLIMIT_AS, written down */
 };
 
-/* Writes the memory of |p->from| (exported and stopped) to |out|, with the
+/* Writes the memory of |p->from| (recorded and stopped) to |out|, with the
  * template's own mappings of files that are not writable left out.
  * *bytes gets its length. Returns 0, or -errno with |why|. */
 int image_save(int proc_fd, const struct branch_pids *p, const struct image_req *r, int out,
