@@ -65,10 +65,9 @@ struct branch_pids {
  * the channel |sock|) a copy of the memory of |from| (a state that has
  * written its record down and is stopped: worker.h), reading both under
  * /proc (|proc_fd|). On success the copy resumes where the state marked,
- * and says
- * SESSION_BRANCHED on its channel; if |lazy| has runs then, the copy
- * is not whole until branch_fill has run (the state must stay as it is
- * until then). Returns 0, or -errno with |why| (|lazy| then empty). */
+ * and says SESSION_BRANCHED on its channel; if |lazy| has runs then, the
+ * copy is not whole until branch_fill has run (the state must stay as it
+ * is until then). Returns 0, or -errno with |why| (|lazy| then empty). */
 int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branch_fill *lazy,
                 struct branch_stats *st, char *why, size_t cap);
 
