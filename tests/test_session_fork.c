@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,6 +159,42 @@ static void a_branch_counts_among_max_sessions(void **state)
     sbx_session_close(c);
     sbx_session_close(a);
     sbx_close(sbx);
+}
+
+/* Two CPUs kept busy by the test's own threads until |stop|. */
+static void *busy(void *p)
+{
+    while (!atomic_load((atomic_bool *)p))
+        ;
+    return NULL;
+}
+
+/* A session branched as soon as it is open, on a busy machine: its first
+ * process may not have taken on its memory ceiling yet (the supervisor
+ * hears the session is open as the process is told to begin), and the
+ * kernel then says its limit is unlimited. The branch gets the ceiling the
+ * origin is taking (before, it was refused: "the state's memory limit could
+ * not be read"). */
+static void a_session_branched_as_it_opens(void **state)
+{
+    atomic_bool stop = false;
+    pthread_t hog[2];
+
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&hog[i], NULL, busy, &stop), 0);
+    for (int i = 0; i < 10; i++) {
+        struct sbx_session *a = open_session(SBX(state), NULL);
+        struct sbx_session *b = expect_fork(a);
+        expect_cell(b,
+                    "import resource\n"
+                    "print(resource.getrlimit(resource.RLIMIT_AS)[1] > 0)",
+                    "True\n");
+        sbx_session_close(b);
+        sbx_session_close(a);
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(hog[i], NULL);
 }
 
 /* A lost session has no state to copy: the branch is refused as lost. */
@@ -966,6 +1003,7 @@ int main(void)
         cmocka_unit_test(a_branch_has_its_own_uid_and_processes),
         cmocka_unit_test(a_branch_counts_among_max_sessions),
         cmocka_unit_test(a_lost_session_cannot_be_branched),
+        cmocka_unit_test(a_session_branched_as_it_opens),
         cmocka_unit_test(what_a_fork_would_carry_carries_over),
         cmocka_unit_test(a_library_global_the_state_set_is_in_the_branch),
         cmocka_unit_test(many_branches_leak_nothing),

@@ -391,19 +391,27 @@ static long status_inner(const struct tmpl *t, pid_t pid, const char *field)
     return *p ? strtol(p, NULL, 10) : -1;
 }
 
-/* The hard RLIMIT_AS of |pid| (/proc/PID/limits, which the kernel writes
- * and anyone may read), or 0 when it cannot be read or is unlimited. */
-static uint64_t as_hard_limit(const struct tmpl *t, pid_t pid)
+/* The hard RLIMIT_AS of |s|'s state (/proc/PID/limits, which the kernel
+ * writes and anyone may read: what its code may have lowered it to
+ * included), or 0 when it cannot be read. A session's first process takes
+ * its ceiling on as its session begins (session_main), and its supervisor
+ * may hear the session is open before it has: until then the kernel says
+ * unlimited (which no process of a session can make it, having no
+ * privilege to raise it), and the ceiling is the one it is taking. */
+static uint64_t as_hard_limit(const struct tmpl *t, const struct session_rec *s)
 {
-    char buf[4096];
+    char buf[4096], soft[32], hard[32];
 
-    if (!read_proc(t, pid, "limits", buf, sizeof(buf)))
+    if (!s->state || !read_proc(t, s->state->pid, "limits", buf, sizeof(buf)))
         return 0;
     const char *line = strstr(buf, "Max address space");
-    unsigned long long soft, hard;
-    if (!line || sscanf(line + strlen("Max address space"), "%llu %llu", &soft, &hard) != 2)
+    if (!line || sscanf(line + strlen("Max address space"), "%31s %31s", soft, hard) != 2)
         return 0;
-    return hard;
+    if (strcmp(hard, "unlimited") == 0)
+        return s->as_limit ? s->as_limit : (uint64_t)worker_memory_limit(s->memory);
+    char *end;
+    unsigned long long v = strtoull(hard, &end, 10);
+    return *end ? 0 : v;
 }
 
 static uint64_t cpu_ns(pid_t pid)
@@ -984,7 +992,7 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         }
         /* The ceiling the origin has (what its code may have lowered it to
          * included), and room for the import's stack. */
-        uint64_t as = as_hard_limit(t, from->state->pid);
+        uint64_t as = as_hard_limit(t, from);
         if (!as) {
             fmt(why, sizeof(why), "template: the state's memory limit could not be read");
             goto refuse;
@@ -1717,7 +1725,7 @@ static int start_copier(struct tmpl *t, struct session_rec *s, struct session_re
         .req = {.tmpl = t->pid,
                 .layout = t->layout,
                 .max_bytes = s->image_max,
-                .as_limit = job == COPY_SAVE ? as_hard_limit(t, from) : 0},
+                .as_limit = job == COPY_SAVE ? as_hard_limit(t, s) : 0},
     };
     int fds[2], nfds = 0;
 
