@@ -500,16 +500,24 @@ static void a_stopped_state_does_not_run(void **state)
             frozen ? "frozen" : "no freezer");
     /* Either the state was frozen before its timer fired (it cannot run,
      * and its cells go on), or the timer resumed it before it was frozen,
-     * or there is no freezer: the session ended at once, saying why. */
+     * or there is no freezer: the session ended at once, saying why. Or,
+     * without a freezer, the stop discarded the timer's SIGCONT before it
+     * was delivered, and the kernel does not re-arm a periodic timer whose
+     * signal was never delivered: the timer is dead and the state never
+     * ran (outside pysbx, a process with such a timer, stopped 300 times
+     * at random moments, was never continued by it again 25 times). Its
+     * cells go on then, and the state's CPU, read as root, says it did
+     * not run. */
     struct sbx_error err = {0};
     int rc;
     struct sbx_result *r =
         cell_full(a, "print('still here')", SBX_ROLLBACK_ON_ERROR, 0, NULL, 0, &rc, &err);
     fprintf(stderr, "(then: %s)\n", rc == 0 ? "its cells go on" : err.message);
     if (rc == 0) {
-        assert_true(frozen);
         if (geteuid() == 0)
             assert_true(cpu < 20.0);
+        else
+            assert_true(frozen);
         expect_completed(r, 0);
         assert_string_equal(r->stdout_text, "still here\n");
         sbx_result_free(r);
