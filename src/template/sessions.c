@@ -255,7 +255,6 @@ struct session_rec {
      * first is a trap of its own). */
     struct copier_ref copier_kept;
     uint64_t copier_kept_ns; /* ... let go then, if it has had no job */
-    uint64_t copier_of;      /* BR_COPYING: the session whose copier it may be */
     /* A branch resumed whose copier still puts its pages in (branch_fill):
      * only a cell asked for is made of it until then (fill_make_due: one
      * made ahead was due). */
@@ -1743,7 +1742,6 @@ static int start_copier(struct tmpl *t, struct session_rec *s, struct session_re
         if (wire_send(a->copier_kept.sock, &j, sizeof(j), fds, nfds) == 0) {
             s->copier = a->copier_kept.pid;
             s->copier_fd = a->copier_kept.sock;
-            s->copier_of = a->id;
             a->copier_kept = (struct copier_ref){.sock = -1};
             return 0;
         }
@@ -1759,7 +1757,6 @@ static int start_copier(struct tmpl *t, struct session_rec *s, struct session_re
         if (rc == 0) {
             s->copier = t->copier_next.pid;
             s->copier_fd = t->copier_next.sock;
-            s->copier_of = a ? a->id : 0;
             t->copier_next = (struct copier_ref){.sock = -1};
             return 0;
         }
@@ -1801,16 +1798,16 @@ static void on_copier(struct tmpl *t, struct session_rec *s)
         s->branch_step = BR_RESUMING;
         return;
     }
-    /* A copier that copied a branch and may take another job waits for
-     * the origin's next branch (its socket closed, it ends). */
-    struct session_rec *a = s->copier_of ? find_session(t, s->copier_of) : NULL;
+    /* A copier that copied a branch (only a branch's says again) and may
+     * take another job waits for the origin's next branch (its socket
+     * closed, it ends). */
+    struct session_rec *a = s->branch_of ? find_session(t, s->branch_of) : NULL;
     if (got == (ssize_t)sizeof(r) && r.rc == 0 && r.again && a && a->phase != SESS_ENDING &&
         a->copier_kept.pid <= 0) {
         a->copier_kept = (struct copier_ref){.pid = s->copier, .sock = s->copier_fd};
         a->copier_kept_ns = now_ns() + COPIER_KEEP_MS * 1000000ULL;
         s->copier_fd = -1;
     }
-    s->copier_of = 0;
     close_fd(&s->copier_fd);
     close_fd(&s->image_fd);
     s->copier = 0; /* reaped as any child of ours */
