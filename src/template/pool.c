@@ -623,6 +623,8 @@ void pool_run(struct tmpl *t)
                 continue;
             break;
         }
+        if (polled > 0)
+            t->busy_ns = now_ns();
         /* Reaping first: it is what a waiting supervisor is blocked on. */
         if (pfd[1].revents)
             reap(t);

@@ -124,6 +124,15 @@
  * still) and has been idle less than COPIER_KEEP_MS. */
 #define COPIER_KEEP_CPU_NS (1000ULL * 1000000ULL)
 #define COPIER_KEEP_MS     10000
+/* What is made ahead (a spare first process, a copier) waits until the
+ * loop has had nothing to do for AHEAD_QUIET_NS. An answer just sent wakes
+ * its client, and the kernel may queue the client on the CPU the loop runs
+ * on: a fork made at once (1 to 1.5 ms of the template's) is then what the
+ * client waits behind, the other CPU idle (a scheduler trace of a branch's
+ * answer: 1.5 ms). It waits at most AHEAD_LATEST_NS from when it was
+ * wanted: then, at the loop's first look with nothing to do. */
+#define AHEAD_QUIET_NS  (1ULL * 1000000ULL)
+#define AHEAD_LATEST_NS (20ULL * 1000000ULL)
 /* How long a branch may take, from its opening to its copy resumed. */
 #define BRANCH_BUDGET_NS (10000ULL * 1000000ULL)
 /* A process seen stopped may use this much CPU, and 1% of the time since,
@@ -945,10 +954,32 @@ static bool opening_waits(const struct tmpl *t)
     return false;
 }
 
+/* Whether a spare first process or a copier is to be made ahead. */
+static bool ahead_due(const struct tmpl *t)
+{
+    return (t->spare_due || (t->copier_wanted && t->copier_next.pid <= 0)) && !opening_waits(t);
+}
+
+/* When it may be made (AHEAD_QUIET_NS). */
+static uint64_t ahead_at(const struct tmpl *t)
+{
+    uint64_t quiet = t->busy_ns + AHEAD_QUIET_NS, latest = t->ahead_due_ns + AHEAD_LATEST_NS;
+
+    return quiet < latest ? quiet : latest;
+}
+
+/* |*flag| (spare_due, copier_wanted) set, at the opening or the copy that
+ * used what was made ahead: what is made ahead waits from then. */
+static void ahead_wanted(struct tmpl *t, bool *flag)
+{
+    t->ahead_due_ns = now_ns();
+    *flag = true;
+}
+
 /* A session's first process made ahead, as workers are: spawning and
  * confining one is most of what opening a session (or a branch) costs.
- * Once sessions are used at all; one at a time; when the loop has nothing
- * else to do and no session is on its way (sessions_tick). */
+ * Once sessions are used at all; one at a time; when the loop has been
+ * quiet a moment and no session is on its way (sessions_tick). */
 static void make_spare(struct tmpl *t)
 {
     char why[WIRE_TEXT_MAX];
@@ -1051,7 +1082,7 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
         goto refuse;
     /* The next one's, once this one no longer waits on the loop (making a
      * process takes the loop a millisecond or two). */
-    t->spare_due = true;
+    ahead_wanted(t, &t->spare_due);
     return;
 
 refuse:
@@ -1582,7 +1613,7 @@ struct copier_job {
     struct image_req req;
 };
 
-/* A copier's process, forked ahead when the loop is idle (sessions_tick),
+/* A copier's process, forked ahead when the loop is quiet (sessions_tick),
  * as the spare session's process is: it holds nothing but /proc (at 3)
  * and its end of a socket (at 5), on which it takes a job and answers;
  * its buffer is in memory already (branch_buffer_ready: each page of it
@@ -1747,7 +1778,7 @@ static int start_copier(struct tmpl *t, struct session_rec *s, struct session_re
         }
         copier_let_go(&a->copier_kept);
     }
-    t->copier_wanted = true;
+    ahead_wanted(t, &t->copier_wanted);
     /* The one made ahead may have died meanwhile: then one forked now. */
     for (int attempt = 0; attempt < 2; attempt++) {
         int rc = t->copier_next.pid > 0 ? 0 : copier_fork(t, why, cap);
@@ -2570,9 +2601,9 @@ int sessions_timeout_ms(struct tmpl *t)
 {
     uint64_t first = t->sessions ? t->watch_ns : 0, now = now_ns();
 
-    /* A spare is due: a look whether anything else is (sessions_tick). */
-    if ((t->spare_due || (t->copier_wanted && t->copier_next.pid <= 0)) && !opening_waits(t))
-        return 0;
+    /* Something to make ahead: when the loop has been quiet (sessions_tick). */
+    if (ahead_due(t))
+        first = soonest(first, ahead_at(t));
     for (struct session_rec *s = t->sessions; s; s = s->next)
         first = soonest(first, next_deadline(s));
     if (!first)
@@ -2628,8 +2659,7 @@ void sessions_tick(struct tmpl *t, bool idle)
 {
     uint64_t now = now_ns();
 
-    if (idle && (t->spare_due || (t->copier_wanted && t->copier_next.pid <= 0)) &&
-        !opening_waits(t)) {
+    if (idle && ahead_due(t) && now >= ahead_at(t)) {
         char why[WIRE_TEXT_MAX];
         if (t->spare_due)
             make_spare(t);

@@ -142,10 +142,12 @@ struct tmpl {
     /* Sessions (sessions.c); their program is built at the first. */
     struct session_rec *sessions;
     struct session_rec *spare; /* a session's first process made ahead, or NULL */
-    bool spare_due;            /* one to be made when the loop is idle (sessions.c) */
+    bool spare_due;            /* one to be made when the loop is quiet (sessions.c) */
     /* A copier made ahead, likewise, once a session has been copied. */
     struct copier_ref copier_next;
     bool copier_wanted;
+    uint64_t ahead_due_ns; /* when either was last wanted */
+    uint64_t busy_ns;      /* when the loop last had something to do (pool.c) */
     struct policy session_policy;
     bool session_policy_built;
     bool idle_warm; /* cells made ahead wait at SCHED_IDLE (sessions.c) */
