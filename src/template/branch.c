@@ -281,6 +281,103 @@ static int scan(int pm, uint64_t lo, uint64_t hi, bool anon, uint64_t (**v)[2], 
     return 0;
 }
 
+/* The ranges of a page map that scan() finds, for every mapping of a state
+ * at once: one PAGEMAP_SCAN call per mapping costs a system call and a
+ * walk's start each (3 to 4 us here, two hundred of them for a small state
+ * and its branch), a call per run of neighbouring mappings only those. */
+struct scanned {
+    struct pm_region *v; /* in address order */
+    size_t n, room;
+    bool ok; /* else each mapping is scanned on its own (scan) */
+};
+
+/* [lo, hi) of |pm|, into |s| (grown as it fills), each range with whether
+ * it is a file's pages if |file| (asking costs the kernel a look at each
+ * page's own record: 7.5 ms for a GiB, against 1.6 ms for its page table
+ * entries alone). */
+static int scan_span(int pm, uint64_t lo, uint64_t hi, bool file, struct scanned *s)
+{
+    for (uint64_t at = lo; at < hi;) {
+        if (s->room - s->n < 256) {
+            size_t c = s->room ? s->room * 2 : 1024;
+            void *nv = realloc(s->v, c * sizeof(*s->v));
+            if (!nv)
+                return -ENOMEM;
+            s->v = nv;
+            s->room = c;
+        }
+        struct pm_scan a = {
+            .size = sizeof(a),
+            .start = at,
+            .end = hi,
+            .vec = (uint64_t)(uintptr_t)(s->v + s->n),
+            .vec_len = s->room - s->n,
+            .category_inverted = PM_IS_PFNZERO,
+            .category_mask = PM_IS_PFNZERO,
+            .category_anyof_mask = PM_IS_PRESENT | PM_IS_SWAPPED,
+            .return_mask = file ? PM_IS_FILE : PM_IS_PRESENT | PM_IS_SWAPPED,
+        };
+        int r = ioctl(pm, PM_SCAN, &a);
+        if (r < 0)
+            return -errno;
+        s->n += (size_t)r;
+        if (a.walk_end <= at)
+            break;
+        at = a.walk_end;
+    }
+    return 0;
+}
+
+/* Every mapping of |a| but the kernel's, scanned in |pm| into |s|: in runs
+ * of neighbours alike (the branch maps the same file there, or not), so
+ * that no call walks the kernel's own mappings and only the first kind
+ * asks which pages are a file's. A kernel that cannot (before Linux 6.7),
+ * or any failure, leaves |s| not ok: then each mapping is scanned alone,
+ * as it fails or is read page by page there. */
+static void scan_all(int pm, const struct map *a, struct scanned *s)
+{
+    s->n = 0;
+    s->ok = false;
+    for (size_t i = 0; i < a->n;) {
+        const struct region *r = &a->v[i];
+        if (r->m.kind == PROCMAP_KERNEL) {
+            i++;
+            continue;
+        }
+        size_t j = i + 1;
+        while (j < a->n && a->v[j].m.kind != PROCMAP_KERNEL && a->v[j].file_same == r->file_same)
+            j++;
+        if (scan_span(pm, r->m.lo, a->v[j - 1].m.hi, r->file_same, s) < 0)
+            return;
+        i = j;
+    }
+    s->ok = true;
+}
+
+/* What scan() would add for [lo, hi), taken from |s|. */
+static int scanned_take(const struct scanned *s, uint64_t lo, uint64_t hi, bool anon,
+                        uint64_t (**v)[2], size_t *n, size_t *room)
+{
+    size_t first = 0, last = s->n;
+
+    while (first < last) {
+        size_t mid = first + (last - first) / 2;
+        if (s->v[mid].end <= lo)
+            first = mid + 1;
+        else
+            last = mid;
+    }
+    for (size_t i = first; i < s->n && s->v[i].start < hi; i++) {
+        if (anon && (s->v[i].categories & PM_IS_FILE))
+            continue;
+        int rc = add_range(v, n, room, s->v[i].start > lo ? s->v[i].start : lo,
+                           s->v[i].end < hi ? s->v[i].end : hi);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 static int cmp_range(const void *x, const void *y)
 {
     const uint64_t *a = x, *b = y;
@@ -336,6 +433,7 @@ struct copier {
     size_t n_batch, batched;        /* how many, and their bytes (in buf) */
     uint64_t *ea, *eb;              /* page map entries of a range, for both */
     size_t e_room;
+    struct scanned sa, sb; /* the state's pages and the branch's, scanned */
     struct branch_stats *st;
 };
 
@@ -547,13 +645,15 @@ static int copy_region(struct copier *c, struct region *r, char *why, size_t cap
 {
     uint64_t(*v)[2] = NULL;
     size_t n = 0, room = 0;
-    int rc = scan(c->pm_from, r->m.lo, r->m.hi, r->file_same, &v, &n, &room);
+    int rc = c->sa.ok ? scanned_take(&c->sa, r->m.lo, r->m.hi, r->file_same, &v, &n, &room)
+                      : scan(c->pm_from, r->m.lo, r->m.hi, r->file_same, &v, &n, &room);
     size_t of_state = n;
 
     /* The branch's own pages there count too: where the state has none,
      * the branch's go. */
     if (rc == 0)
-        rc = scan(c->pm_to, r->m.lo, r->m.hi, r->file_same, &v, &n, &room);
+        rc = c->sb.ok ? scanned_take(&c->sb, r->m.lo, r->m.hi, r->file_same, &v, &n, &room)
+                      : scan(c->pm_to, r->m.lo, r->m.hi, r->file_same, &v, &n, &room);
     /* Where the branch has no page (a mapping made for the copy), every
      * page the scan found of the state's is one the branch lacks: copied
      * without comparing page map entries (for a large state, most of it:
@@ -788,6 +888,12 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
                     c.buf ? strerror(errno) : "out of memory");
         goto out;
     }
+    /* Both stopped (the branch's process waits for our word) and their
+     * mappings as read: the copy writes only pages the scans have looked
+     * at already. */
+    scan_all(c.pm_from, &a, &c.sa);
+    if (c.sa.ok)
+        scan_all(c.pm_to, &a, &c.sb);
     for (size_t i = 0; i < a.n && rc == 0; i++)
         if (a.v[i].m.kind != PROCMAP_KERNEL)
             rc = copy_region(&c, &a.v[i], why, cap);
@@ -816,6 +922,8 @@ out:
         buffer_put(c.buf);
     free(c.ea);
     free(c.eb);
+    free(c.sa.v);
+    free(c.sb.v);
     map_free(&a);
     map_free(&b);
     return rc;
