@@ -126,11 +126,12 @@
 #define COPIER_KEEP_MS     10000
 /* What is made ahead (a spare first process, a copier) waits until the
  * loop has had nothing to do for AHEAD_QUIET_NS. An answer just sent wakes
- * its client, and the kernel may queue the client on the CPU the loop runs
- * on: a fork made at once (1 to 1.5 ms of the template's) is then what the
- * client waits behind, the other CPU idle (a scheduler trace of a branch's
- * answer: 1.5 ms). It waits at most AHEAD_LATEST_NS from when it was
- * wanted: then, at the loop's first look with nothing to do. */
+ * its client, and the kernel may queue the client on the CPU the loop
+ * runs on: a fork made at once (a millisecond or two of the template's)
+ * is then what the client waits behind, the other CPU idle (a scheduler
+ * trace of a branch's answer: 1.5 ms). It waits at most AHEAD_LATEST_NS
+ * from when it was wanted: then, at the loop's first look with nothing to
+ * do. */
 #define AHEAD_QUIET_NS  (1ULL * 1000000ULL)
 #define AHEAD_LATEST_NS (20ULL * 1000000ULL)
 /* How long a branch may take, from its opening to its copy resumed. */
