@@ -888,9 +888,10 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
                     c.buf ? strerror(errno) : "out of memory");
         goto out;
     }
-    /* Both stopped (the branch's process waits for our word) and their
-     * mappings as read: the copy writes only pages the scans have looked
-     * at already. */
+    /* Scanned once, before any page is written: the state is stopped and
+     * the branch's process waits for our word, so neither changes its
+     * mappings or pages meanwhile, and what the copy writes in one
+     * mapping changes nothing the scans say of another. */
     scan_all(c.pm_from, &a, &c.sa);
     if (c.sa.ok)
         scan_all(c.pm_to, &a, &c.sb);
