@@ -454,6 +454,39 @@ static void a_branch_has_the_pages_its_origin_wrote_and_no_others(void **state)
     sbx_session_close(a);
 }
 
+/* A heap the state grew and wrote through, with holes freed and blocks
+ * rewritten (of the template's heap and past it): the copy takes such a
+ * region in parts, two threads at once, and every part is in the branch. */
+#define HEAP_STATE                                                                                 \
+    "import hashlib\n"                                                                             \
+    "blocks = [bytes([i % 251]) * 1000 + i.to_bytes(4, 'little') for i in range(40000)]\n"         \
+    "del blocks[::3]\n"                                                                            \
+    "for i in range(0, len(blocks), 7):\n"                                                         \
+    "    blocks[i] = b'w' * 1000 + i.to_bytes(4, 'little')\n"                                      \
+    "def heap():\n"                                                                                \
+    "    return len(blocks), hashlib.sha256(b''.join(blocks)).hexdigest()\n"                       \
+    "want = heap()\n"
+#define HEAP_CHECK "print(want[0], heap() == want)\n"
+
+static void a_heap_copied_in_parts_is_whole_in_the_branch(void **state)
+{
+    struct sbx_session_limits l;
+    sbx_session_limits_init(&l);
+    l.memory_bytes = 1ULL << 30;
+    struct sbx_session *a = open_session(SBX(state), &l);
+
+    expect_cell(a, HEAP_STATE, "");
+    expect_cell(a, HEAP_CHECK, "26666 True\n");
+    struct sbx_session *b = expect_fork(a);
+    expect_cell(b, HEAP_CHECK, "26666 True\n");
+    /* And a branch of that branch, whose state is the first branch's. */
+    struct sbx_session *c = expect_fork(b);
+    expect_cell(c, HEAP_CHECK, "26666 True\n");
+    sbx_session_close(c);
+    sbx_session_close(b);
+    sbx_session_close(a);
+}
+
 /* Where [stack] of |pid| starts: its deepest page; 0 if not found. */
 static uint64_t stack_bottom_of(pid_t pid)
 {
@@ -1011,6 +1044,7 @@ int main(void)
         cmocka_unit_test(a_mapped_file_is_copied_not_shared),
         cmocka_unit_test(a_branch_leaves_its_origin_sharing_its_pages),
         cmocka_unit_test(a_branch_has_the_pages_its_origin_wrote_and_no_others),
+        cmocka_unit_test(a_heap_copied_in_parts_is_whole_in_the_branch),
         cmocka_unit_test(a_page_the_state_gave_back_is_not_in_the_branch),
         cmocka_unit_test(a_state_at_its_memory_limit),
         cmocka_unit_test(killing_the_origin_during_a_branch_leaves_nothing),

@@ -13,6 +13,9 @@
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -386,8 +389,11 @@ static int cmp_range(const void *x, const void *y)
 
 static char *ready_buffer; /* branch_buffer_ready's */
 
+static void helper_start(void);
+
 void branch_buffer_ready(void)
 {
+    helper_start();
     if (ready_buffer || !(ready_buffer = malloc(COPY_CHUNK)))
         return;
     /* Each page written (not a memset, which a compiler may fold into a
@@ -425,8 +431,9 @@ struct copier {
     /* Where the pages of regions made for the copy are put after the copy
      * resumed (a userfaultfd that takes every fault), else NULL. */
     struct branch_fill *lazy;
-    bool filling; /* the runs batched are in regions it fills */
-    int mem_from; /* the state's /proc/PID/mem */
+    bool filling;   /* the runs batched are in regions it fills */
+    uint64_t chunk; /* of buf: the most batched at once */
+    int mem_from;   /* the state's /proc/PID/mem */
     int pm_from, pm_to;
     char *buf;
     struct iovec batch[COPY_BATCH]; /* runs waiting, of the state's (and the branch's) */
@@ -520,10 +527,10 @@ static int flush(struct copier *c)
     return 0;
 }
 
-/* [at, at + len) to be copied (len at most COPY_CHUNK). */
+/* [at, at + len) to be copied (len at most c->chunk). */
 static int copy_run(struct copier *c, uint64_t at, uint64_t len)
 {
-    if (c->n_batch == COPY_BATCH || c->batched + len > COPY_CHUNK) {
+    if (c->n_batch == COPY_BATCH || c->batched + len > c->chunk) {
         int rc = flush(c);
         if (rc < 0)
             return rc;
@@ -576,7 +583,7 @@ static int copy_range(struct copier *c, uint64_t lo, uint64_t hi, bool file_same
             continue;
         }
         size_t j = i + 1;
-        while (j < n && (j - i) * PAGE < COPY_CHUNK && differs(c->ea[j], c->eb[j], file_same))
+        while (j < n && (j - i) * PAGE < c->chunk && differs(c->ea[j], c->eb[j], file_same))
             j++;
         int rc = copy_run(c, lo + i * PAGE, (j - i) * PAGE);
         if (rc < 0)
@@ -640,20 +647,22 @@ static void fill_end(int *uffd, struct map *a)
         close_fd(uffd);
 }
 
-/* The pages of the state's region |r| that the branch lacks, copied. */
-static int copy_region(struct copier *c, struct region *r, char *why, size_t cap)
+/* The pages of [lo, hi) of the state's region |r| (all of it, if it was
+ * made for the copy) that the branch lacks, copied. */
+static int copy_region(struct copier *c, struct region *r, uint64_t lo, uint64_t hi, char *why,
+                       size_t cap)
 {
     uint64_t(*v)[2] = NULL;
     size_t n = 0, room = 0;
-    int rc = c->sa.ok ? scanned_take(&c->sa, r->m.lo, r->m.hi, r->file_same, &v, &n, &room)
-                      : scan(c->pm_from, r->m.lo, r->m.hi, r->file_same, &v, &n, &room);
+    int rc = c->sa.ok ? scanned_take(&c->sa, lo, hi, r->file_same, &v, &n, &room)
+                      : scan(c->pm_from, lo, hi, r->file_same, &v, &n, &room);
     size_t of_state = n;
 
     /* The branch's own pages there count too: where the state has none,
      * the branch's go. */
     if (rc == 0)
-        rc = c->sb.ok ? scanned_take(&c->sb, r->m.lo, r->m.hi, r->file_same, &v, &n, &room)
-                      : scan(c->pm_to, r->m.lo, r->m.hi, r->file_same, &v, &n, &room);
+        rc = c->sb.ok ? scanned_take(&c->sb, lo, hi, r->file_same, &v, &n, &room)
+                      : scan(c->pm_to, lo, hi, r->file_same, &v, &n, &room);
     /* Where the branch has no page (a mapping made for the copy), every
      * page the scan found of the state's is one the branch lacks: copied
      * without comparing page map entries (for a large state, most of it:
@@ -669,7 +678,7 @@ static int copy_region(struct copier *c, struct region *r, char *why, size_t cap
                           (unsigned long long)r->m.lo);
         }
         n = 0;
-        rc = add_range(&v, &n, &room, r->m.lo, r->m.hi);
+        rc = add_range(&v, &n, &room, lo, hi);
     }
     /* A region made for the copy, with pages to copy: filled through the
      * branch's userfaultfd if it takes the region (else written). Runs
@@ -699,18 +708,246 @@ static int copy_region(struct copier *c, struct region *r, char *why, size_t cap
             }
             /* In slices, so that the page map entries stay small (no
              * address is near the top of the space: procmaps.h). */
-            uint64_t slice = lacks ? COPY_CHUNK : COPY_SLICE;
+            uint64_t slice = lacks ? c->chunk : COPY_SLICE;
             for (uint64_t at = lo, to; at < hi && rc == 0; at = to) {
                 to = hi - at < slice ? hi : at + slice;
                 rc = lacks ? copy_run(c, at, to - at) : copy_range(c, at, to, r->file_same);
             }
         }
         if (rc < 0)
-            errmsg(why, cap, rc, "copying the state's pages at %#llx: %s",
-                   (unsigned long long)r->m.lo, strerror(-rc));
+            errmsg(why, cap, rc, "copying the state's pages at %#llx: %s", (unsigned long long)lo,
+                   strerror(-rc));
     } else
         errmsg(why, cap, rc, "reading the page map: %s", strerror(-rc));
     free(v);
+    return rc;
+}
+
+/* --- the copy, in two threads ------------------------------------------------ */
+
+/* A region the branch kept is copied in this many parts at most, of a
+ * MiB at least, so that the two threads end about together. */
+#define PARTS_MAX 8
+#define PART_MIN  (1ULL << 20)
+
+/* A part of the copy: [lo, hi) of the state's region |r|. */
+struct part {
+    struct region *r;
+    uint64_t lo, hi;
+};
+
+/* The work of a copy, shared by its threads: the two scans, then the
+ * parts, in address order; each taken by one (|next|, the first not yet
+ * taken). */
+struct work {
+    atomic_int scans_taken, scans_made;
+    struct part *v;
+    size_t n;
+    atomic_size_t next;
+};
+
+/* Both page maps scanned, into |c| (the first thread's copier): each by
+ * the thread that takes it first, then the other's waited for, the CPU
+ * given up meanwhile (not slept on: a thread woken by the other may be
+ * moved to its CPU, and the two then copy in turn, not at once). */
+static void scan_both(struct copier *c, const struct map *a, struct work *w)
+{
+    for (int k; (k = atomic_fetch_add(&w->scans_taken, 1)) < 2;) {
+        if (k == 0)
+            scan_all(c->pm_from, a, &c->sa);
+        else
+            scan_all(c->pm_to, a, &c->sb);
+        atomic_fetch_add(&w->scans_made, 1);
+    }
+    while (atomic_load(&w->scans_made) < 2)
+        sched_yield();
+}
+
+/* The parts of |w| copied with |c|, each the next not yet taken, and
+ * each part's pages written before the next is taken (so that the thread
+ * that found more to copy does not end long after the other). */
+static int copy_parts(struct copier *c, struct work *w, char *why, size_t cap)
+{
+    int rc = 0;
+
+    for (size_t i; rc == 0 && (i = atomic_fetch_add(&w->next, 1)) < w->n;)
+        if ((rc = copy_region(c, w->v[i].r, w->v[i].lo, w->v[i].hi, why, cap)) == 0 &&
+            (rc = flush(c)) < 0)
+            errmsg(why, cap, rc, "copying the state's pages: %s", strerror(-rc));
+    return rc;
+}
+
+/* The second thread of a copy, with a copier of its own (half the buffer;
+ * its batch, page map entries, runs to put in after the branch resumed
+ * and counts), the descriptors and, once made, the scans shared: it
+ * scans the branch's page map as the first scans the state's. */
+struct half {
+    struct copier c;
+    struct copier *first;
+    struct map *a;
+    struct work *w;
+    struct branch_fill later; /* its runs (c.lazy) */
+    struct branch_stats st;
+    int rc;
+    char why[256];
+    atomic_bool done; /* the second thread is done with it */
+};
+
+static void half_main(struct half *h)
+{
+    scan_both(h->first, h->a, h->w);
+    h->c.sa = h->first->sa;
+    h->c.sb = h->first->sb;
+    h->rc = copy_parts(&h->c, h->w, h->why, sizeof(h->why));
+}
+
+/* The copier's second thread, made as the copier waits for its first job
+ * (branch_buffer_ready) and kept: made for each copy, it cost 0.1 ms to
+ * start and as much to be joined, on the copy's way. It waits for a
+ * copy's half (|job|), does it, says so (done), and waits again. It
+ * never runs anything of a tenant's: it reads and writes the memory of
+ * the state and the branch as the first thread does. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct half *job;
+    pthread_t th;
+    bool made;
+} helper = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void *helper_main(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        pthread_mutex_lock(&helper.mu);
+        while (!helper.job)
+            pthread_cond_wait(&helper.cv, &helper.mu);
+        struct half *h = helper.job;
+        helper.job = NULL;
+        pthread_mutex_unlock(&helper.mu);
+        half_main(h);
+        atomic_store(&h->done, true);
+    }
+    return NULL;
+}
+
+static void helper_start(void)
+{
+    if (!helper.made)
+        helper.made = pthread_create(&helper.th, NULL, helper_main, NULL) == 0;
+}
+
+/* |h| given to the second thread, which may run on any CPU we may use but
+ * the one we are on (there it would only take turns with us): false if
+ * there is none, or no second thread. */
+static bool helper_give(struct half *h)
+{
+    cpu_set_t cpus;
+    int here = sched_getcpu();
+
+    if (!helper.made || here < 0 || here >= CPU_SETSIZE ||
+        sched_getaffinity(0, sizeof(cpus), &cpus) < 0)
+        return false;
+    CPU_CLR(here, &cpus);
+    if (CPU_COUNT(&cpus) == 0 || pthread_setaffinity_np(helper.th, sizeof(cpus), &cpus) != 0)
+        return false;
+    pthread_mutex_lock(&helper.mu);
+    helper.job = h;
+    pthread_cond_signal(&helper.cv);
+    pthread_mutex_unlock(&helper.mu);
+    return true;
+}
+
+/* The regions of |a| but the kernel's, as parts: one of a region made for
+ * the copy (what it gets is the region's as a whole: filled, or not),
+ * else up to PARTS_MAX. Only a region the branch kept (the template's own
+ * mapping, as the template maps it) is cut: the tenant makes no more
+ * parts than mappings. */
+static int parts_of(const struct map *a, struct work *w)
+{
+    size_t room = 0;
+
+    for (size_t i = 0; i < a->n; i++) {
+        struct region *r = &a->v[i];
+        if (r->m.kind == PROCMAP_KERNEL)
+            continue;
+        uint64_t len = r->m.hi - r->m.lo, parts = r->kept ? len / PART_MIN : 1;
+        parts = parts < 1 ? 1 : parts > PARTS_MAX ? PARTS_MAX : parts;
+        uint64_t step = (len / parts + PAGE - 1) & ~(PAGE - 1);
+        if (w->n + parts > room) {
+            size_t c = room ? room * 2 : 256;
+            c = c < w->n + parts ? w->n + parts : c;
+            void *nv = realloc(w->v, c * sizeof(*w->v));
+            if (!nv)
+                return -ENOMEM;
+            w->v = nv;
+            room = c;
+        }
+        for (uint64_t at = r->m.lo; at < r->m.hi; at += step)
+            w->v[w->n++] =
+                (struct part){.r = r, .lo = at, .hi = r->m.hi - at < step ? r->m.hi : at + step};
+    }
+    return 0;
+}
+
+/* Both page maps scanned (c->sa, c->sb), and every region of |a| but the
+ * kernel's copied with |c|: by two threads at once, each scanning one
+ * page map, then taking the next part not yet taken, which shortens the
+ * copy where a second CPU is free (the work, and the CPU it costs us,
+ * are the same; without a second thread or CPU, this one does it all).
+ * Returns 0, or -errno with |why|. */
+static int copy_all(struct copier *c, struct map *a, char *why, size_t cap)
+{
+    struct work w = {0};
+    struct half *h = malloc(sizeof(*h));
+    bool threaded = false;
+    int rc = parts_of(a, &w);
+
+    if (rc < 0) {
+        rc = errmsg(why, cap, -ENOMEM, "template: out of memory");
+        goto out;
+    }
+    if (h) {
+        *h = (struct half){.c = *c, .first = c, .a = a, .w = &w, .later = {.uffd = -1, .mem = -1}};
+        h->c.chunk = COPY_CHUNK / 2;
+        h->c.buf = c->buf + COPY_CHUNK / 2;
+        h->c.lazy = c->lazy ? &h->later : NULL;
+        h->c.st = &h->st;
+        if ((threaded = helper_give(h)))
+            c->chunk = COPY_CHUNK / 2; /* the other half is its */
+    }
+    /* Scanned once, before any page is written: the state is stopped and
+     * the branch's process waits for our word, so neither changes its
+     * mappings or pages meanwhile, and what the copy writes in one
+     * mapping changes nothing the scans say of another. */
+    scan_both(c, a, &w);
+    rc = copy_parts(c, &w, why, cap);
+    if (!threaded)
+        goto out;
+    /* Its half waited for on our CPU, given up meanwhile (see scan_both). */
+    while (!atomic_load(&h->done))
+        sched_yield();
+    if (rc == 0 && h->rc < 0) {
+        rc = h->rc;
+        fmt(why, cap, "%s", h->why);
+    }
+    c->st->copied += h->st.copied;
+    /* The runs to put in after, both threads', in address order again. */
+    for (size_t k = 0; rc == 0 && k < h->later.n_runs; k++)
+        if (add_range(&c->lazy->runs, &c->lazy->n_runs, &c->lazy->runs_room, h->later.runs[k][0],
+                      h->later.runs[k][1]) < 0)
+            rc = errmsg(why, cap, -ENOMEM, "template: out of memory");
+    if (rc == 0 && h->later.n_runs)
+        qsort(c->lazy->runs, c->lazy->n_runs, sizeof(*c->lazy->runs), cmp_range);
+out:
+    c->chunk = COPY_CHUNK;
+    if (h) {
+        free(h->later.runs);
+        free(h->c.ea);
+        free(h->c.eb);
+        free(h);
+    }
+    free(w.v);
     return rc;
 }
 
@@ -859,8 +1096,13 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
                 struct branch_stats *st, char *why, size_t cap)
 {
     struct map a = {0}, b = {0};
-    struct copier c = {
-        .to = p->vm_to, .uffd = -1, .mem_from = -1, .pm_from = -1, .pm_to = -1, .st = st};
+    struct copier c = {.to = p->vm_to,
+                       .uffd = -1,
+                       .mem_from = -1,
+                       .pm_from = -1,
+                       .pm_to = -1,
+                       .chunk = COPY_CHUNK,
+                       .st = st};
     pid_t from = p->from, to = p->to;
     char path[32];
     bool full = false;
@@ -888,19 +1130,7 @@ int branch_copy(int proc_fd, const struct branch_pids *p, int sock, struct branc
                     c.buf ? strerror(errno) : "out of memory");
         goto out;
     }
-    /* Scanned once, before any page is written: the state is stopped and
-     * the branch's process waits for our word, so neither changes its
-     * mappings or pages meanwhile, and what the copy writes in one
-     * mapping changes nothing the scans say of another. */
-    scan_all(c.pm_from, &a, &c.sa);
-    if (c.sa.ok)
-        scan_all(c.pm_to, &a, &c.sb);
-    for (size_t i = 0; i < a.n && rc == 0; i++)
-        if (a.v[i].m.kind != PROCMAP_KERNEL)
-            rc = copy_region(&c, &a.v[i], why, cap);
-    if (rc == 0 && (rc = flush(&c)) < 0)
-        errmsg(why, cap, rc, "copying the state's pages: %s", strerror(-rc));
-    if (rc < 0)
+    if ((rc = copy_all(&c, &a, why, cap)) < 0)
         goto out;
     fill_end(&c.uffd, &a);
     if (lazy->n_runs) {
@@ -1784,7 +2014,7 @@ int image_restore(int proc_fd, const struct branch_pids *p, int sock, const stru
 {
     struct map a = {0}, b = {0}, t = {0};
     struct stream st = {.fd = in, .limit = sizeof(struct image_head), .hash = XXH3_createState()};
-    struct copier c = {.to = p->vm_to, .uffd = -1, .pm_from = -1, .pm_to = -1};
+    struct copier c = {.to = p->vm_to, .uffd = -1, .pm_from = -1, .pm_to = -1, .chunk = COPY_CHUNK};
     struct image_head head;
     uint64_t *n_runs = NULL, (*v)[2] = NULL, v_room = 0;
     uint8_t *how = NULL;

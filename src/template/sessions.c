@@ -1619,11 +1619,13 @@ struct copier_job {
  * and its end of a socket (at 5), on which it takes a job and answers;
  * its buffer is in memory already (branch_buffer_ready: each page of it
  * written first during a copy is a fault, about 3 to 5 us each on a VM we
- * measured). A branch copied (and filled, if it was), it may take another
- * (the template gives it the same origin's next branch, copier_kept), with
- * nothing of the last job's but what it read of that origin's state, and
- * warm for it; an image's job is its last. It dies with us, and of its CPU
- * (from its fork: BRANCH_COPY_CPU_S for each job at least). */
+ * measured), and its second thread made, which copies beside the first
+ * (branch.c: it never runs anything of a tenant's). A branch copied (and
+ * filled, if it was), it may take another (the template gives it the
+ * same origin's next branch, copier_kept), with nothing of the last job's
+ * but what it read of that origin's state, and warm for it; an image's
+ * job is its last. It dies with us, and of its CPU (from its fork:
+ * BRANCH_COPY_CPU_S for each job at least). */
 static void copier_job(void);
 
 _Noreturn static void copier_main(void)
