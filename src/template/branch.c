@@ -746,10 +746,24 @@ struct work {
     atomic_size_t next;
 };
 
+/* Until *|v| is at least |want|, the CPU given up meanwhile: not slept on
+ * (a thread woken by the other may be moved to its CPU, and the two then
+ * copy in turn, not at once), unless the other has not come in a
+ * millisecond (its CPU taken by something else): then in naps of 50 us,
+ * not to burn ours. */
+static void await_count(atomic_int *v, int want)
+{
+    uint64_t until = now_ns() + 1000000ULL;
+
+    while (atomic_load(v) < want)
+        if (now_ns() < until)
+            sched_yield();
+        else
+            usleep(50);
+}
+
 /* Both page maps scanned, into |c| (the first thread's copier): each by
- * the thread that takes it first, then the other's waited for, the CPU
- * given up meanwhile (not slept on: a thread woken by the other may be
- * moved to its CPU, and the two then copy in turn, not at once). */
+ * the thread that takes it first, then the other's waited for. */
 static void scan_both(struct copier *c, const struct map *a, struct work *w)
 {
     for (int k; (k = atomic_fetch_add(&w->scans_taken, 1)) < 2;) {
@@ -759,8 +773,7 @@ static void scan_both(struct copier *c, const struct map *a, struct work *w)
             scan_all(c->pm_to, a, &c->sb);
         atomic_fetch_add(&w->scans_made, 1);
     }
-    while (atomic_load(&w->scans_made) < 2)
-        sched_yield();
+    await_count(&w->scans_made, 2);
 }
 
 /* The parts of |w| copied with |c|, each the next not yet taken, and
@@ -790,7 +803,7 @@ struct half {
     struct branch_stats st;
     int rc;
     char why[256];
-    atomic_bool done; /* the second thread is done with it */
+    atomic_int done; /* 1: the second thread is done with it */
 };
 
 static void half_main(struct half *h)
@@ -826,7 +839,7 @@ static void *helper_main(void *unused)
         helper.job = NULL;
         pthread_mutex_unlock(&helper.mu);
         half_main(h);
-        atomic_store(&h->done, true);
+        atomic_store(&h->done, 1);
     }
     return NULL;
 }
@@ -924,9 +937,7 @@ static int copy_all(struct copier *c, struct map *a, char *why, size_t cap)
     rc = copy_parts(c, &w, why, cap);
     if (!threaded)
         goto out;
-    /* Its half waited for on our CPU, given up meanwhile (see scan_both). */
-    while (!atomic_load(&h->done))
-        sched_yield();
+    await_count(&h->done, 1);
     if (rc == 0 && h->rc < 0) {
         rc = h->rc;
         fmt(why, cap, "%s", h->why);
