@@ -793,7 +793,7 @@ static int copy_parts(struct copier *c, struct work *w, char *why, size_t cap)
 /* The second thread of a copy, with a copier of its own (half the buffer;
  * its batch, page map entries, runs to put in after the branch resumed
  * and counts), the descriptors and, once made, the scans shared: it
- * scans the branch's page map as the first scans the state's. */
+ * scans one page map as the first thread scans the other. */
 struct half {
     struct copier c;
     struct copier *first;
@@ -904,7 +904,9 @@ static int parts_of(const struct map *a, struct work *w)
 }
 
 /* Both page maps scanned (c->sa, c->sb), and every region of |a| but the
- * kernel's copied with |c|: by two threads at once, each scanning one
+ * kernel's copied with |c| (fresh: nothing batched, no page map entries
+ * read, which the second thread's copier, a copy of it, starts from too):
+ * by two threads at once, each scanning one
  * page map, then taking the next part not yet taken, which shortens the
  * copy where a second CPU is free (the work, and the CPU it costs us,
  * are the same; without a second thread or CPU, this one does it all).
