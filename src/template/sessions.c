@@ -1082,8 +1082,13 @@ void session_open(struct tmpl *t, const struct wire_session_open *m, int chan)
     } else if (session_spawn(t, s, why, sizeof(why)) < 0)
         goto refuse;
     /* The next one's, once this one no longer waits on the loop (making a
-     * process takes the loop a millisecond or two). */
+     * process takes the loop a millisecond or two). And a copier, if none
+     * is made ahead: a session may be branched or saved from now on, and
+     * the first copy of a sandbox waited for the fork of one and its
+     * buffer's first writes (a branch of a small state 21 to 37 ms, the
+     * next 3.5). */
     ahead_wanted(t, &t->spare_due);
+    t->copier_wanted = true;
     return;
 
 refuse:
@@ -1615,12 +1620,13 @@ struct copier_job {
 };
 
 /* A copier's process, forked ahead when the loop is quiet (sessions_tick),
- * as the spare session's process is: it holds nothing but /proc (at 3)
- * and its end of a socket (at 5), on which it takes a job and answers;
- * its buffer is in memory already (branch_buffer_ready: each page of it
- * written first during a copy is a fault, about 3 to 5 us each on a VM we
- * measured), and its second thread made, which copies beside the first
- * (branch.c: it never runs anything of a tenant's). A branch copied (and
+ * as the spare session's process is, once a session has opened: it holds
+ * nothing but /proc (at 3) and its end of a socket (at 5), on which it
+ * takes a job and answers; its buffer is in memory already
+ * (branch_buffer_ready: each page of it written first during a copy is a
+ * fault, about 3 to 5 us each on a VM we measured), its second thread
+ * made, which copies beside the first (branch.c: it never runs anything
+ * of a tenant's), and a copy rehearsed on its own memory. A branch copied (and
  * filled, if it was), it may take another (the template gives it the
  * same origin's next branch, copier_kept), with nothing of the last job's
  * but what it read of that origin's state, and warm for it; an image's
@@ -1630,7 +1636,7 @@ static void copier_job(void);
 
 _Noreturn static void copier_main(void)
 {
-    branch_buffer_ready();
+    branch_buffer_ready(3);
     for (;;)
         copier_job();
 }
