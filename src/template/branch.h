@@ -88,10 +88,12 @@ void branch_fill_free(struct branch_fill *f);
  * the first time is a fault, which on a machine whose hypervisor backs
  * memory as it is first touched costs a trap of its own. And the copier's
  * second thread made, which copies beside the first (0.1 ms to make, 0.1
- * ms to join, if made for each copy). Best effort: without it, one
- * thread copies. Only in a copier: the template itself forks, and keeps
- * to one thread. */
-void branch_buffer_ready(void);
+ * ms to join, if made for each copy). Then a copy rehearsed on our own
+ * memory, through |proc_fd| (/proc), compared and not written, so that
+ * the first job's allocations are warm too. Best effort: without a second
+ * thread, one thread copies. Only in a copier: the template itself forks,
+ * and keeps to one thread. */
+void branch_buffer_ready(int proc_fd);
 
 /*
  * Images: a state's memory written to a descriptor, and a branch's first
