@@ -687,7 +687,10 @@ static void killing_the_origin_during_a_branch_leaves_nothing(void **state)
     sbx_session_close(c);
 }
 
-/* The copiers in our pid namespace, killed; how many. */
+/* The copiers in our pid namespace, killed, and gone (reaped: a copier
+ * killed is not gone at once, and a job the template hands it as it
+ * exits is lost with it, as a copy is that its copier dies during, which
+ * is not what the test that kills them looks at); how many. */
 static int kill_copiers(void)
 {
     pid_t pids[16];
@@ -695,6 +698,12 @@ static int kill_copiers(void)
 
     for (int i = 0; i < found; i++)
         n += kill(pids[i], SIGKILL) == 0;
+    for (int i = 0; i < found; i++) {
+        char path[32];
+        snprintf(path, sizeof(path), "/proc/%d", (int)pids[i]);
+        for (int tries = 0; tries < 500 && access(path, F_OK) == 0; tries++)
+            usleep(10 * 1000);
+    }
     return n;
 }
 
@@ -843,6 +852,54 @@ static void a_copier_serves_one_origin_and_ends_with_it(void **state)
         usleep(10 * 1000);
     if (ran_ns(of_b) >= 0 || ran_ns(of_c) >= 0)
         fail_msg("the copier of a closed session lives on");
+}
+
+/* Once a session is open, a copier is made ahead (while the sandbox is
+ * idle): the first branch of a sandbox does not wait for one to be
+ * forked. It has rehearsed a copy on its own memory meanwhile, and holds
+ * nothing of that: one socket and /proc. It copies the first branch, and
+ * ends with its sandbox. */
+static void a_copier_is_made_ahead_once_a_session_opens(void **state)
+{
+    struct sbx_config cfg;
+    struct sbx *sbx = NULL;
+    struct sbx_error err = {0};
+    struct copiers before, after;
+    pid_t made = -1;
+    int all = 0;
+
+    if (geteuid() != 0)
+        skip(); /* the copiers are found in /proc */
+    test_config_init(&cfg, ((struct fixture *)*state)->root);
+    assert_int_equal(sbx_open(&cfg, &sbx, &err), 0);
+    copiers_idle(&before);
+    struct sbx_session *a = open_session(sbx, NULL);
+    expect_cell(a, "x = 'a'", "");
+    copiers_idle(&after);
+    for (int i = 0; i < after.n; i++) {
+        bool old = false;
+        for (int j = 0; j < before.n; j++)
+            old = old || after.pid[i] == before.pid[j];
+        if (!old)
+            made = after.pid[i];
+    }
+    if (made < 0 || after.n != before.n + 1)
+        fail_msg("no copier was made ahead once a session opened (%d before, %d now)", before.n,
+                 after.n);
+    if (descriptors_named(made, "socket:", true, &all) != 1 ||
+        descriptors_named(made, "anon_inode:", true, NULL) || all > 5)
+        fail_msg("the copier made ahead holds %d descriptors", all);
+    struct sbx_session *b = expect_fork(a);
+    expect_cell(b, "print(x)", "a\n");
+    if (copier_that_ran(&after) != made)
+        fail_msg("the first branch was not copied by the copier made ahead");
+    sbx_session_close(b);
+    sbx_session_close(a);
+    sbx_close(sbx);
+    for (int i = 0; i < 100 && ran_ns(made) >= 0; i++)
+        usleep(10 * 1000);
+    if (ran_ns(made) >= 0)
+        fail_msg("a copier lives on after its sandbox closed");
 }
 
 /* 256 MiB the state wrote, each page 1s: what a branch's cell reads of it. */
@@ -1050,6 +1107,7 @@ int main(void)
         cmocka_unit_test(killing_the_origin_during_a_branch_leaves_nothing),
         cmocka_unit_test(a_branch_whose_copier_dies_ends),
         cmocka_unit_test(a_copier_serves_one_origin_and_ends_with_it),
+        cmocka_unit_test(a_copier_is_made_ahead_once_a_session_opens),
         cmocka_unit_test(closing_the_origin_as_its_branch_fills),
         cmocka_unit_test(a_cell_of_a_branch_being_filled_reads_the_state),
     };
