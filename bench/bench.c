@@ -886,6 +886,8 @@ static struct sbx_session *bench_session(struct sbx *sbx)
 
 /* Branches of a state that wrote 1 GiB: fewer (each copies it). */
 #define HUGE_FORKS 5
+/* Sessions branched once each. */
+#define FIRST_FORKS 10
 
 #define SESSION_CELLS 100
 /* Between cells of a conversation there is the model's turn; in the bench
@@ -1015,6 +1017,7 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         BIG_PAUSED,
         BIG_BACK,
         BIG_WRITE,
+        FORK_FIRST,
         FORK_SMALL,
         FORK_BIG,
         FORK_BIG_CELL,
@@ -1029,13 +1032,14 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         N_S
     };
     static const char *const names[N_S] = {
-        "cell, small state",          "plain run (sbx_run)",       "cell, 2 kept files",
-        "cell, 64 kept files",        "rolled back, then a cell",  "... with 2 kept files",
-        "cell, small state, paused",  "cell, 200 MB, paused",      "cell, 200 MB, back to back",
-        "cell replacing 1/10 of it",  "branch, small state",       "branch, 200 MB state",
-        "a 200 MB branch's 1st cell", "branch, 200 MB, runs on",   "plain run, 200 MB branch",
-        "branch, 1 GiB state",        "a 1 GiB branch's 1st cell", "save+close, small state",
-        "restore+1st cell, small",    "save+close, wrote 100 MB",  "restore+1st cell, 100 MB"};
+        "cell, small state",         "plain run (sbx_run)",        "cell, 2 kept files",
+        "cell, 64 kept files",       "rolled back, then a cell",   "... with 2 kept files",
+        "cell, small state, paused", "cell, 200 MB, paused",       "cell, 200 MB, back to back",
+        "cell replacing 1/10 of it", "a small state's 1st branch", "branch, small state",
+        "branch, 200 MB state",      "a 200 MB branch's 1st cell", "branch, 200 MB, runs on",
+        "plain run, 200 MB branch",  "branch, 1 GiB state",        "a 1 GiB branch's 1st cell",
+        "save+close, small state",   "restore+1st cell, small",    "save+close, wrote 100 MB",
+        "restore+1st cell, 100 MB"};
     struct samples lat[N_S] = {{0}}, faults[N_S] = {{0}};
     long failures[N_S] = {0};
     struct sbx_config cfg;
@@ -1130,6 +1134,26 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         add_sample(&lat[BIG_WRITE], session_cell_faults(big, "big[::10] = zeros", &ok, &f));
         add_sample(&faults[BIG_WRITE], (double)f);
         failures[BIG_WRITE] += !ok;
+    }
+    /* The first branch of each of FIRST_FORKS small states (a session
+     * opened, one cell, the pause, the branch): what a caller that
+     * branches a session once waits. */
+    for (int i = 0; i < FIRST_FORKS; i++) {
+        struct sbx_session *once = bench_session(sbx);
+        if (!once)
+            return 1;
+        failures[FORK_FIRST] += (session_cell(once, "small = []", &ok), !ok);
+        struct fork_job job = {.from = once};
+        usleep(THINK_US);
+        fork_in_thread(&job);
+        if (job.rc < 0) {
+            fprintf(stderr, "pysbx-bench: sbx_session_fork: %s\n", job.err.message);
+            failures[FORK_FIRST]++;
+        } else {
+            add_sample(&lat[FORK_FIRST], job.ms);
+            sbx_session_close(job.b);
+        }
+        sbx_session_close(once);
     }
     /* Branches (sbx_session_fork) of both states, a pause before each:
      * the call until the branch is ready; then, of the 200 MB one, its
@@ -1251,7 +1275,8 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
                 "2, %d cells that raise (rolled back), each timed with the cell after it;\n"
                 "then a small and a 200 MB state, %d cells each, alternating, "
                 "%d ms before each cell;\nthe 200 MB state's cells back to back; %d cells "
-                "replacing a tenth of its items;\n%d branches (sbx_session_fork) of each state, "
+                "replacing a tenth of its items;\nthe first branch of each of %d small states (a "
+                "session, one cell, the pause);\n%d branches (sbx_session_fork) of each state, "
                 "alternating, the same pause before each, and the 200 MB branches' first cells;\n"
                 "half of the 200 MB branches made while plain runs of 'pass' go on back to back;\n"
                 "%d branches of a state that wrote 1 GiB, and their first cells;\n"
@@ -1259,7 +1284,7 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
                 "that wrote 100 MB,\nalternating, each restored (sbx_session_restore) and its "
                 "first cell run, the pause before each\n\n",
                 sessions, SESSION_CELLS, SESSION_CELLS / 5, SESSION_CELLS, THINK_US / 1000,
-                SESSION_CELLS / 5, SESSION_CELLS / 5, HUGE_FORKS, IMAGE_ROUNDS);
+                SESSION_CELLS / 5, FIRST_FORKS, SESSION_CELLS / 5, HUGE_FORKS, IMAGE_ROUNDS);
         fprintf(out, "%-28s %8s %8s %8s %8s %11s %12s\n", "", "min ms", "p50 ms", "p99 ms", "n",
                 "p50/plain", "faults p50");
         for (int k = 0; k < N_S; k++) {
@@ -1306,10 +1331,10 @@ static void usage(void)
           "interleaved; writes DIR/packages.txt.\n"
           "--sessions runs the session case instead: cells of 100-cell sessions that\n"
           "append to a list, against plain runs, interleaved (N/100 sessions); then\n"
-          "cells in a 200 MB state, and branches (sbx_session_fork) of a small and of the\n"
-          "200 MB state; then images (sbx_session_save, then close; sbx_session_restore\n"
-          "and the first cell) of a small state and of one that wrote 100 MB; writes\n"
-          "DIR/sessions.txt.\n",
+          "cells in a 200 MB state, the first branch (sbx_session_fork) of each of 10\n"
+          "small states, and branches of a small and of the 200 MB state; then images\n"
+          "(sbx_session_save, then close; sbx_session_restore and the first cell) of a\n"
+          "small state and of one that wrote 100 MB; writes DIR/sessions.txt.\n",
           stdout);
 }
 
