@@ -353,6 +353,26 @@ static void a_tenant_that_only_computes(void **state)
     victim_check(v, &idle, "a tenant that only computes (for comparison)");
 }
 
+/* For comparison too: a tenant that uses its session as the attacks
+ * above do, with nothing hostile in it (cells kept, one at a time, and a
+ * branch): what its cells' own processes cost the other tenant on the
+ * machine's CPUs. */
+static void a_tenant_that_keeps_cells_and_branches(void **state)
+{
+    struct latency idle;
+    struct victim *v = victim_start(SBX(state), &idle);
+    struct sbx_session *a = open_session(SBX(state), NULL);
+
+    expect_cell(a, "x = 41", "");
+    for (int i = 0; i < 17; i++)
+        expect_cell(a, "x += 1", "");
+    struct sbx_session *b = fork_of(a, NULL);
+    expect_cell(b, "print(x)", "58\n");
+    sbx_session_close(b);
+    sbx_session_close(a);
+    victim_check(v, &idle, "a tenant that keeps cells and branches (for comparison)");
+}
+
 /* Names that read as stacks, and as a range that is not page-aligned and
  * ends at the top of the address space: the branch is made, exact. */
 static void names_that_read_as_stacks_are_names(void **state)
@@ -597,6 +617,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(a_tenant_that_only_computes, stop_victim),
+        cmocka_unit_test_teardown(a_tenant_that_keeps_cells_and_branches, stop_victim),
         cmocka_unit_test_teardown(names_that_read_as_mappings_are_names, stop_victim),
         cmocka_unit_test_teardown(names_that_read_as_stacks_are_names, stop_victim),
         cmocka_unit_test_teardown(a_state_of_many_mappings_is_branched_off_the_loop, stop_victim),
