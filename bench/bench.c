@@ -951,6 +951,23 @@ static void *fork_in_thread(void *p)
     return NULL;
 }
 
+/* A branch of |from| after the pause, timed into |lat|; NULL (said, and
+ * counted in *failed) if it failed. */
+static struct sbx_session *paused_fork(struct sbx_session *from, struct samples *lat, long *failed)
+{
+    struct fork_job job = {.from = from};
+
+    usleep(THINK_US);
+    fork_in_thread(&job);
+    if (job.rc < 0) {
+        fprintf(stderr, "pysbx-bench: sbx_session_fork: %s\n", job.err.message);
+        (*failed)++;
+        return NULL;
+    }
+    add_sample(lat, job.ms);
+    return job.b;
+}
+
 /* Images (sbx_session_save, sbx_session_restore) of each state, made
  * afresh each time. */
 #define IMAGE_ROUNDS 10
@@ -1143,16 +1160,7 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
         if (!once)
             return 1;
         failures[FORK_FIRST] += (session_cell(once, "small = []", &ok), !ok);
-        struct fork_job job = {.from = once};
-        usleep(THINK_US);
-        fork_in_thread(&job);
-        if (job.rc < 0) {
-            fprintf(stderr, "pysbx-bench: sbx_session_fork: %s\n", job.err.message);
-            failures[FORK_FIRST]++;
-        } else {
-            add_sample(&lat[FORK_FIRST], job.ms);
-            sbx_session_close(job.b);
-        }
+        sbx_session_close(paused_fork(once, &lat[FORK_FIRST], &failures[FORK_FIRST]));
         sbx_session_close(once);
     }
     /* Branches (sbx_session_fork) of both states, a pause before each:
@@ -1204,21 +1212,15 @@ static int bench_sessions(int iterations, const char *tmpl, const char *out_dir)
     failures[FORK_HUGE] +=
         (session_cell(huge, "huge = bytearray(b'x') * (1 << 30)\nsmall = []", &ok), !ok);
     for (int i = 0; i < HUGE_FORKS; i++) {
-        struct fork_job job = {.from = huge};
-        usleep(THINK_US);
-        fork_in_thread(&job);
-        if (job.rc < 0) {
-            fprintf(stderr, "pysbx-bench: sbx_session_fork: %s\n", job.err.message);
-            failures[FORK_HUGE]++;
+        struct sbx_session *b = paused_fork(huge, &lat[FORK_HUGE], &failures[FORK_HUGE]);
+        if (!b)
             continue;
-        }
-        add_sample(&lat[FORK_HUGE], job.ms);
         usleep(THINK_US);
         add_sample(&lat[FORK_HUGE_CELL],
-                   session_cell_faults(job.b, "small.append(len(small))", &ok, &f));
+                   session_cell_faults(b, "small.append(len(small))", &ok, &f));
         add_sample(&faults[FORK_HUGE_CELL], (double)f);
         failures[FORK_HUGE_CELL] += !ok;
-        sbx_session_close(job.b);
+        sbx_session_close(b);
     }
     sbx_session_close(huge);
     /* Images of a small state and of one that wrote 100 MB (every page
