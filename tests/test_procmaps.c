@@ -99,7 +99,9 @@ static void the_text_form_read_strictly(void **state)
         LINE("55d0c0001000", "55d0c0003000", "rw-p", "0", "[heap]")
             LINE("7ffd00000000", "7ffd00021000", "rw-p", "0", "[stack]")
                 LINE("7ffd00100000", "7ffd00102000", "r--p", "0",
-                     "[vvar]") "7ffd00102000-7ffd00104000 r-xp 00000000 00:00 0 \n";
+                     "[vvar]") "7ffd00102000-7ffd00104000 r-xp 00000000 00:00 0 \n"
+        /* the kernel's vsyscall page (not a mapping of the process's) */
+        LINE("ffffffffff600000", "ffffffffff601000", "--xp", "0", "[vsyscall]");
     assert_int_equal(read_fake(ok, 100, &v, &n), 0);
     assert_int_equal(n, 5);
     assert_int_equal(v[0].prot, PROT_READ | PROT_EXEC);

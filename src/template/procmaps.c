@@ -189,6 +189,17 @@ static bool parse_line(const char *s, struct procmap *m)
     return true;
 }
 
+/* The x86-64 kernel's vsyscall page: in every process's text (its last
+ * line, above every user address), in no process's mappings, and not in
+ * PROCMAP_QUERY's answers. No name makes a line of its own (the kernel
+ * escapes a newline in one), so a line at that address is the kernel's. */
+#define VSYSCALL_LO 0xffffffffff600000ULL
+
+static bool gate_area(const struct procmap *m)
+{
+    return m->kind == PROCMAP_KERNEL && m->lo == VSYSCALL_LO && m->hi == VSYSCALL_LO + PAGE;
+}
+
 /* The map by its text, a line at a time through a buffer of its own. */
 static int read_text(int fd, size_t max, struct procmap **v, size_t *n, char *why, size_t cap)
 {
@@ -214,7 +225,7 @@ static int read_text(int fd, size_t max, struct procmap **v, size_t *n, char *wh
             *nl = '\0';
             if (nl - (buf + used) >= PROCMAPS_LINE_MAX || !parse_line(buf + used, &m))
                 rc = errmsg(why, cap, -EPROTO, "a line of the memory map is out of form");
-            else
+            else if (!gate_area(&m))
                 rc = add(v, n, &room, max, &m, why, cap);
             used = (size_t)(nl - buf) + 1;
         }
