@@ -22,7 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* procmaps_read of |text| as the map of process 7 of a directory shaped
@@ -43,7 +46,7 @@ static int read_fake(const char *text, size_t max, struct procmap **out, size_t 
     fclose(f);
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     assert_true(fd >= 0);
-    int rc = procmaps_read(fd, 7, max, out, n, why, sizeof(why));
+    int rc = procmaps_read(fd, 7, max, false, out, n, why, sizeof(why));
     close(fd);
     unlink(path);
     snprintf(path, sizeof(path), "%s/7", dir);
@@ -69,7 +72,7 @@ static void the_kernels_map_of_this_process(void **state)
 
     assert_true(p != MAP_FAILED);
     assert_true(proc >= 0);
-    assert_int_equal(procmaps_read(proc, getpid(), 100000, &v, &n, why, sizeof(why)), 0);
+    assert_int_equal(procmaps_read(proc, getpid(), 100000, false, &v, &n, why, sizeof(why)), 0);
     bool stack = false, mine = false;
     for (size_t i = 0; i < n; i++) {
         assert_true(v[i].lo < v[i].hi);
@@ -83,7 +86,9 @@ static void the_kernels_map_of_this_process(void **state)
     assert_true(stack && mine);
     free(v);
     /* Past |max|: refused, not cut. */
-    assert_int_equal(procmaps_read(proc, getpid(), 3, &v, &n, why, sizeof(why)), -E2BIG);
+    assert_int_equal(procmaps_read(proc, getpid(), 3, false, &v, &n, why, sizeof(why)), -E2BIG);
+    assert_null(v);
+    assert_int_equal(procmaps_read(proc, getpid(), 3, true, &v, &n, why, sizeof(why)), -E2BIG);
     assert_null(v);
     munmap(p, 3 * 4096);
     close(proc);
@@ -123,6 +128,137 @@ static void the_text_form_read_strictly(void **state)
     assert_int_equal(n, 1);
     assert_int_equal(v[0].hi, 0x2000);
     free(v);
+}
+
+/* A directory |depth| levels of 255-character names deep under |dir|, a
+ * file of one page in it (*fd), its path's length in *len. */
+static void deep_file(int dir, int depth, int *fd, size_t *len)
+{
+    char name[256];
+    int at = dup(dir);
+
+    memset(name, 'd', 255);
+    name[255] = '\0';
+    *len = 0;
+    for (int i = 0; i < depth; i++) {
+        assert_int_equal(mkdirat(at, name, 0700), 0);
+        int next = openat(at, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        assert_true(next >= 0);
+        close(at);
+        at = next;
+        *len += 256;
+    }
+    *fd = openat(at, "f", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    assert_true(*fd >= 0);
+    assert_int_equal(ftruncate(*fd, 4096), 0);
+    close(at);
+}
+
+static void rm_deep(int dir, int depth)
+{
+    char path[256 * 40 + 8], *end = path;
+
+    for (int i = 0; i < depth; i++) {
+        memset(end, 'd', 255);
+        end[255] = '/';
+        end += 256;
+    }
+    strcpy(end, "f");
+    unlinkat(dir, path, 0);
+    for (int i = depth; i > 0; i--) {
+        path[i * 256 - 1] = '\0';
+        unlinkat(dir, path, AT_REMOVEDIR);
+    }
+}
+
+/* Both readers of a stopped child's map (text first, and field by field)
+ * give the same mappings. */
+static void both_readers_agree(int proc, pid_t pid, size_t want_at_least)
+{
+    struct procmap *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    char why[256];
+
+    assert_int_equal(procmaps_read(proc, pid, 1U << 17, true, &a, &na, why, sizeof(why)), 0);
+    assert_int_equal(procmaps_read(proc, pid, 1U << 17, false, &b, &nb, why, sizeof(why)), 0);
+    assert_true(na >= want_at_least);
+    assert_int_equal(na, nb);
+    for (size_t i = 0; i < na; i++)
+        if (a[i].lo != b[i].lo || a[i].hi != b[i].hi || a[i].off != b[i].off ||
+            a[i].ino != b[i].ino || a[i].dev_major != b[i].dev_major ||
+            a[i].dev_minor != b[i].dev_minor || a[i].prot != b[i].prot ||
+            a[i].shared != b[i].shared || a[i].kind != b[i].kind)
+            fail_msg("mapping %zu: %#llx-%#llx kind %d, and %#llx-%#llx kind %d", i,
+                     (unsigned long long)a[i].lo, (unsigned long long)a[i].hi, a[i].kind,
+                     (unsigned long long)b[i].lo, (unsigned long long)b[i].hi, b[i].kind);
+    free(a);
+    free(b);
+}
+
+/* The text asked for first (what a copier reads) gives what the kernel's
+ * fields give: of a map whose lines are all in form, of one with a path
+ * longer than a line may be and a name holding a newline (the text is
+ * left for the fields), and of one whose text is past the budget. */
+static void the_text_first_is_the_same_map(void **state)
+{
+    (void)state;
+    int proc = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    char dir[] = "/tmp/procmaps-deep-XXXXXX";
+    int depth = PROCMAPS_LINE_MAX / 256 + 2, deep, nl;
+    size_t len;
+
+    assert_true(proc >= 0);
+    assert_non_null(mkdtemp(dir));
+    int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(d >= 0);
+    deep_file(d, depth, &deep, &len);
+    assert_true(len > PROCMAPS_LINE_MAX);
+    nl = openat(d, "a\nb 0-20000000000 rw-p 0 0:0 0 [stack]", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    assert_true(nl >= 0);
+    assert_int_equal(ftruncate(nl, 4096), 0);
+    int sv[2];
+    assert_int_equal(pipe2(sv, O_CLOEXEC), 0);
+    for (int round = 0; round < 3; round++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            /* Gone with the test, whatever fails there. */
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() == 1)
+                _exit(1);
+            /* 0: as it is; 1: the two files mapped; 2: 20,000 mappings
+             * more, of alternating protection (none merges), some 1.5 MB
+             * of text. */
+            if (round == 1 && (mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, deep, 0) == MAP_FAILED ||
+                               mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, nl, 0) == MAP_FAILED))
+                _exit(1);
+            char *p = round == 2 ? mmap(NULL, 20000 * 4096ULL, PROT_READ,
+                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                                 : NULL;
+            if (p == MAP_FAILED)
+                _exit(1);
+            for (int i = 0; p && i < 20000; i += 2)
+                if (mprotect(p + i * 4096ULL, 4096, PROT_READ | PROT_WRITE) < 0)
+                    _exit(1);
+            if (write(sv[1], "k", 1) != 1)
+                _exit(1);
+            pause();
+            _exit(0);
+        }
+        char k;
+        assert_int_equal(read(sv[0], &k, 1), 1);
+        both_readers_agree(proc, pid, round == 2 ? 20000 : 10);
+        kill(pid, SIGKILL);
+        assert_int_equal(waitpid(pid, NULL, 0), pid);
+    }
+    close(sv[0]);
+    close(sv[1]);
+    close(deep);
+    close(nl);
+    unlinkat(d, "a\nb 0-20000000000 rw-p 0 0:0 0 [stack]", 0);
+    rm_deep(d, depth);
+    close(d);
+    rmdir(dir);
+    close(proc);
 }
 
 static void what_the_text_form_refuses(void **state)
@@ -184,6 +320,7 @@ int main(void)
         cmocka_unit_test(the_kernels_map_of_this_process),
         cmocka_unit_test(the_text_form_read_strictly),
         cmocka_unit_test(what_the_text_form_refuses),
+        cmocka_unit_test(the_text_first_is_the_same_map),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -94,7 +94,7 @@ static int read_map(int proc_fd, pid_t pid, struct map *m, char *why, size_t cap
 {
     struct procmap *v = NULL;
     size_t n = 0;
-    int rc = procmaps_read(proc_fd, pid, BRANCH_MAX_REGIONS, &v, &n, why, cap);
+    int rc = procmaps_read(proc_fd, pid, BRANCH_MAX_REGIONS, true, &v, &n, why, cap);
 
     if (rc < 0)
         return rc;

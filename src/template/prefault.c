@@ -60,7 +60,8 @@ int prefault_record(int proc_fd, pid_t pid, size_t max_pages, enum prefault_kind
     unsigned long page = (unsigned long)sysconf(_SC_PAGESIZE);
     struct procmap *maps = NULL;
     size_t n_maps = 0, cap = 0, scanned = 0;
-    int rc = procmaps_read(proc_fd, pid, PREFAULT_MAX_REGIONS, &maps, &n_maps, why, sizeof(why));
+    int rc =
+        procmaps_read(proc_fd, pid, PREFAULT_MAX_REGIONS, false, &maps, &n_maps, why, sizeof(why));
     int pm = -1;
 
     if (rc == 0) {

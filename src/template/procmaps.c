@@ -200,10 +200,12 @@ static bool gate_area(const struct procmap *m)
     return m->kind == PROCMAP_KERNEL && m->lo == VSYSCALL_LO && m->hi == VSYSCALL_LO + PAGE;
 }
 
-/* The map by its text, a line at a time through a buffer of its own. */
-static int read_text(int fd, size_t max, struct procmap **v, size_t *n, char *why, size_t cap)
+/* The map by its text, a line at a time through a buffer of its own;
+ * with a |budget|, -EFBIG once more text than that has been read. */
+static int read_text(int fd, size_t max, size_t budget, struct procmap **v, size_t *n, char *why,
+                     size_t cap)
 {
-    size_t room = 0, have = 0;
+    size_t room = 0, have = 0, total = 0;
     char *buf = malloc(2 * PROCMAPS_LINE_MAX + 1);
     int rc = 0;
 
@@ -219,6 +221,11 @@ static int read_text(int fd, size_t max, struct procmap **v, size_t *n, char *wh
         }
         end = got == 0;
         have += (size_t)got;
+        total += (size_t)got;
+        if (budget && total > budget) {
+            rc = -EFBIG;
+            break;
+        }
         size_t used = 0;
         for (char *nl; rc == 0 && (nl = memchr(buf + used, '\n', have - used));) {
             struct procmap m;
@@ -241,8 +248,16 @@ static int read_text(int fd, size_t max, struct procmap **v, size_t *n, char *wh
     return rc;
 }
 
-int procmaps_read(int proc_fd, pid_t pid, size_t max, struct procmap **out, size_t *n, char *why,
-                  size_t cap)
+/* Nothing read yet, and nothing kept. */
+static void drop(struct procmap **out, size_t *n)
+{
+    free(*out);
+    *out = NULL;
+    *n = 0;
+}
+
+int procmaps_read(int proc_fd, pid_t pid, size_t max, bool text_first, struct procmap **out,
+                  size_t *n, char *why, size_t cap)
 {
     char path[32];
     int rc;
@@ -254,14 +269,23 @@ int procmaps_read(int proc_fd, pid_t pid, size_t max, struct procmap **out, size
     if (fd < 0)
         return errmsg(why, cap, -errno, "reading the memory map of process %d: %s", (int)pid,
                       strerror(errno));
-    rc = read_by_query(fd, max, out, n, why, cap);
-    if (rc == -ENOTTY)
-        rc = read_text(fd, max, out, n, why, cap);
-    close(fd);
-    if (rc < 0) {
-        free(*out);
-        *out = NULL;
-        *n = 0;
+    /* The text first, if asked: whatever it fails on but the number of
+     * mappings (a line too long, the budget spent), the fields are asked,
+     * as without it. */
+    rc = text_first ? read_text(fd, max, PROCMAPS_TEXT_BUDGET, out, n, why, cap) : -EFBIG;
+    if (rc < 0 && rc != -E2BIG) {
+        drop(out, n);
+        rc = read_by_query(fd, max, out, n, why, cap);
     }
+    if (rc == -ENOTTY) {
+        /* The text, from its start, strictly. */
+        drop(out, n);
+        rc = lseek(fd, 0, SEEK_SET) == 0
+                 ? read_text(fd, max, 0, out, n, why, cap)
+                 : errmsg(why, cap, -errno, "reading the memory map: %s", strerror(errno));
+    }
+    close(fd);
+    if (rc < 0)
+        drop(out, n);
     return rc;
 }
