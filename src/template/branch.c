@@ -89,7 +89,9 @@ static void map_free(struct map *m)
     m->n = 0;
 }
 
-/* The kernel's map of |pid|, in bounded steps (procmaps.h). */
+/* The kernel's map of |pid|, in bounded steps (procmaps.h): its text
+ * first, since what reads maps here is a copier (a process of its own),
+ * or the template its own as it starts (image_layout). */
 static int read_map(int proc_fd, pid_t pid, struct map *m, char *why, size_t cap)
 {
     struct procmap *v = NULL;
